@@ -40,8 +40,12 @@ def _add_train_options(p: argparse.ArgumentParser, *, single: bool) -> None:
         p.add_argument("--scoring", choices=sorted(SCORERS), default="additive")
         p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     p.add_argument("--epochs", type=_positive_int, help="epoch budget")
-    p.add_argument("--time-budget", type=_positive_float, metavar="MIN",
-                   help="training minutes (default 20 when no --epochs)")
+    p.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        metavar="MIN",
+        help="training minutes (default 20 when no --epochs)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=_positive_int, default=64)
     p.add_argument("--lr", type=_positive_float, default=3e-3)
@@ -88,8 +92,12 @@ def _fill(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--scorings", nargs="+", choices=sorted(SCORERS), default=list(SCORERS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--beam", type=_positive_int, default=5)
-    p.add_argument("--words", nargs="+", default=["attention", "phoneme", "knight"],
-                   help="words whose alignments are plotted")
+    p.add_argument(
+        "--words",
+        nargs="+",
+        default=["attention", "phoneme", "knight"],
+        help="words whose alignments are plotted",
+    )
     _add_train_options(p, single=False)
 
 

@@ -22,9 +22,13 @@ def resolve_checkpoint(path: str) -> Path:
         for name in ("best.pt", "last.pt"):
             if (p / name).is_file():
                 return p / name
-        raise FileNotFoundError(f"Expected best.pt or last.pt in {str(p)!r}, but got neither instead")
+        raise FileNotFoundError(
+            f"Expected best.pt or last.pt in {str(p)!r}, but got neither instead"
+        )
     if not p.is_file():
-        raise FileNotFoundError(f"Expected a checkpoint file or run directory, but got {path!r} instead")
+        raise FileNotFoundError(
+            f"Expected a checkpoint file or run directory, but got {path!r} instead"
+        )
     return p
 
 
@@ -93,9 +97,7 @@ def check_words(words: list[str], letters: Vocab) -> list[str]:
     return out
 
 
-def plot_alignment(
-    att: torch.Tensor, word: str, pron: list[str], title: str | None = None
-) -> Any:
+def plot_alignment(att: torch.Tensor, word: str, pron: list[str], title: str | None = None) -> Any:
     """Heatmap figure of one word's attention: (phonemes + 1, letters) weights."""
     import attnscore
 
@@ -129,7 +131,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.heatmap:
         import matplotlib.pyplot as plt
 
-        for w, p, a, path in zip(words, prons, atts, heatmap_paths(args.heatmap, words), strict=True):
+        for w, p, a, path in zip(
+            words, prons, atts, heatmap_paths(args.heatmap, words), strict=True
+        ):
             fig = plot_alignment(a, w, p, title=model.cfg.scoring)
             fig.savefig(path, bbox_inches="tight", dpi=120)
             plt.close(fig)
@@ -137,8 +141,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def forced_alignment(model: G2PModel, word: str, pron: list[str], letters: Vocab,
-                     phones: Vocab) -> torch.Tensor:
+def forced_alignment(
+    model: G2PModel, word: str, pron: list[str], letters: Vocab, phones: Vocab
+) -> torch.Tensor:
     """Teacher-forced attention of ``word`` on ``pron``: (len(pron) + 1, len(word)) float."""
     from .data import make_batch
 
@@ -146,6 +151,4 @@ def forced_alignment(model: G2PModel, word: str, pron: list[str], letters: Vocab
     model.eval()
     with torch.no_grad():
         model(batch.src, batch.src_lens, batch.tgt_in)
-    w = model.attention.attention_weights
-    assert w is not None
-    return w[0].detach().cpu()
+    return model.last_attention_weights()[0].cpu()

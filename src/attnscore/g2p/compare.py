@@ -29,8 +29,10 @@ def train_in_subprocess(cfg: TrainConfig) -> dict[str, Any]:
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        raise RuntimeError(f"Expected training {cfg.scoring!r} to succeed, but it exited with "
-                           f"code {proc.exitcode} instead")
+        raise RuntimeError(
+            f"Expected training {cfg.scoring!r} to succeed, but it exited with "
+            f"code {proc.exitcode} instead"
+        )
     summary: dict[str, Any] = json.loads((Path(cfg.out) / "summary.json").read_text())
     return summary
 
@@ -98,7 +100,11 @@ def plot_alignments(run_dirs: dict[str, Path], words: list[str], out: Path) -> l
         w = word.lower()
         if any(c not in first[1].stoi for c in w):
             continue
-        pron = list(lexicon[w][0]) if w in lexicon else predict(first[0], [w], first[1], first[2])[0][0]
+        pron = (
+            list(lexicon[w][0])
+            if w in lexicon
+            else predict(first[0], [w], first[1], first[2])[0][0]
+        )
         mats = [forced_alignment(m, w, pron, lt, ph) for m, lt, ph, _ in models.values()]
         fig = attnscore.show_heatmaps(
             torch.stack(mats)[None],
@@ -136,18 +142,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
             per_seed.append((summary, res))
             run_dirs.setdefault(scoring, run)
         beam_key = "beam" if args.beam > 1 else "greedy"
-        rows.append({
-            "scoring": scoring,
-            "seeds": list(args.seeds),
-            "per_greedy": _mean([r["greedy"]["per"] for _, r in per_seed]),
-            "wer_greedy": _mean([r["greedy"]["wer"] for _, r in per_seed]),
-            "per_beam": _mean([r[beam_key]["per"] for _, r in per_seed]),
-            "wer_beam": _mean([r[beam_key]["wer"] for _, r in per_seed]),
-            "train_seconds": _mean([s["train_seconds"] for s, _ in per_seed]),
-            "epochs": _mean([s["epochs"] for s, _ in per_seed]),
-            "peak_rss_mb": max(s["peak_rss_mb"] for s, _ in per_seed),
-            "parameters": per_seed[0][0]["parameters"],
-        })
+        rows.append(
+            {
+                "scoring": scoring,
+                "seeds": list(args.seeds),
+                "per_greedy": _mean([r["greedy"]["per"] for _, r in per_seed]),
+                "wer_greedy": _mean([r["greedy"]["wer"] for _, r in per_seed]),
+                "per_beam": _mean([r[beam_key]["per"] for _, r in per_seed]),
+                "wer_beam": _mean([r[beam_key]["wer"] for _, r in per_seed]),
+                "train_seconds": _mean([s["train_seconds"] for s, _ in per_seed]),
+                "epochs": _mean([s["epochs"] for s, _ in per_seed]),
+                "peak_rss_mb": max(s["peak_rss_mb"] for s, _ in per_seed),
+                "parameters": per_seed[0][0]["parameters"],
+            }
+        )
         (out / "compare.json").write_text(json.dumps(rows, indent=2))
     table = format_table(rows, args.beam)
     (out / "compare.md").write_text(table + "\n")

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -260,7 +261,10 @@ def length_batches(
     return batches
 
 
-def iter_chunks(seq: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+T = TypeVar("T")
+
+
+def iter_chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """Consecutive slices of ``seq`` of length ``size`` (the last may be shorter)."""
     for i in range(0, len(seq), size):
         yield seq[i : i + size]

@@ -61,8 +61,8 @@ def predict(
                 prons.append(out[i][0])
                 atts.append(out[i][1])
         else:
-            for w in words:
-                src, lens = encode_words([w], letters)
+            for word in words:
+                src, lens = encode_words([word], letters)
                 seq, att = model.beam_search(src[0].to(device), int(lens[0]), beam=beam)
                 prons.append(phones.decode(seq))
                 atts.append(att)

@@ -160,7 +160,7 @@ class G2PModel(nn.Module):
             logits, state, feed = self.step(tokens, state, feed, enc)
             tokens = logits.argmax(-1)
             out_ids.append(tokens)
-            weights.append(self._last_weights())
+            weights.append(self.last_attention_weights())
             done |= tokens == EOS_ID
             if bool(done.all()):
                 break
@@ -173,7 +173,8 @@ class G2PModel(nn.Module):
             alignments.append(w[b, : n + 1, : int(src_lens[b])].cpu())
         return seqs, alignments
 
-    def _last_weights(self) -> Tensor:
+    def last_attention_weights(self) -> Tensor:
+        """Attention weights (B, n, S) float of the last decoder call (detached)."""
         w = getattr(self.attention, "attention_weights", None)
         if w is None:  # pragma: no cover - every scorer of the library records them
             raise RuntimeError("Expected the attention module to record attention_weights")
@@ -207,7 +208,7 @@ class G2PModel(nn.Module):
             k = len(seqs)
             e = Encoded(enc.keys.expand(k, -1, -1), enc.lens.expand(k), state)
             logits, state, feed = self.step(tokens, state, feed, e)
-            w = self._last_weights()[:, 0]  # (k, S)
+            w = self.last_attention_weights()[:, 0]  # (k, S)
             logp = torch.log_softmax(logits.float(), dim=-1)
             logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
             cand = (scores[:, None] + logp).flatten()

@@ -188,6 +188,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
         "step": 0,
         "elapsed": 0.0,
         "best_wer": None,
+        "last_eval": -1,
         "history": [],
     }
     if ckpt is not None:
@@ -223,6 +224,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
             )
 
     def periodic_eval() -> None:
+        st["last_eval"] = st["step"]
         if is_main:
             res = evaluate(
                 model,
@@ -244,10 +246,6 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
                 save(out / "best.pt")
             msg = f"step {st['step']}: valid {res.line('greedy')}"
             (bar.write if bar is not None else print)(msg)
-        if world_size > 1:
-            flag = [st["best_wer"]]
-            dist.broadcast_object_list(flag, src=0)
-            st["best_wer"] = flag[0]
 
     done = False
     try:
@@ -293,7 +291,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
         if bar is not None:
             bar.close()
     save(last_path)
-    if not st["history"] or st["history"][-1]["step"] != st["step"]:
+    if st["last_eval"] != st["step"]:
         periodic_eval()
     summary = {
         "scoring": cfg.scoring,
@@ -383,6 +381,7 @@ def _make_bar(
             initial=0,
             unit="s",
             dynamic_ncols=True,
+            mininterval=0.2 if sys.stderr.isatty() else 30.0,
             desc=f"train {cfg.scoring}",
             bar_format="{l_bar}{bar}| {n:.0f}/{total}s [{elapsed}<{remaining}{postfix}]",
         )
@@ -393,6 +392,7 @@ def _make_bar(
             initial=st["step"],
             unit="step",
             dynamic_ncols=True,
+            mininterval=0.2 if sys.stderr.isatty() else 30.0,
             desc=f"train {cfg.scoring}",
         )
     bar.last_loss = float("nan")
