@@ -43,6 +43,16 @@ def _check_size(value: object, name: str, *, optional: bool = False) -> int | No
     return value
 
 
+def _check_features(linear: nn.Module, x: Tensor, name: str, size_name: str) -> None:
+    """Name the argument when its feature size disagrees with a layer built for another."""
+    expected = getattr(linear, "in_features", 0)
+    if expected and x.shape[-1] != expected:
+        raise ValueError(
+            f"Expected `{name}` with last dimension {size_name}={expected}, but got shape "
+            f"{tuple(x.shape)} instead."
+        )
+
+
 class Attention(nn.Module):
     """Attention pooling with any scoring function.
 
@@ -237,6 +247,8 @@ class AdditiveAttention(Attention):
             self.register_parameter("g", None)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
+        _check_features(self.W_q, queries, "queries", "query_size")
+        _check_features(self.W_k, keys, "keys", "key_size")
         qh = self.W_q(queries)
         if self.b is not None:
             qh = qh + self.b
@@ -324,6 +336,12 @@ class MultiplicativeAttention(Attention):
         self.W_a = nn.Linear(k, q, bias=False) if k else nn.LazyLinear(q, bias=False)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
+        _check_features(self.W_a, keys, "keys", "key_size")
+        if queries.shape[-1] != self.W_a.out_features:
+            raise ValueError(
+                f"Expected `queries` with last dimension query_size={self.W_a.out_features}, "
+                f"but got shape {tuple(queries.shape)} instead."
+            )
         if isinstance(self.W_a, nn.LazyLinear) and self.W_a.has_uninitialized_params():
             self.W_a(keys[..., :1, :])  # materialise W_a from the key size
         return general_scores(queries, keys, self.W_a.weight)
