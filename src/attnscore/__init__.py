@@ -19,6 +19,7 @@ from .modules import (
     DotProductAttention,
     MultiplicativeAttention,
 )
+from .multihead import MultiHeadAttention
 from .plotting import show_heatmaps
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "Attention",
     "CosineAttention",
     "DotProductAttention",
+    "MultiHeadAttention",
     "MultiplicativeAttention",
     "__version__",
     "additive_attention",
