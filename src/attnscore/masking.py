@@ -113,7 +113,8 @@ class AttentionMask:
             return torch.arange(self.m, device=longest.device) >= longest
         dense = self.dense()
         assert dense is not None
-        return ~dense.any(dim=-2)
+        # A mask given as (m,) applies to every query.
+        return ~dense if dense.ndim < 2 else ~dense.any(dim=-2)
 
 
 def build_mask(
