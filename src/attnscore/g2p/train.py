@@ -373,7 +373,11 @@ def _make_bar(
 ) -> Any:
     if not (is_main and cfg.progress):
         return None
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:  # optional extra 'g2p'
+        print("note: no progress bar without tqdm (pip install 'attnscore[g2p]')", file=sys.stderr)
+        return None
 
     if budget_s is not None:
         bar = tqdm(
