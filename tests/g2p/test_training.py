@@ -10,7 +10,7 @@ from torch import nn
 
 from attnscore.g2p import train as train_mod
 from attnscore.g2p.checkpoint import load_checkpoint, load_model
-from attnscore.g2p.data import PAD_ID, make_batch
+from attnscore.g2p.data import PAD_ID, encode_words, make_batch
 from attnscore.g2p.evaluate import evaluate, predict
 from attnscore.g2p.scorers import SCORERS
 from attnscore.g2p.train import TrainConfig, build_model, prepare_data, run_training
@@ -88,6 +88,18 @@ def test_training_lowers_the_loss_and_learns(toy_dict: Path, tmp_path: Path) -> 
     data = prepare_data(cfg, report=False)
     res = evaluate(model, data.splits["train"], letters, phones)
     assert res.per < 0.5  # the toy language is regular: the model must be learning it
+    # beam search with one beam is greedy decoding; a wider beam decodes every word too
+    words = sorted(data.splits["train"])[:40]
+    src, lens = encode_words(words, letters)
+    ids_g, att_g = model.greedy(src, lens)
+    ids_b, att_b = model.beam_search(src, lens, beam=1)
+    assert ids_g == ids_b
+    for a, b in zip(att_g, att_b, strict=True):
+        torch.testing.assert_close(a, b)
+    ids_5, att_5 = model.beam_search(src, lens, beam=5)
+    assert len(ids_5) == len(words)
+    assert all(a.shape == (len(i) + 1, len(w)) for i, a, w in zip(ids_5, att_5, words, strict=True))
+    assert evaluate(model, data.splits["train"], letters, phones, beam=4).per < 0.5
 
 
 class _KilledError(Exception):

@@ -36,7 +36,7 @@ def predict(
     beam: int = 1,
     batch_size: int = 256,
 ) -> tuple[list[list[str]], list[torch.Tensor]]:
-    """Pronounce ``words``; ``beam == 1`` is batched greedy decoding.
+    """Pronounce ``words`` with batched greedy (``beam == 1``) or beam-search decoding.
 
     Returns:
         Per word the phoneme strings and its attention weights, a (phonemes + 1, letters)
@@ -48,24 +48,21 @@ def predict(
     prons: list[list[str]] = []
     atts: list[torch.Tensor] = []
     try:
-        if beam <= 1:
-            # sort by length so that batches hold words of similar length
-            order = sorted(range(len(words)), key=lambda i: len(words[i]))
-            out: dict[int, tuple[list[str], torch.Tensor]] = {}
-            for chunk in iter_chunks(order, batch_size):
-                src, lens = encode_words([words[i] for i in chunk], letters)
-                ids, ws = model.greedy(src.to(device), lens.to(device))
-                for i, seq, w in zip(chunk, ids, ws, strict=True):
-                    out[i] = (phones.decode(seq), w)
-            for i in range(len(words)):
-                prons.append(out[i][0])
-                atts.append(out[i][1])
-        else:
-            for word in words:
-                src, lens = encode_words([word], letters)
-                seq, att = model.beam_search(src[0].to(device), int(lens[0]), beam=beam)
-                prons.append(phones.decode(seq))
-                atts.append(att)
+        # sort by length so that batches hold words of similar length
+        order = sorted(range(len(words)), key=lambda i: len(words[i]))
+        out: dict[int, tuple[list[str], torch.Tensor]] = {}
+        for chunk in iter_chunks(order, batch_size):
+            src, lens = encode_words([words[i] for i in chunk], letters)
+            src, lens = src.to(device), lens.to(device)
+            if beam <= 1:
+                ids, ws = model.greedy(src, lens)
+            else:
+                ids, ws = model.beam_search(src, lens, beam=beam)
+            for i, seq, w in zip(chunk, ids, ws, strict=True):
+                out[i] = (phones.decode(seq), w)
+        for i in range(len(words)):
+            prons.append(out[i][0])
+            atts.append(out[i][1])
     finally:
         model.train(was_training)
     return prons, atts

@@ -182,64 +182,71 @@ class G2PModel(nn.Module):
 
     @torch.no_grad()
     def beam_search(
-        self, src: Tensor, src_len: int, beam: int = 5, max_len: int | None = None
-    ) -> tuple[list[int], Tensor]:
-        """Beam search for one word.
+        self, src: Tensor, src_lens: Tensor, beam: int = 5, max_len: int | None = None
+    ) -> tuple[list[list[int]], list[Tensor]]:
+        """Batched beam search (sum of log-probabilities, no length penalty).
+
+        A hypothesis that has emitted ``</s>`` stays in its beam with a frozen score, so it
+        competes with the live ones; a word is done when all its beams are finished.
 
         Args:
-            src: (S,) int64 letter ids of one word (no padding); src_len: its length.
-            beam: beam width (>= 1).
+            src: (B, S) int64 letter ids padded with 0; src_lens: (B,) int64.
+            beam: beam width K >= 1.
 
         Returns:
-            The best phoneme ids (no ``</s>``) by total log-probability and its attention
-            weights, (len(ids) + 1, S) float.
+            Per word the best phoneme ids (without ``</s>``) and its attention weights as a
+            (len(ids) + 1, S_word) float tensor, as :meth:`greedy`.
         """
         if beam < 1:
             raise ValueError(f"Expected beam >= 1, but got {beam} instead")
-        enc = self.encode(src[None, :src_len], torch.tensor([src_len], device=src.device))
-        max_len = max_len or src_len + 10
-        scores = torch.zeros(1, device=src.device)
-        seqs: list[list[int]] = [[]]
-        atts: list[list[Tensor]] = [[]]
-        tokens = torch.full((1,), BOS_ID, dtype=torch.long, device=src.device)
-        state, feed = enc.state, enc.state.new_zeros(1, self.cfg.dec_hidden)
-        finished: list[tuple[float, list[int], list[Tensor]]] = []
-        for _ in range(max_len):
-            k = len(seqs)
-            e = Encoded(enc.keys.expand(k, -1, -1), enc.lens.expand(k), state)
-            logits, state, feed = self.step(tokens, state, feed, e)
-            w = self.last_attention_weights()[:, 0]  # (k, S)
+        B, K = src.shape[0], beam
+        enc = self.encode(src, src_lens)
+        flat = Encoded(
+            enc.keys.repeat_interleave(K, 0), enc.lens.repeat_interleave(K, 0), enc.state
+        )
+        state = enc.state.repeat_interleave(K, 1)
+        feed = state.new_zeros(B * K, self.cfg.dec_hidden)
+        scores = torch.full((B, K), float("-inf"), device=src.device)
+        scores[:, 0] = 0.0
+        tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=src.device)
+        finished = torch.zeros(B, K, dtype=torch.bool, device=src.device)
+        base = torch.arange(B, device=src.device)[:, None] * K
+        toks_hist, parents_hist, att_hist = [], [], []
+        for _ in range(max_len or int(src_lens.max()) + 10):
+            logits, state, feed = self.step(tokens, state, feed, flat)
+            att_hist.append(self.last_attention_weights()[:, 0])  # (B*K, S), by parent row
             logp = torch.log_softmax(logits.float(), dim=-1)
-            logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
-            cand = (scores[:, None] + logp).flatten()
-            top = cand.topk(min(beam, cand.numel())).indices
+            logp[:, PAD_ID] = float("-inf")
+            logp[:, BOS_ID] = float("-inf")
+            done_rows = finished.view(-1)
+            logp[done_rows] = float("-inf")
+            logp[done_rows, EOS_ID] = 0.0  # a finished hypothesis only "emits" </s> again
             V = logp.shape[1]
-            keep_rows, new_seqs, new_atts, new_tokens, new_scores = [], [], [], [], []
-            for idx in top.tolist():
-                row, tok = divmod(idx, V)
-                sc = float(cand[idx])
-                if tok == EOS_ID:
-                    finished.append((sc, seqs[row], [*atts[row], w[row]]))
-                else:
-                    keep_rows.append(row)
-                    new_seqs.append([*seqs[row], tok])
-                    new_atts.append([*atts[row], w[row]])
-                    new_tokens.append(tok)
-                    new_scores.append(sc)
-            best_done = max((f[0] for f in finished), default=float("-inf"))
-            if not keep_rows or len(finished) >= beam or best_done >= max(new_scores):
-                break
-            rows = torch.tensor(keep_rows, device=src.device)
+            cand = (scores.view(-1, 1) + logp).view(B, K * V)
+            scores, top = cand.topk(K, dim=1)  # (B, K)
+            parent, tok = top // V, top % V
+            rows = (base + parent).view(-1)
             state, feed = state[:, rows], feed[rows]
-            seqs, atts = new_seqs, new_atts
-            tokens = torch.tensor(new_tokens, device=src.device)
-            scores = torch.tensor(new_scores, device=src.device)
-        else:
-            finished.extend((float(s), q, a) for s, q, a in zip(scores, seqs, atts, strict=True))
-        if not finished:  # pragma: no cover - loop always records something
-            return [], torch.zeros(1, src_len)
-        _, best, att = max(finished, key=lambda f: f[0])
-        return best, torch.stack(att).cpu()
+            finished = finished.gather(1, parent) | (tok == EOS_ID)
+            toks_hist.append(tok)
+            parents_hist.append(parent)
+            tokens = tok.view(-1)
+            if bool(finished.all()):
+                break
+        best = scores.argmax(dim=1).tolist()
+        seqs, alignments = [], []
+        for b in range(B):
+            k, ids, rows_att = best[b], [], []
+            for t in range(len(toks_hist) - 1, -1, -1):
+                ids.append(int(toks_hist[t][b, k]))
+                k = int(parents_hist[t][b, k])
+                rows_att.append(att_hist[t][b * K + k])
+            ids.reverse()
+            rows_att.reverse()
+            n = ids.index(EOS_ID) if EOS_ID in ids else len(ids)
+            seqs.append(ids[:n])
+            alignments.append(torch.stack(rows_att[: n + 1])[:, : int(src_lens[b])].cpu())
+        return seqs, alignments
 
 
 def count_parameters(model: nn.Module) -> int:
