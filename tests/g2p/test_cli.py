@@ -69,3 +69,23 @@ def test_bad_input_is_one_line_and_exit_2(
     capsys.readouterr()
     assert main(["predict", str(tmp_path / "r2"), "qu!z", "--heatmap", ""]) == 2
     assert "Expected words made of the training letters" in _one_line_error(capsys)
+
+
+def test_compare_writes_table_and_figures(
+    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    argv = [
+        "compare", "--data", str(toy_dict), "--out", str(out), "--scorings", "dot", "cosine",
+        "--epochs", "1", "--hidden", "8", "--emb", "8", "--beam", "2", "--eval-every", "0",
+        "--no-progress", "--words", "abba", "xyz",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    table = (out / "compare.md").read_text().splitlines()
+    assert table[0].startswith("| scoring | test PER greedy")
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["dot", "cosine"]
+    assert (out / "compare.png").is_file()
+    assert (out / "alignment-abba.png").is_file()  # 'xyz' has unknown letters: skipped
+    assert not (out / "alignment-xyz.png").exists()
+    rows = json.loads((out / "compare.json").read_text())
+    assert rows[0]["parameters"] > 0 and rows[1]["train_seconds"] > 0
