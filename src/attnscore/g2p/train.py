@@ -247,7 +247,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
             msg = f"step {st['step']}: valid {res.line('greedy')}"
             (bar.write if bar is not None else print)(msg)
 
-    done = False
+    done = budget_s is not None and st["elapsed"] >= budget_s  # resumed after the end
     try:
         while not done:
             if cfg.epochs is not None and st["epoch"] >= cfg.epochs:
@@ -290,9 +290,9 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
     finally:
         if bar is not None:
             bar.close()
-    save(last_path)
     if st["last_eval"] != st["step"]:
         periodic_eval()
+    save(last_path)
     summary = {
         "scoring": cfg.scoring,
         "steps": st["step"],
