@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .scorers import SCORERS
 
@@ -70,7 +71,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 
 
 def _fill(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="g2p_command", required=True)
+    sub = parser.add_subparsers(dest="g2p_command", metavar="COMMAND", required=True)
     p = sub.add_parser("train", help="train one model")
     p.add_argument("--out", default="runs/g2p", help="run directory (checkpoints, summary)")
     _add_train_options(p, single=True)
@@ -101,8 +102,19 @@ def _fill(parser: argparse.ArgumentParser) -> None:
     _add_train_options(p, single=False)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnscore g2p", description=__doc__)
+    parser = _Parser(
+        prog="attnscore g2p",
+        description="Grapheme-to-phoneme conversion on CMUdict with any attention scorer "
+        "(docs/g2p.md).",
+    )
     _fill(parser)
     return parser
 
