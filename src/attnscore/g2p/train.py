@@ -273,7 +273,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
                         ep=st["epoch"],
                         refresh=False,
                     )
-                    bar.update(1 if budget_s is None else st["elapsed"] - bar.n)
+                    bar.update(1 if budget_s is None else min(st["elapsed"], budget_s) - bar.n)
                 if cfg.eval_every > 0 and st["step"] % cfg.eval_every == 0:
                     periodic_eval()
                 if cfg.ckpt_every > 0 and st["step"] % cfg.ckpt_every == 0:
@@ -360,7 +360,7 @@ def _train_step(
         nn.utils.clip_grad_norm_(wrapped.parameters(), cfg.clip)
     opt.step()
     if bar is not None:
-        bar.last_loss = float(loss) / weight / batch.num_tokens if weight else 0.0
+        bar.last_loss = loss.item() / weight / batch.num_tokens if weight else 0.0
     return total_tokens
 
 
