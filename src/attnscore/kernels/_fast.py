@@ -1,0 +1,201 @@
+"""autograd Functions over the C kernels, plus the padding-free dot-product path.
+
+Threads: the C functions take a row range; Python splits rows over ``torch.get_num_threads()``
+ranges of equal *work* (rows have different valid lengths) and runs them on a small thread pool.
+ctypes releases the GIL, so the ranges run in parallel without an OpenMP runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._build import load_library
+from ._plain import compute_dtype
+
+__all__ = [
+    "AdditiveScoresC",
+    "MaskedSoftmaxC",
+    "dot_product_attention_trimmed",
+]
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+# Below this much work (roughly element operations) a second thread costs more than it saves.
+_MIN_WORK_PER_THREAD = 1 << 15
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load_library()
+    if lib is None:  # callers check availability first
+        raise RuntimeError("attnscore C kernels are not available")
+    return lib
+
+
+def _split(work: Tensor, threads: int) -> list[tuple[int, int]]:
+    """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work."""
+    R = work.numel()
+    total = int(work.sum())
+    parts = max(1, min(threads, R, total // _MIN_WORK_PER_THREAD))
+    if parts == 1:
+        return [(0, R)]
+    cum = work.cumsum(0)
+    targets = torch.arange(1, parts, dtype=cum.dtype) * total // parts
+    cuts = [0, *(torch.searchsorted(cum, targets) + 1).tolist(), R]
+    ranges = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+    return ranges or [(0, R)]
+
+
+def _run(fn: Callable[..., None], ranges: Sequence[tuple[int, int]],
+         args: Callable[[int, int, int], Sequence[Any]]) -> None:
+    """Call fn(*args(index, r0, r1)) for every range, in parallel when there are several."""
+    global _pool, _pool_size
+    if len(ranges) == 1:
+        fn(*args(0, *ranges[0]))
+        return
+    if _pool is None or _pool_size < len(ranges) - 1:
+        _pool = ThreadPoolExecutor(max_workers=len(ranges) - 1, thread_name_prefix="attnscore")
+        _pool_size = len(ranges) - 1
+    futures = [_pool.submit(fn, *args(i, r0, r1)) for i, (r0, r1) in enumerate(ranges) if i]
+    fn(*args(0, *ranges[0]))
+    for f in futures:
+        f.result()
+
+
+def _suffix(dtype: torch.dtype) -> str:
+    return "f64" if dtype == torch.float64 else "f32"
+
+
+class MaskedSoftmaxC(torch.autograd.Function):
+    """Fused masked softmax over the last axis (C kernel; CPU, any float dtype)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, lens: Tensor) -> Tensor:
+        cdt = compute_dtype(x.dtype)
+        m = x.shape[-1]
+        xc = x.detach().to(cdt).contiguous()
+        lc = lens.detach().reshape(-1).to(torch.int64).contiguous()
+        y = torch.empty(x.shape, dtype=cdt)
+        if lc.numel() and m:
+            fn = getattr(_lib(), f"ms_fwd_{_suffix(cdt)}")
+            # exps cost per valid entry, writing zeros a little per padded one
+            ranges = _split(lc.clamp(0, m) + m // 8, torch.get_num_threads())
+            _run(fn, ranges, lambda _i, r0, r1: (
+                xc.data_ptr(), lc.data_ptr(), y.data_ptr(), r0, r1, m))
+        ctx.save_for_backward(y, lc)
+        return y if x.dtype == cdt else y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        y, lc = ctx.saved_tensors
+        m = y.shape[-1]
+        g = grad.to(y.dtype).contiguous()
+        dx = torch.empty_like(y)
+        if lc.numel() and m:
+            fn = getattr(_lib(), f"ms_bwd_{_suffix(y.dtype)}")
+            ranges = _split(lc.clamp(0, m) + m // 8, torch.get_num_threads())
+            _run(fn, ranges, lambda _i, r0, r1: (
+                y.data_ptr(), g.data_ptr(), lc.data_ptr(), dx.data_ptr(), r0, r1, m))
+        return dx.to(grad.dtype), None
+
+
+class AdditiveScoresC(torch.autograd.Function):
+    """Additive scores w_v . tanh(qh_i + kh_j) for j < lens, tanh recomputed in backward.
+
+    Memory: forward keeps only its inputs; backward allocates (B, n, h) for dqh and one
+    (B, m, h) dkh accumulator per thread, never anything of size B*n*m*h.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, qh: Tensor, kh: Tensor, w_v: Tensor, lens: Tensor) -> Tensor:
+        cdt = compute_dtype(qh.dtype)
+        q = qh.detach().to(cdt).contiguous()
+        k = kh.detach().to(cdt).contiguous()
+        w = w_v.detach().to(cdt).contiguous()
+        lc = lens.detach().to(torch.int64).contiguous()
+        B, n, h = q.shape
+        m = k.shape[1]
+        s = torch.empty(B, n, m, dtype=cdt)
+        if B * n and m:
+            fn = getattr(_lib(), f"add_fwd_{_suffix(cdt)}")
+            ranges = _split(lc.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads())
+            _run(fn, ranges, lambda _i, r0, r1: (
+                q.data_ptr(), k.data_ptr(), w.data_ptr(), lc.data_ptr(), s.data_ptr(),
+                r0, r1, n, m, h))
+        ctx.save_for_backward(q, k, w, lc)
+        ctx.dtypes = (qh.dtype, kh.dtype, w_v.dtype)
+        return s if qh.dtype == cdt else s.to(qh.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        q, k, w, lc = ctx.saved_tensors
+        B, n, h = q.shape
+        m = k.shape[1]
+        g = grad.to(q.dtype).contiguous()
+        dq = torch.zeros_like(q)
+        ranges = _split(lc.reshape(-1).clamp(0, m) * h + 1, torch.get_num_threads())
+        dks = [torch.zeros_like(k) for _ in ranges]
+        dws = [torch.zeros_like(w) for _ in ranges]
+        if B * n and m:
+            fn = getattr(_lib(), f"add_bwd_{_suffix(q.dtype)}")
+            _run(fn, ranges, lambda i, r0, r1: (
+                q.data_ptr(), k.data_ptr(), w.data_ptr(), lc.data_ptr(), g.data_ptr(),
+                dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr(), r0, r1, n, m, h))
+        dk, dw = dks[0], dws[0]
+        for extra_k, extra_w in zip(dks[1:], dws[1:], strict=True):
+            dk += extra_k
+            dw += extra_w
+        qd, kd, wd = ctx.dtypes
+        return dq.to(qd), dk.to(kd), dw.to(wd), None
+
+
+class _Zeros(torch.autograd.Function):
+    """Zeros of a given shape that stay connected to q, k, v (their gradient is zero), so a
+    batch whose rows are all empty still has a grad_fn."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return q.new_zeros(1, q.shape[-2], v.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, None]:
+        return None, None, None
+
+
+def dot_product_attention_trimmed(
+    q: Tensor, k: Tensor, v: Tensor, lens: Tensor, *, scale: float, dropout_p: float = 0.0
+) -> Tensor:
+    """Per batch element, SDPA in its 4-D (1, 1, n, d) layout on the keys trimmed to the
+    element's length, so padded keys cost nothing; 2-D lens trim to the row maximum and mask
+    the rest. PyTorch's own backward does the gradient."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    B, n = q.shape[0], q.shape[1]
+    lens_list = lens.detach().to("cpu").tolist()
+    outs = []
+    for b in range(B):
+        row = lens_list[b]
+        L = max(row) if lens.dim() == 2 else row
+        L = min(max(int(L), 0), k.shape[1])
+        qb, kb, vb = q[b, None, None], k[b, None, None, :L], v[b, None, None, :L]
+        if L == 0:
+            outs.append(_Zeros.apply(q[b], k[b], v[b]))
+            continue
+        if lens.dim() == 1:
+            out = sdpa(qb, kb, vb, dropout_p=dropout_p, scale=scale)[0]
+        else:
+            lb = lens[b].clamp(0, L)
+            empty = lb == 0
+            mask = torch.arange(L, device=q.device) < lb[:, None]
+            # empty rows attend to everything (finite) and are zeroed below, avoiding NaN
+            mask = mask | empty[:, None]
+            out = sdpa(qb, kb, vb, attn_mask=mask[None, None], dropout_p=dropout_p,
+                       scale=scale)[0]
+            if bool(empty.any()):
+                out = torch.where(empty[None, :, None], 0.0, out)
+        outs.append(out)
+    return torch.cat(outs, 0) if outs else q.new_zeros(0, n, v.shape[-1])
