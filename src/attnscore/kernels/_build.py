@@ -155,6 +155,8 @@ def load_library() -> ctypes.CDLL | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int64
+    lib.attnscore_advise_huge.argtypes = [p, i]
+    lib.attnscore_advise_huge.restype = None
     for suf in ("f32", "f64"):
         getattr(lib, f"ms_fwd_{suf}").argtypes = [p, p, p, i, i, i]
         getattr(lib, f"ms_bwd_{suf}").argtypes = [p, p, p, p, i, i, i]

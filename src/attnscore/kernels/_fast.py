@@ -37,6 +37,19 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+# Outputs at least this large get a transparent-huge-page hint (see attnscore_advise_huge).
+_HUGE_MIN_BYTES = 4 << 20
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """torch.empty on CPU, hinted to use huge pages so first-touch page faults stay cheap."""
+    t = torch.empty(tuple(shape), dtype=dtype)
+    nbytes = t.numel() * t.element_size()
+    if nbytes >= _HUGE_MIN_BYTES:
+        _lib().attnscore_advise_huge(t.data_ptr(), nbytes)
+    return t
+
+
 def _split(work: Tensor, threads: int) -> list[tuple[int, int]]:
     """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work."""
     R = work.numel()
@@ -80,7 +93,7 @@ class MaskedSoftmaxC(torch.autograd.Function):
         m = x.shape[-1]
         xc = x.detach().to(cdt).contiguous()
         lc = lens.detach().reshape(-1).to(torch.int64).contiguous()
-        y = torch.empty(x.shape, dtype=cdt)
+        y = _empty(x.shape, cdt)
         if lc.numel() and m:
             fn = getattr(_lib(), f"ms_fwd_{_suffix(cdt)}")
             # exps cost per valid entry, writing zeros a little per padded one
@@ -95,7 +108,7 @@ class MaskedSoftmaxC(torch.autograd.Function):
         y, lc = ctx.saved_tensors
         m = y.shape[-1]
         g = grad.to(y.dtype).contiguous()
-        dx = torch.empty_like(y)
+        dx = _empty(y.shape, y.dtype)
         if lc.numel() and m:
             fn = getattr(_lib(), f"ms_bwd_{_suffix(y.dtype)}")
             ranges = _split(lc.clamp(0, m) + m // 8, torch.get_num_threads())
@@ -120,7 +133,7 @@ class AdditiveScoresC(torch.autograd.Function):
         lc = lens.detach().to(torch.int64).contiguous()
         B, n, h = q.shape
         m = k.shape[1]
-        s = torch.empty(B, n, m, dtype=cdt)
+        s = _empty((B, n, m), cdt)
         if B * n and m:
             fn = getattr(_lib(), f"add_fwd_{_suffix(cdt)}")
             ranges = _split(lc.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads())
