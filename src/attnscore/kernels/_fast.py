@@ -168,47 +168,50 @@ class AdditiveScoresC(torch.autograd.Function):
 
 
 class _Zeros(torch.autograd.Function):
-    """Zeros of a given shape that stay connected to q, k, v (their gradient is zero), so a
-    batch whose rows are all empty still has a grad_fn."""
+    """Zeros (count, n, v) that stay connected to q, k, v with zero gradient, so batch elements
+    whose rows are all empty still give gradients (of zero) like the plain path."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return q.new_zeros(1, q.shape[-2], v.shape[-1])
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, count: int) -> Tensor:
+        return q.new_zeros(count, q.shape[1], v.shape[2])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, None]:
-        return None, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, None, None]:
+        return None, None, None, None
 
 
 def dot_product_attention_trimmed(
     q: Tensor, k: Tensor, v: Tensor, lens: Tensor, *, scale: float, dropout_p: float = 0.0
 ) -> Tensor:
-    """Per batch element, SDPA in its 4-D (1, 1, n, d) layout on the keys trimmed to the
-    element's length, so padded keys cost nothing; 2-D lens trim to the row maximum and mask
-    the rest. PyTorch's own backward does the gradient."""
+    """Padding-free dot-product attention on top of PyTorch's CPU flash SDPA.
+
+    Each batch element runs SDPA in 4-D (1, 1, n, d) layout (3-D would take the slow math
+    path) on views of its keys/values trimmed to its length, so padded keys cost nothing and
+    nothing is copied; 2-D lens trim to the row maximum and mask the rest. Measured against
+    grouping elements of similar length into batched calls, the per-element loop won (the
+    gathers cost more than the extra parallel regions). PyTorch's backward does the gradient.
+    """
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    B, n = q.shape[0], q.shape[1]
-    lens_list = lens.detach().to("cpu").tolist()
+    B, n, m = q.shape[0], q.shape[1], k.shape[1]
+    two_d = lens.dim() == 2
+    key_len = (lens.amax(1) if two_d else lens).clamp(0, m).tolist() if B else []
     outs = []
-    for b in range(B):
-        row = lens_list[b]
-        L = max(row) if lens.dim() == 2 else row
-        L = min(max(int(L), 0), k.shape[1])
-        qb, kb, vb = q[b, None, None], k[b, None, None, :L], v[b, None, None, :L]
-        if L == 0:
-            outs.append(_Zeros.apply(q[b], k[b], v[b]))
+    for b, L in enumerate(key_len):
+        if L == 0:  # nothing to attend to: zeros with zero gradients
+            outs.append(_Zeros.apply(q, k, v, 1))
             continue
-        if lens.dim() == 1:
-            out = sdpa(qb, kb, vb, dropout_p=dropout_p, scale=scale)[0]
-        else:
-            lb = lens[b].clamp(0, L)
-            empty = lb == 0
-            mask = torch.arange(L, device=q.device) < lb[:, None]
-            # empty rows attend to everything (finite) and are zeroed below, avoiding NaN
-            mask = mask | empty[:, None]
-            out = sdpa(qb, kb, vb, attn_mask=mask[None, None], dropout_p=dropout_p,
-                       scale=scale)[0]
-            if bool(empty.any()):
-                out = torch.where(empty[None, :, None], 0.0, out)
+        qb, kb, vb = q[b, None, None], k[b, None, None, :L], v[b, None, None, :L]
+        if not two_d:
+            outs.append(sdpa(qb, kb, vb, dropout_p=dropout_p, scale=scale)[0])
+            continue
+        lb = lens[b].clamp(0, L)
+        empty = lb == 0
+        # empty rows attend to all (finite) keys and are zeroed below, avoiding NaN
+        mask = (torch.arange(L, device=q.device) < lb[:, None]) | empty[:, None]
+        out = sdpa(qb, kb, vb, attn_mask=mask[None, None], dropout_p=dropout_p, scale=scale)[0]
+        if bool(empty.any()):
+            out = torch.where(empty[None, :, None], 0.0, out)
         outs.append(out)
-    return torch.cat(outs, 0) if outs else q.new_zeros(0, n, v.shape[-1])
+    if not outs:
+        return q.new_zeros(0, n, v.shape[2])
+    return torch.cat(outs, 0) if len(outs) > 1 else outs[0]
