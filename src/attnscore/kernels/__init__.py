@@ -128,7 +128,9 @@ def masked_softmax(x: Tensor, lens: Tensor) -> Tensor:
     """
     _check_float("x", x)
     if x.dim() < 1:
-        raise ValueError(f"Expected x with at least 1 dimension, but got shape {tuple(x.shape)} instead")
+        raise ValueError(
+            f"Expected x with at least 1 dimension, but got shape {tuple(x.shape)} instead"
+        )
     _check_lens(lens, tuple(x.shape[:-1]))
     if available(x) and lens.device.type == "cpu":
         return cast(Tensor, MaskedSoftmaxC.apply(x, lens))

@@ -96,8 +96,13 @@ def _build(cc: str) -> tuple[Path, bool]:
         [cc, "--version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     key = hashlib.sha256()
-    for part in (source, " ".join(CFLAGS).encode(), version.encode(), _cpu_flags().encode(),
-                 platform.machine().encode()):
+    for part in (
+        source,
+        " ".join(CFLAGS).encode(),
+        version.encode(),
+        _cpu_flags().encode(),
+        platform.machine().encode(),
+    ):
         key.update(part)
         key.update(b"\0")
     out_dir = _cache_dir()
@@ -110,7 +115,9 @@ def _build(cc: str) -> tuple[Path, bool]:
     try:
         proc = subprocess.run(
             [cc, *CFLAGS, "-o", tmp, str(_SOURCE), "-lm"],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")

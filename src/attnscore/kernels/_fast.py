@@ -8,6 +8,7 @@ ctypes releases the GIL, so the ranges run in parallel without an OpenMP runtime
 from __future__ import annotations
 
 import ctypes
+import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -60,12 +61,15 @@ def _split(work: Tensor, threads: int) -> list[tuple[int, int]]:
     cum = work.cumsum(0)
     targets = torch.arange(1, parts, dtype=cum.dtype) * total // parts
     cuts = [0, *(torch.searchsorted(cum, targets) + 1).tolist(), R]
-    ranges = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+    ranges = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
     return ranges or [(0, R)]
 
 
-def _run(fn: Callable[..., None], ranges: Sequence[tuple[int, int]],
-         args: Callable[[int, int, int], Sequence[Any]]) -> None:
+def _run(
+    fn: Callable[..., None],
+    ranges: Sequence[tuple[int, int]],
+    args: Callable[[int, int, int], Sequence[Any]],
+) -> None:
     """Call fn(*args(index, r0, r1)) for every range, in parallel when there are several."""
     global _pool, _pool_size
     if len(ranges) == 1:
@@ -98,8 +102,11 @@ class MaskedSoftmaxC(torch.autograd.Function):
             fn = getattr(_lib(), f"ms_fwd_{_suffix(cdt)}")
             # exps cost per valid entry, writing zeros a little per padded one
             ranges = _split(lc.clamp(0, m) + m // 8, torch.get_num_threads())
-            _run(fn, ranges, lambda _i, r0, r1: (
-                xc.data_ptr(), lc.data_ptr(), y.data_ptr(), r0, r1, m))
+            _run(
+                fn,
+                ranges,
+                lambda _i, r0, r1: (xc.data_ptr(), lc.data_ptr(), y.data_ptr(), r0, r1, m),
+            )
         ctx.save_for_backward(y, lc)
         return y if x.dtype == cdt else y.to(x.dtype)
 
@@ -112,8 +119,19 @@ class MaskedSoftmaxC(torch.autograd.Function):
         if lc.numel() and m:
             fn = getattr(_lib(), f"ms_bwd_{_suffix(y.dtype)}")
             ranges = _split(lc.clamp(0, m) + m // 8, torch.get_num_threads())
-            _run(fn, ranges, lambda _i, r0, r1: (
-                y.data_ptr(), g.data_ptr(), lc.data_ptr(), dx.data_ptr(), r0, r1, m))
+            _run(
+                fn,
+                ranges,
+                lambda _i, r0, r1: (
+                    y.data_ptr(),
+                    g.data_ptr(),
+                    lc.data_ptr(),
+                    dx.data_ptr(),
+                    r0,
+                    r1,
+                    m,
+                ),
+            )
         return dx.to(grad.dtype), None
 
 
@@ -137,9 +155,22 @@ class AdditiveScoresC(torch.autograd.Function):
         if B * n and m:
             fn = getattr(_lib(), f"add_fwd_{_suffix(cdt)}")
             ranges = _split(lc.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads())
-            _run(fn, ranges, lambda _i, r0, r1: (
-                q.data_ptr(), k.data_ptr(), w.data_ptr(), lc.data_ptr(), s.data_ptr(),
-                r0, r1, n, m, h))
+            _run(
+                fn,
+                ranges,
+                lambda _i, r0, r1: (
+                    q.data_ptr(),
+                    k.data_ptr(),
+                    w.data_ptr(),
+                    lc.data_ptr(),
+                    s.data_ptr(),
+                    r0,
+                    r1,
+                    n,
+                    m,
+                    h,
+                ),
+            )
         ctx.save_for_backward(q, k, w, lc)
         ctx.dtypes = (qh.dtype, kh.dtype, w_v.dtype)
         return s if qh.dtype == cdt else s.to(qh.dtype)
@@ -156,9 +187,25 @@ class AdditiveScoresC(torch.autograd.Function):
         dws = [torch.zeros_like(w) for _ in ranges]
         if B * n and m:
             fn = getattr(_lib(), f"add_bwd_{_suffix(q.dtype)}")
-            _run(fn, ranges, lambda i, r0, r1: (
-                q.data_ptr(), k.data_ptr(), w.data_ptr(), lc.data_ptr(), g.data_ptr(),
-                dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr(), r0, r1, n, m, h))
+            _run(
+                fn,
+                ranges,
+                lambda i, r0, r1: (
+                    q.data_ptr(),
+                    k.data_ptr(),
+                    w.data_ptr(),
+                    lc.data_ptr(),
+                    g.data_ptr(),
+                    dq.data_ptr(),
+                    dks[i].data_ptr(),
+                    dws[i].data_ptr(),
+                    r0,
+                    r1,
+                    n,
+                    m,
+                    h,
+                ),
+            )
         dk, dw = dks[0], dws[0]
         for extra_k, extra_w in zip(dks[1:], dws[1:], strict=True):
             dk += extra_k
