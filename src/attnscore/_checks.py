@@ -1,0 +1,95 @@
+"""Input checks shared by the public entry points.
+
+Every check raises with the message form "Expected <what>, but got <what> instead", names
+the argument, and never changes its input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_attention_inputs", "check_dropout", "check_floating", "check_tensor"]
+
+
+def check_tensor(x: object, name: str) -> Tensor:
+    """Return ``x`` if it is a tensor, else raise ``TypeError`` naming ``name``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"Expected `{name}` to be a torch.Tensor, but got {type(x).__name__} instead."
+        )
+    return x
+
+
+def check_floating(x: object, name: str, *, min_ndim: int = 0) -> Tensor:
+    """Check that ``x`` is a floating-point tensor with at least ``min_ndim`` dimensions."""
+    x = check_tensor(x, name)
+    if not x.is_floating_point():
+        raise TypeError(
+            f"Expected `{name}` to have a floating-point dtype, but got {x.dtype} instead."
+        )
+    if x.ndim < min_ndim:
+        raise ValueError(
+            f"Expected `{name}` to have at least {min_ndim} dimensions, but got shape "
+            f"{tuple(x.shape)} instead."
+        )
+    return x
+
+
+def check_dropout(p: object, name: str = "dropout") -> float:
+    """Check a dropout probability: a real number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"Expected `{name}` to be a float in [0, 1), but got {p!r} instead.")
+    if not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"Expected `{name}` to be in [0, 1), but got {p!r} instead.")
+    return float(p)
+
+
+def check_attention_inputs(
+    queries: object,
+    keys: object,
+    values: object,
+    *,
+    same_feature_size: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Check queries (..., n, q), keys (..., m, k) and values (..., m, v) against each other.
+
+    All three must be floating tensors of one dtype and device with at least 3 dimensions,
+    equal leading (batch) dimensions, and as many keys as values. With
+    ``same_feature_size`` the query and key feature sizes must agree (dot-product scores).
+    """
+    q = check_floating(queries, "queries", min_ndim=3)
+    k = check_floating(keys, "keys", min_ndim=3)
+    v = check_floating(values, "values", min_ndim=3)
+    for name, t in (("keys", k), ("values", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(
+                f"Expected `{name}` to have the dtype of `queries` ({q.dtype}), but got "
+                f"{t.dtype} instead."
+            )
+        if t.device != q.device:
+            raise ValueError(
+                f"Expected `{name}` on the device of `queries` ({q.device}), but got "
+                f"{t.device} instead."
+            )
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            "Expected `keys` (..., m, k) and `values` (..., m, v) to agree on every dimension "
+            f"but the last, but got keys {tuple(k.shape)} and values {tuple(v.shape)} instead."
+        )
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(
+            "Expected `queries` (..., n, q) and `keys` (..., m, k) to have the same batch "
+            f"dimensions, but got queries {tuple(q.shape)} and keys {tuple(k.shape)} instead."
+        )
+    if same_feature_size and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "Expected `queries` and `keys` to have the same feature size d for dot-product "
+            f"scores, but got queries {tuple(q.shape)} and keys {tuple(k.shape)} instead."
+        )
+    return q, k, v
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype reductions run in: float32 for 16-bit floats, else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

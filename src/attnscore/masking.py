@@ -1,0 +1,312 @@
+"""Masks and the masked softmax.
+
+Every mask the library accepts (valid lengths per example or per query, query lengths,
+boolean "may attend" masks, causal masking) is checked once at the public entry point and
+turned into one canonical :class:`AttentionMask`; everything below trusts it.
+
+Shape legend: B batch, n queries, m keys; ``...`` are leading batch dimensions (B, or
+B and heads H).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._checks import check_floating, check_tensor, compute_dtype
+
+__all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
+
+
+def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
+    """Check that ``lengths`` holds non-negative whole numbers; return them as int64."""
+    t = check_tensor(lengths, name)
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(
+            f"Expected `{name}` to be an integer tensor (or a floating tensor of whole "
+            f"numbers), but got dtype {t.dtype} instead."
+        )
+    if t.device != device:
+        raise ValueError(
+            f"Expected `{name}` on the device of the scores ({device}), but got {t.device} instead."
+        )
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) | (t != torch.floor(t))
+        if bool(bad.any()):
+            raise ValueError(
+                f"Expected `{name}` to hold whole numbers, but got {t[bad].flatten()[0].item()!r} "
+                "instead."
+            )
+    if t.numel() and bool((t < 0).any()):
+        raise ValueError(
+            f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead."
+        )
+    return t.to(torch.int64)
+
+
+def _canonical_valid_lens(
+    valid_lens: object, batch_shape: torch.Size, n: int, m: int, device: torch.device
+) -> Tensor:
+    """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m.
+
+    Accepted shapes, with ``batch_shape`` = (B, ...): (B,) one length per example;
+    (B, n) one per query, shared across the other batch dimensions (e.g. heads);
+    ``batch_shape + (n,)`` one per query and batch entry.
+    """
+    t = _check_lengths(valid_lens, "valid_lens", device)
+    full = (*batch_shape, n)
+    B = batch_shape[0]
+    ones = (1,) * (len(batch_shape) - 1)
+    if t.shape == (B,):
+        t = t.reshape(B, *ones, 1)
+    elif t.shape == (B, n):
+        t = t.reshape(B, *ones, n)
+    elif tuple(t.shape) != full:
+        expected = f"({B},) or ({B}, {n})"
+        if len(batch_shape) > 1:
+            expected += f" or {full}"
+        raise ValueError(
+            f"Expected `valid_lens` of shape {expected} for scores of shape "
+            f"{(*batch_shape, n, m)}, but got shape {tuple(t.shape)} instead."
+        )
+    # Lengths above m mean "every key is valid" (documented), so clamping loses nothing.
+    return t.clamp(max=m).expand(full)
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """The canonical mask: which of m keys each of n queries may attend.
+
+    ``lengths`` (int64, shape (..., n), values in [0, m]): query i may attend keys
+    j < lengths[..., i]. ``attend`` (bool, broadcastable to (..., n, m)): True = may attend.
+    Either may be None (no restriction); a key is attended when both allow it. Build it
+    with :func:`build_mask`, which checks every input.
+    """
+
+    n: int
+    m: int
+    lengths: Tensor | None = None
+    attend: Tensor | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is masked."""
+        return self.lengths is None and self.attend is None
+
+    def dense(self) -> Tensor | None:
+        """The mask as bool, broadcastable to (..., n, m); True = may attend. None if empty."""
+        dense = self.attend
+        if self.lengths is not None:
+            positions = torch.arange(self.m, device=self.lengths.device)
+            by_length = positions < self.lengths.unsqueeze(-1)
+            dense = by_length if dense is None else dense & by_length
+        return dense
+
+    def padded_keys(self) -> Tensor | None:
+        """Bool (..., m): True for keys that no query may attend (padding). None if none."""
+        if self.attend is None:
+            if self.lengths is None:
+                return None
+            longest = self.lengths.amax(dim=-1, keepdim=True) if self.n else self.lengths[..., :1]
+            return torch.arange(self.m, device=longest.device) >= longest
+        dense = self.dense()
+        assert dense is not None
+        # A mask given as (m,) applies to every query.
+        return ~dense if dense.ndim < 2 else ~dense.any(dim=-2)
+
+
+def build_mask(
+    batch_shape: torch.Size,
+    n: int,
+    m: int,
+    device: torch.device,
+    *,
+    valid_lens: Tensor | None = None,
+    query_valid_lens: Tensor | None = None,
+    attend_mask: Tensor | None = None,
+    causal: bool = False,
+) -> AttentionMask:
+    """Check every mask input and combine them into one :class:`AttentionMask`.
+
+    Args:
+        batch_shape: leading dimensions (B, ...) of the scores (..., n, m).
+        n, m: numbers of queries and keys.
+        device: device of the scores; every mask must be on it.
+        valid_lens: key lengths, int (or whole-number float) of shape (B,), (B, n) or
+            ``batch_shape + (n,)``; lengths above m mean all keys are valid.
+        query_valid_lens: query lengths, shape (B,) or ``batch_shape``; queries at or beyond
+            it attend nothing (their weights and outputs are zero).
+        attend_mask: bool, broadcastable to ``batch_shape + (n, m)``; **True = may attend**
+            (as in ``scaled_dot_product_attention``; the opposite of
+            ``nn.MultiheadAttention``'s ``key_padding_mask``, where True = ignore).
+        causal: query i may attend keys j <= i only (top-left alignment, as
+            ``scaled_dot_product_attention(is_causal=True)``; when n > m the last queries
+            see every key, when n < m the last m - n keys are seen by no query).
+
+    Raises:
+        TypeError: a mask of the wrong type or dtype.
+        ValueError: a mask of the wrong shape, a negative or fractional length, or a mask
+            on another device.
+    """
+    lengths = None
+    if valid_lens is not None:
+        lengths = _canonical_valid_lens(valid_lens, batch_shape, n, m, device)
+    full = (*batch_shape, n)
+    if causal:
+        if not isinstance(causal, bool):
+            raise TypeError(f"Expected `causal` to be a bool, but got {causal!r} instead.")
+        by_position = torch.arange(1, n + 1, device=device).clamp(max=m)
+        lengths = (
+            by_position.expand(full) if lengths is None else torch.minimum(lengths, by_position)
+        )
+    if query_valid_lens is not None:
+        q_lens = _check_lengths(query_valid_lens, "query_valid_lens", device)
+        B = batch_shape[0]
+        if q_lens.shape == (B,):
+            q_lens = q_lens.reshape(B, *(1,) * (len(batch_shape) - 1))
+        elif q_lens.shape != batch_shape:
+            raise ValueError(
+                f"Expected `query_valid_lens` of shape ({B},) or {tuple(batch_shape)}, but got "
+                f"shape {tuple(q_lens.shape)} instead."
+            )
+        is_real = torch.arange(n, device=device) < q_lens.unsqueeze(-1)
+        base = torch.full((), m, dtype=torch.int64, device=device) if lengths is None else lengths
+        lengths = torch.where(is_real, base, 0).expand(full)
+    attend = None
+    if attend_mask is not None:
+        attend = check_tensor(attend_mask, "attend_mask")
+        if attend.dtype != torch.bool:
+            raise TypeError(
+                "Expected `attend_mask` to be a bool tensor (True = may attend), but got dtype "
+                f"{attend.dtype} instead."
+            )
+        if attend.device != device:
+            raise ValueError(
+                f"Expected `attend_mask` on device {device}, but got {attend.device} instead."
+            )
+        try:
+            torch.broadcast_shapes(attend.shape, (*batch_shape, n, m))
+            ok = attend.ndim <= len(batch_shape) + 2
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"Expected `attend_mask` broadcastable to {(*batch_shape, n, m)}, but got shape "
+                f"{tuple(attend.shape)} instead."
+            )
+    return AttentionMask(n=n, m=m, lengths=lengths, attend=attend)
+
+
+def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
+    """Replace the entries of ``X`` at or beyond each row's valid length by ``value``.
+
+    Returns a new tensor; unlike the textbook version it never writes into ``X``.
+
+    Args:
+        X: tensor (..., m) of any dtype.
+        valid_len: int (or whole-number float) lengths broadcastable to ``X.shape[:-1]``,
+            usually (rows,) for X (rows, m); lengths above m keep the whole row.
+        value: what padded entries become.
+
+    Returns:
+        Tensor of ``X``'s shape and dtype.
+
+    Raises:
+        TypeError, ValueError: as :func:`build_mask` for bad lengths, or when ``valid_len``
+        does not broadcast to ``X.shape[:-1]``.
+
+    Source: D2L "Attention Scoring Functions" (``d2l.sequence_mask``).
+
+    >>> sequence_mask(torch.ones(2, 3), torch.tensor([1, 2]))
+    tensor([[1., 0., 0.],
+            [1., 1., 0.]])
+    """
+    X = check_tensor(X, "X")
+    if X.ndim < 1:
+        raise ValueError("Expected `X` with at least 1 dimension, but got shape () instead.")
+    lengths = _check_lengths(valid_len, "valid_len", X.device)
+    try:
+        torch.broadcast_shapes(lengths.shape, X.shape[:-1])
+        ok = lengths.ndim <= X.ndim - 1
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"Expected `valid_len` broadcastable to {tuple(X.shape[:-1])} for X of shape "
+            f"{tuple(X.shape)}, but got shape {tuple(lengths.shape)} instead."
+        )
+    keep = torch.arange(X.shape[-1], device=X.device) < lengths.unsqueeze(-1)
+    return X.masked_fill(~keep, value)
+
+
+def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
+    """Masked softmax over the last axis, with a checked :class:`AttentionMask`.
+
+    The internal form of :func:`masked_softmax` (no input checks); see it for the contract.
+    """
+    if mask is not None and mask.attend is None and mask.lengths is not None:
+        return _softmax_lengths(scores, mask.lengths)
+    dense = None if mask is None else mask.dense()
+    return _softmax_dense(scores, dense)
+
+
+def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
+    """Masked softmax for key lengths (..., n): the path fused kernels take over."""
+    positions = torch.arange(scores.shape[-1], device=scores.device)
+    return _softmax_dense(scores, positions < lengths.unsqueeze(-1))
+
+
+def _softmax_dense(scores: Tensor, attend: Tensor | None) -> Tensor:
+    """Plain PyTorch masked softmax; ``attend`` is bool broadcastable to scores, or None."""
+    x = scores.to(compute_dtype(scores.dtype))
+    if attend is None:
+        return torch.softmax(x, dim=-1).to(scores.dtype)
+    # The lowest finite value, not -inf or -1e6: exp(lowest - row max) is exactly 0 in every
+    # dtype, and a fully masked row stays finite (uniform) until it is zeroed below, so no
+    # NaN reaches the forward or the backward pass.
+    x = x.masked_fill(~attend, torch.finfo(x.dtype).min)
+    weights = torch.softmax(x, dim=-1)
+    weights = weights.masked_fill(~attend.any(dim=-1, keepdim=True), 0.0)
+    return weights.to(scores.dtype)
+
+
+def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
+    """Softmax over the last axis of ``X``, ignoring positions beyond the valid lengths.
+
+    For row ``X[b, i, :]`` with valid length L = ``valid_lens[b]`` (or ``valid_lens[b, i]``)
+    the result is ``softmax(X[b, i, :L])`` followed by m - L exact zeros. Rows with L = 0
+    are all zeros and get zero gradient (not the uniform weights of the textbook's -1e6
+    trick, and not NaN). Whatever ``X`` holds at masked positions (even NaN or inf) changes
+    neither the result nor the gradient.
+
+    Args:
+        X: scores (B, n, m) (more leading dimensions allowed: (B, ..., n, m)); float16,
+            bfloat16, float32 or float64. 16-bit inputs are reduced in float32.
+        valid_lens: None (plain softmax), or lengths of shape (B,) (one per example) or
+            (B, n) (one per query), or (B, ..., n); integer tensor or floating tensor of
+            whole numbers, on X's device. Lengths above m mean "all valid".
+
+    Returns:
+        Attention weights of ``X``'s shape and dtype; each row sums to 1 over its valid
+        positions (or is all zeros).
+
+    Raises:
+        TypeError: ``X`` not a floating tensor, ``valid_lens`` not an integer-valued tensor.
+        ValueError: ``X`` with fewer than 3 dimensions; ``valid_lens`` of the wrong shape,
+            negative, fractional, or on another device.
+
+    Source: D2L "Attention Scoring Functions", masked softmax operation.
+
+    >>> X = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
+    >>> masked_softmax(X, torch.tensor([[2, 0]]))
+    tensor([[[0.2689, 0.7311, 0.0000],
+             [0.0000, 0.0000, 0.0000]]])
+    """
+    X = check_floating(X, "X", min_ndim=3)
+    if valid_lens is None:
+        return softmax_with_mask(X, None)
+    *batch, n, m = X.shape
+    mask = build_mask(torch.Size(batch), n, m, X.device, valid_lens=valid_lens)
+    return softmax_with_mask(X, mask)

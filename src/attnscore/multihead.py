@@ -1,0 +1,140 @@
+"""Multi-head attention on the shared pipeline (D2L section "Multi-Head Attention").
+
+Heads are a leading batch dimension: projections are reshaped to (B, H, n, d/H) and any
+scorer of the library runs on them once, with ``valid_lens`` broadcast over heads (no
+``repeat_interleave`` copy as in the textbook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from ._checks import check_attention_inputs
+from .modules import (
+    AdditiveAttention,
+    Attention,
+    CosineAttention,
+    DotProductAttention,
+    MultiplicativeAttention,
+)
+
+__all__ = ["MultiHeadAttention"]
+
+_SCORERS: dict[str, Callable[[int, float], Attention]] = {
+    "dot": lambda d, p: DotProductAttention(p),
+    "additive": lambda d, p: AdditiveAttention(d, d, d, p),
+    "general": lambda d, p: MultiplicativeAttention(d, d, p),
+    "cosine": lambda d, p: CosineAttention(p, learn_scale=True),
+}
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2; D2L "Multi-Head Attention").
+
+    ``head_i = attention(W_q q, W_k k, W_v v)`` restricted to the i-th slice of size
+    num_hiddens / num_heads, and ``output = W_o concat(head_1, ..., head_H)``. Projections
+    are ``nn.LazyLinear`` (input sizes inferred on the first call), named as in the
+    textbook (``W_q``, ``W_k``, ``W_v``, ``W_o``).
+
+    Args:
+        num_hiddens: model size E, a multiple of ``num_heads``.
+        num_heads: H.
+        dropout: dropout on the attention weights (training mode only).
+        bias: biases in the four projections.
+        scoring: ``"dot"`` (scaled dot product, default; takes the fused fast path where
+            available), ``"additive"``, ``"general"``, ``"cosine"``, or an
+            :class:`~attnscore.Attention` instance working on per-head vectors.
+
+    Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
+    *, query_valid_lens=None, attend_mask=None, causal=False)`` -> (B, n, E).
+    ``valid_lens`` (B,) or (B, n) applies to every head; ``attend_mask`` (bool, True = may
+    attend) may be (n, m), (B, n, m) or (B, H, n, m). :attr:`attention_weights` is
+    (B, H, n, m), the last call's, before dropout; rows with no valid key are zero.
+
+    Raises:
+        ValueError: ``num_hiddens`` not a multiple of ``num_heads``, unknown ``scoring``;
+        in ``forward``, as :class:`~attnscore.Attention`.
+
+    >>> mha = MultiHeadAttention(num_hiddens=8, num_heads=2).eval()
+    >>> x = torch.randn(3, 4, 5)
+    >>> mha(x, x, x, torch.tensor([4, 2, 1])).shape
+    torch.Size([3, 4, 8])
+    >>> mha.attention_weights.shape
+    torch.Size([3, 2, 4, 4])
+    """
+
+    def __init__(
+        self,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = False,
+        scoring: str | Attention = "dot",
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"Expected `{name}` to be a positive int, but got {value!r} instead."
+                )
+        if num_hiddens % num_heads:
+            raise ValueError(
+                f"Expected `num_hiddens` to be a multiple of `num_heads` ({num_heads}), but got "
+                f"{num_hiddens} instead."
+            )
+        self.num_heads = num_heads
+        head_size = num_hiddens // num_heads
+        if isinstance(scoring, Attention):
+            self.attention = scoring
+        elif isinstance(scoring, str) and scoring in _SCORERS:
+            self.attention = _SCORERS[scoring](head_size, dropout)
+        else:
+            raise ValueError(
+                f"Expected `scoring` to be one of {sorted(_SCORERS)} or an Attention module, "
+                f"but got {scoring!r} instead."
+            )
+        self.W_q = nn.LazyLinear(num_hiddens, bias=bias)
+        self.W_k = nn.LazyLinear(num_hiddens, bias=bias)
+        self.W_v = nn.LazyLinear(num_hiddens, bias=bias)
+        self.W_o = nn.LazyLinear(num_hiddens, bias=bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(B, n, E) -> (B, H, n, E/H)."""
+        return x.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+
+    def forward(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        valid_lens: Tensor | None = None,
+        *,
+        query_valid_lens: Tensor | None = None,
+        attend_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        check_attention_inputs(queries, keys, values)
+        if queries.ndim != 3:
+            raise ValueError(
+                "Expected `queries` of shape (B, n, q) for multi-head attention, but got shape "
+                f"{tuple(queries.shape)} instead."
+            )
+        if attend_mask is not None and attend_mask.ndim == 3:
+            attend_mask = attend_mask.unsqueeze(1)  # (B, n, m) applies to every head
+        heads = self.attention(
+            self._split_heads(self.W_q(queries)),
+            self._split_heads(self.W_k(keys)),
+            self._split_heads(self.W_v(values)),
+            valid_lens,
+            query_valid_lens=query_valid_lens,
+            attend_mask=attend_mask,
+            causal=causal,
+        )
+        return self.W_o(heads.transpose(1, 2).flatten(-2))
+
+    @property
+    def attention_weights(self) -> Tensor | None:
+        """Per-head weights (B, H, n, m) of the last call, before dropout; None before."""
+        return self.attention.attention_weights

@@ -1,0 +1,100 @@
+"""Probability functions: masked scores -> attention weights.
+
+Each normalizer maps scores (..., n, m) and an :class:`~attnscore.masking.AttentionMask` to
+weights of the same shape and dtype that are zero at masked positions and all zero in rows
+with no allowed key. ``softmax`` is the default; ``sparsemax`` and ``entmax15`` need the
+optional ``entmax`` package (``pip install attnscore[entmax]``); ``hardmax`` puts all
+weight on the best allowed key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ._checks import compute_dtype
+from .masking import AttentionMask, softmax_with_mask
+
+__all__ = ["NORMALIZERS", "Normalizer", "get_normalizer", "hardmax", "softmax"]
+
+Normalizer = Callable[[Tensor, "AttentionMask | None"], Tensor]
+
+
+def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
+    """Masked softmax (see :func:`attnscore.masked_softmax`)."""
+    return softmax_with_mask(scores, mask)
+
+
+def hardmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
+    """One-hot weights on the highest-scoring allowed key (the first one on ties).
+
+    Not differentiable: the gradient is zero everywhere. Rows whose allowed scores hold a
+    NaN give NaN weights (the NaN is not hidden); rows with no allowed key give zeros.
+    """
+    dense = None if mask is None else mask.dense()
+    x = scores if dense is None else scores.masked_fill(~dense, float("-inf"))
+    best = x.argmax(dim=-1, keepdim=True)
+    weights = torch.zeros_like(scores).scatter_(-1, best, 1.0)
+    if dense is not None:
+        weights = weights.masked_fill(~dense.any(dim=-1, keepdim=True), 0.0)
+    has_nan = torch.isnan(x).any(dim=-1, keepdim=True)
+    return torch.where(has_nan, torch.full_like(weights, float("nan")), weights).detach()
+
+
+def _sparse_family(name: str) -> Normalizer:
+    """Wrap an ``entmax`` mapping so that it respects masks."""
+
+    def normalize(scores: Tensor, mask: AttentionMask | None) -> Tensor:
+        try:
+            import entmax
+        except ImportError as err:  # optional dependency
+            raise ImportError(
+                f"normalizer={name!r} needs the optional package `entmax`: "
+                "pip install 'attnscore[entmax]'"
+            ) from err
+        fn = getattr(entmax, name)
+        x = scores.to(compute_dtype(scores.dtype))
+        dense = None if mask is None else mask.dense()
+        if dense is None:
+            return fn(x, dim=-1).to(scores.dtype)
+        # sparsemax zeroes every score below max - 1 and entmax15 every score below max - 2,
+        # so this finite fill gives masked keys exactly zero weight without the -inf
+        # arithmetic that breaks their sorting-based thresholds.
+        top = x.masked_fill(~dense, float("-inf")).amax(dim=-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        x = torch.where(dense, x, (top - 4.0).detach())
+        weights = fn(x, dim=-1).masked_fill(~dense, 0.0)
+        return weights.masked_fill(~dense.any(dim=-1, keepdim=True), 0.0).to(scores.dtype)
+
+    normalize.__name__ = name
+    normalize.__doc__ = f"Masked ``entmax.{name}`` (needs the optional `entmax` package)."
+    return normalize
+
+
+NORMALIZERS: dict[str, Normalizer] = {
+    "softmax": softmax,
+    "hardmax": hardmax,
+    "sparsemax": _sparse_family("sparsemax"),
+    "entmax15": _sparse_family("entmax15"),
+}
+
+
+def get_normalizer(normalizer: str | Normalizer) -> Normalizer:
+    """Resolve a normalizer name (``softmax``, ``sparsemax``, ``entmax15``, ``hardmax``).
+
+    A callable ``(scores, mask) -> weights`` is returned as it is.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if callable(normalizer):
+        return normalizer
+    try:
+        return NORMALIZERS[normalizer]
+    except KeyError:
+        raise ValueError(
+            f"Expected `normalizer` to be one of {sorted(NORMALIZERS)} or a callable, but got "
+            f"{normalizer!r} instead."
+        ) from None

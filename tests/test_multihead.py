@@ -1,0 +1,107 @@
+"""MultiHeadAttention against torch.nn.MultiheadAttention and per-head references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnscore import DotProductAttention, MultiHeadAttention
+from reference import broadcast_lengths, np_dot_scores, np_masked_softmax
+
+
+def _copy_from_torch(ours: MultiHeadAttention, theirs: torch.nn.MultiheadAttention, x) -> None:
+    ours(x, x, x)  # materialise the lazy projections
+    E = theirs.embed_dim
+    w_q, w_k, w_v = theirs.in_proj_weight.detach().split(E)
+    with torch.no_grad():
+        for mine, w in ((ours.W_q, w_q), (ours.W_k, w_k), (ours.W_v, w_v)):
+            mine.weight.copy_(w)
+        ours.W_o.weight.copy_(theirs.out_proj.weight)
+        if theirs.in_proj_bias is not None:
+            b_q, b_k, b_v = theirs.in_proj_bias.detach().split(E)
+            for mine, b in ((ours.W_q, b_q), (ours.W_k, b_k), (ours.W_v, b_v)):
+                mine.bias.copy_(b)
+            ours.W_o.bias.copy_(theirs.out_proj.bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_torch_multihead_attention(bias, causal):
+    B, n, E, H = 3, 5, 12, 3
+    x = torch.randn(B, n, E)
+    theirs = torch.nn.MultiheadAttention(E, H, bias=bias, batch_first=True).eval()
+    ours = MultiHeadAttention(E, H, bias=bias).eval()
+    _copy_from_torch(ours, theirs, x)
+    lens = torch.tensor([5, 2, 1])
+    key_padding_mask = torch.arange(n) >= lens[:, None]  # theirs: True = ignore
+    causal_mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1) if causal else None
+    ref, ref_w = theirs(
+        x,
+        x,
+        x,
+        key_padding_mask=key_padding_mask,
+        attn_mask=causal_mask,
+        average_attn_weights=False,
+    )
+    out = ours(x, x, x, lens, causal=causal)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.attention_weights, ref_w, atol=1e-5, rtol=1e-5)
+
+
+def test_heads_equal_independent_single_head_attention():
+    B, n, m, E, H = 2, 3, 4, 6, 2
+    q, kv = torch.randn(B, n, E, dtype=torch.float64), torch.randn(B, m, E, dtype=torch.float64)
+    mha = MultiHeadAttention(E, H).double()
+    lens = torch.tensor([[1, 2, 4], [0, 3, 3]])
+    out = mha(q, kv, kv, lens)
+    d = E // H
+    Q, K, V = mha.W_q(q), mha.W_k(kv), mha.W_v(kv)
+    heads = []
+    for h in range(H):
+        s = slice(h * d, (h + 1) * d)
+        w = np_masked_softmax(
+            np_dot_scores(Q[..., s].detach(), K[..., s].detach()),
+            broadcast_lengths(lens.numpy(), (B,), n),
+        )
+        heads.append(w @ V[..., s].detach().numpy())
+        np.testing.assert_allclose(mha.attention_weights[:, h].numpy(), w, atol=1e-12)
+    expected = np.concatenate(heads, -1) @ mha.W_o.weight.detach().numpy().T
+    np.testing.assert_allclose(out.detach().numpy(), expected, atol=1e-12)
+    assert torch.all(mha.attention_weights[1, :, 0] == 0)
+
+
+@pytest.mark.parametrize("scoring", ["dot", "additive", "general", "cosine"])
+def test_every_scoring_gradcheck_and_padding(scoring):
+    B, n, m, E, H = 2, 3, 4, 4, 2
+    mha = MultiHeadAttention(E, H, scoring=scoring, bias=True).double()
+    q = torch.randn(B, n, 3, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(B, m, 5, dtype=torch.float64, requires_grad=True)
+    lens = torch.tensor([2, 4])
+    mha(q, kv, kv, lens)
+    assert torch.autograd.gradcheck(lambda a, b: mha(a, b, b, lens), (q, kv))
+    dirty = kv.detach().clone()
+    dirty[0, 2:] = float("nan")
+    torch.testing.assert_close(mha(q, dirty, dirty, lens), mha(q, kv, kv, lens))
+
+
+def test_custom_inner_attention_and_masks():
+    mha = MultiHeadAttention(8, 2, scoring=DotProductAttention(scale=1.0))
+    x = torch.randn(2, 3, 8)
+    attend = torch.tensor([[True, False, True]] * 3)
+    out = mha(x, x, x, attend_mask=attend.expand(2, 3, 3))
+    assert torch.all(mha.attention_weights[..., 1] == 0)
+    torch.testing.assert_close(out, mha(x, x, x, attend_mask=attend))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_hiddens": 10, "num_heads": 3}, "multiple of `num_heads`"),
+        ({"num_hiddens": 8, "num_heads": 0}, "num_heads"),
+        ({"num_hiddens": 8, "num_heads": 2, "scoring": "nope"}, "scoring"),
+    ],
+)
+def test_bad_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MultiHeadAttention(**kwargs)
