@@ -17,6 +17,7 @@ units; ``...`` is (B,) or (B, H) for H heads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypedDict, overload
@@ -26,12 +27,19 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
+from . import kernels
 from ._checks import check_attention_inputs, check_dropout
 from .masking import AttentionMask, build_mask
 from .normalizers import Normalizer, get_normalizer, softmax
 from .scoring import additive_scores, dot_product_scores
 
-__all__ = ["MaskOptions", "additive_attention", "attention", "dot_product_attention"]
+__all__ = [
+    "MaskOptions",
+    "additive_attention",
+    "attention",
+    "dot_product_attention",
+    "fused_dot_product",
+]
 
 Scoring = Callable[[Tensor, Tensor], Tensor]
 WeightsFn = Callable[[], Tensor]
@@ -145,6 +153,44 @@ def _finish(
 ) -> Tensor | tuple[Tensor, Tensor]:
     output, weights_fn = result
     return (output, weights_fn()) if return_weights else output
+
+
+def fused_dot_product(scale: float | None) -> FusedPath:
+    """The fused path of scaled dot-product attention with key lengths.
+
+    Runs :func:`attnscore.kernels.dot_product_attention` (flash SDPA on keys trimmed to each
+    element's length, so padded keys cost nothing) and returns a weights function that
+    recomputes the weights through the plain pipeline (same values) only when asked. Declines
+    (returns None) for boolean masks, no lengths, broadcast batch shapes, or when kernels
+    are disabled or the tensors are not on CPU.
+    """
+
+    def fused(
+        q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float
+    ) -> tuple[Tensor, WeightsFn] | None:
+        lengths = mask.lengths
+        if lengths is None or mask.attend is not None or q.ndim < 3:
+            return None
+        if not kernels.enabled() or q.device.type != "cpu":
+            return None
+        *batch, n, d = q.shape
+        m, dv = k.shape[-2], v.shape[-1]
+        if list(k.shape[:-2]) != batch or list(v.shape[:-2]) != batch:
+            return None
+        # One length per example (expanded over queries) needs no mask inside SDPA.
+        per_example = n == 1 or lengths.stride(-1) == 0
+        lens = lengths[..., 0].reshape(-1) if per_example else lengths.reshape(-1, n)
+        out = kernels.dot_product_attention(
+            q.reshape(-1, n, d),
+            k.reshape(-1, m, d),
+            v.reshape(-1, m, dv),
+            lens,
+            scale=1.0 / math.sqrt(d) if scale is None else scale,
+            dropout_p=dropout_p,
+        )
+        return out.reshape(*batch, n, dv), lambda: softmax(dot_product_scores(q, k, scale), mask)
+
+    return fused
 
 
 @overload
@@ -368,5 +414,7 @@ def dot_product_attention(
     def scoring(q: Tensor, k: Tensor) -> Tensor:
         return dot_product_scores(q, k, scale)
 
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
+    # Weights asked for now: the plain path computes them once anyway.
+    fused = None if return_weights else fused_dot_product(scale)
+    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer, fused=fused)
     return _finish(result, return_weights)

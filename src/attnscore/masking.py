@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import kernels
 from ._checks import check_floating, check_tensor, compute_dtype
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
@@ -254,6 +255,9 @@ def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
 
 def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
     """Masked softmax for key lengths (..., n): the path fused kernels take over."""
+    if kernels.available(scores) and lengths.device == scores.device:
+        # One pass per row in C; padded entries are never read (see attnscore.kernels).
+        return kernels.masked_softmax(scores, lengths)
     positions = torch.arange(scores.shape[-1], device=scores.device)
     return _softmax_dense(scores, positions < lengths.unsqueeze(-1))
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_dropout
-from .functional import FusedPath, Prepared, WeightsFn, attend, prepare
+from .functional import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
 from .normalizers import Normalizer, get_normalizer
 from .scoring import (
     additive_scores_from_projections,
@@ -298,6 +298,10 @@ class DotProductAttention(Attention):
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         return dot_product_scores(queries, keys, self.scale)
+
+    def fused_path(self) -> FusedPath | None:
+        """Padding-free flash SDPA when key lengths are given (see fused_dot_product)."""
+        return fused_dot_product(self.scale)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))

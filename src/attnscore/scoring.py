@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor
 
+from . import kernels
+
 __all__ = [
     "additive_scores",
     "additive_scores_from_projections",
@@ -108,6 +110,19 @@ def additive_scores_from_projections(
     """
     w = w_v.reshape(-1)
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
+    batch_shape = qh.shape[:-2]
+    if qh.ndim >= 3 and kh.shape[:-2] == batch_shape:
+        # Fused kernel (C on CPU, else a chunked autograd Function that recomputes tanh in
+        # backward): neither forward nor backward holds a (..., n, m, h) tensor.
+        lens = (
+            torch.full((*batch_shape, n), m, dtype=torch.int64, device=qh.device)
+            if lengths is None
+            else lengths.clamp(max=m)
+        )
+        scores = kernels.additive_scores(
+            qh.reshape(-1, n, h), kh.reshape(-1, m, h), w, lens.reshape(-1, n)
+        )
+        return scores.reshape(*batch_shape, n, m)
     batch = max(1, math.prod(torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2])))
     chunk = max(1, _ADDITIVE_CHUNK_ELEMENTS // max(1, batch * m * h))
     k = kh.unsqueeze(-3)

@@ -107,13 +107,22 @@ class MaskedSoftmaxC(torch.autograd.Function):
                 ranges,
                 lambda _i, r0, r1: (xc.data_ptr(), lc.data_ptr(), y.data_ptr(), r0, r1, m),
             )
-        ctx.save_for_backward(y, lc)
-        return y if x.dtype == cdt else y.to(x.dtype)
+        out = y if x.dtype == cdt else y.to(x.dtype)
+        # Saving the output (not a float32 copy) keeps double backward exact: unpacked in a
+        # create_graph backward it is connected to this Function again.
+        ctx.save_for_backward(out, lc)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        y, lc = ctx.saved_tensors
-        m = y.shape[-1]
+        out, lc = ctx.saved_tensors
+        m = out.shape[-1]
+        if torch.is_grad_enabled():  # double backward: differentiable PyTorch formula
+            yf = out.to(compute_dtype(out.dtype))
+            gf = grad.to(yf.dtype)
+            dxf = yf * (gf - (gf * yf).sum(-1, keepdim=True))
+            return dxf.to(grad.dtype), None
+        y = out.to(compute_dtype(out.dtype)).contiguous()
         g = grad.to(y.dtype).contiguous()
         dx = _empty(y.shape, y.dtype)
         if lc.numel() and m:
