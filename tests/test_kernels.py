@@ -12,7 +12,7 @@ import torch
 from attnscore import kernels as K
 
 HAVE_C = K.available(torch.zeros(1))
-needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (no compiler?)")
+needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
