@@ -2,7 +2,7 @@
 PyTorch's fused SDPA, side by side in one process (issue 3).
 
 Times are medians from ``torch.utils.benchmark`` (``blocked_autorange``). Peak memory is the
-``ru_maxrss`` of a fresh subprocess that builds the inputs and runs the case once, so it is
+peak RSS (``VmHWM``) of a fresh subprocess that builds the inputs and runs the case once, so it is
 the peak of the whole process (including ~300 MiB of torch itself).
 """
 
@@ -76,11 +76,11 @@ def textbook_masked_softmax(X: Tensor, valid_lens: Tensor) -> Tensor:
 class TextbookAdditive(nn.Module):
     """D2L's AdditiveAttention: broadcast tanh over a (B, n, m, h) tensor."""
 
-    def __init__(self, num_hiddens: int) -> None:
+    def __init__(self, key_size: int, query_size: int, num_hiddens: int) -> None:
         super().__init__()
-        self.W_k = nn.LazyLinear(num_hiddens, bias=False)
-        self.W_q = nn.LazyLinear(num_hiddens, bias=False)
-        self.w_v = nn.LazyLinear(1, bias=False)
+        self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
+        self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
+        self.w_v = nn.Linear(num_hiddens, 1, bias=False)
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor) -> Tensor:
         queries, keys = self.W_q(queries), self.W_k(keys)
@@ -128,8 +128,7 @@ def make_case(case: str, s: Shapes) -> dict[str, Callable[[], Any]]:
         q, k, v = torch.randn(B, n, d), torch.randn(B, m, d), torch.randn(B, m, d)
         vl = _lens(B, m)
         ours = attnscore.AdditiveAttention(key_size=d, query_size=d, num_hiddens=h)
-        book = TextbookAdditive(h)
-        book(q, k, v, vl)  # materialise the lazy layers
+        book = TextbookAdditive(d, d, h)
         with torch.no_grad():  # same parameters for both
             book.W_q.weight.copy_(ours.W_q.weight)
             book.W_k.weight.copy_(ours.W_k.weight)
@@ -175,6 +174,13 @@ def _child(case: str, quick: bool, impl: str) -> None:
     """Run one case once in this fresh process and print its peak RSS in MiB."""
     shapes = (QUICK if quick else FULL)[case]
     make_case(case, shapes)[impl]()
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would
+    # report the parent's peak; VmHWM belongs to this process image only.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                print(int(line.split()[1]) / 1024)
+                return
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -220,7 +226,7 @@ def _fmt_shape(s: Shapes) -> str:
     return " ".join(f"{k}={v}" for k, v in s.items())
 
 
-def run(quick: bool, memory: bool, threads: int) -> dict[str, Any]:
+def run(quick: bool, memory: bool, threads: int, cases: list[str] | None = None) -> dict[str, Any]:
     from torch.utils import benchmark
 
     from attnscore import kernels
@@ -235,6 +241,8 @@ def run(quick: bool, memory: bool, threads: int) -> dict[str, Any]:
     min_time = 0.1 if quick else 1.5
     rows = []
     for case, s in shapes.items():
+        if cases and case not in cases:
+            continue
         impls = make_case(case, s)
         times: dict[str, float] = {}
         if case != "additive_memory":
@@ -331,7 +339,7 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"C kernels: first load in this process {result['kernel_first_load_s']:.2f} s "
         f"(compiled now: {result['kernel_build']['compiled']}); cold compile + load with an "
-        f"empty cache: {'n/a' if cold is None else f'{cold:.2f} s'}. Peak RSS: ru_maxrss of a "
+        f"empty cache: {'n/a' if cold is None else f'{cold:.2f} s'}. Peak RSS: VmHWM of a "
         "fresh subprocess per case (whole process, torch included). additive_memory: "
         "textbook not run (its (B, n, m, h) float32 tensor alone is B*n*m*h*4 bytes = "
         + _textbook_gib(result)
@@ -356,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--no-memory", action="store_true", help="skip peak-memory subprocesses")
+    parser.add_argument("--cases", nargs="+", choices=list(FULL), help="run only these cases")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -364,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         _child(args.child[0], args.quick, args.child[1])
         return 0
-    result = run(args.quick, not args.no_memory, args.threads)
+    result = run(args.quick, not args.no_memory, args.threads, args.cases)
     print(render(result))
     if args.json:
         with open(args.json, "w") as f:
