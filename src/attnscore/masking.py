@@ -109,7 +109,10 @@ class AttentionMask:
         if self.attend is None:
             if self.lengths is None:
                 return None
-            longest = self.lengths.amax(dim=-1, keepdim=True) if self.n else self.lengths[..., :1]
+            if self.n == 0:  # no query attends anything: every key is padding
+                longest = self.lengths.new_zeros((*self.lengths.shape[:-1], 1))
+            else:
+                longest = self.lengths.amax(dim=-1, keepdim=True)
             return torch.arange(self.m, device=longest.device) >= longest
         dense = self.dense()
         assert dense is not None

@@ -45,7 +45,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     torch.Size([1, 2, 3])
     """
     if scale is None:
-        scale = 1.0 / math.sqrt(queries.shape[-1])
+        # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
+        scale = 1.0 / math.sqrt(max(queries.shape[-1], 1))
     # Scaling the smaller operand costs less than scaling the (n, m) scores.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(queries * scale, keys.transpose(-1, -2))
@@ -111,9 +112,10 @@ def additive_scores_from_projections(
     batch = max(1, math.prod(torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2])))
     chunk = max(1, _ADDITIVE_CHUNK_ELEMENTS // max(1, batch * m * h))
     k = kh.unsqueeze(-3)
+    # max(n, 1): with no queries there is still one (empty) piece to return.
     pieces = [
         torch.matmul(torch.tanh(qh[..., i : i + chunk, :].unsqueeze(-2) + k), w)
-        for i in range(0, n, chunk)
+        for i in range(0, max(n, 1), chunk)
     ]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
 
