@@ -86,7 +86,9 @@ def _load_arrays(path: Path) -> dict[str, object]:
     except UsageError:
         raise
     except Exception as err:  # numpy/zip/pickle raise many types for corrupt files
-        raise UsageError(f"--input: cannot read {path}: {type(err).__name__}: {err}") from None
+        # First line only: torch.load's messages run over several lines of advice.
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"--input: cannot read {path}: {type(err).__name__}: {reason}") from None
     missing = [name for name in ("queries", "keys", "values") if name not in arrays]
     if missing:
         raise UsageError(f"--input: {path} lacks array(s) {missing}; it has {sorted(arrays)}")
@@ -96,14 +98,25 @@ def _load_arrays(path: Path) -> dict[str, object]:
     return arrays
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def _check_writable(path: Path | None, option: str) -> None:
+    """Fail before any work when an output path cannot be a file."""
+    if path is not None and path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder; expected a file name")
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object], option: str) -> None:
     """Write through a temporary file in the same folder, so no partial file is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise UsageError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
+    except OSError as err:
+        raise UsageError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -116,6 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     from .modules import AdditiveAttention, Attention, DotProductAttention
     from .plotting import show_heatmaps
 
+    _check_writable(args.output, "--output")
+    _check_writable(args.heatmap, "--heatmap")
     arrays = _load_arrays(args.input)
     queries, keys, values = arrays["queries"], arrays["keys"], arrays["values"]
     valid_lens = arrays.get("valid_lens")
@@ -133,6 +148,14 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--input: {err}") from None
     weights = attention.attention_weights
     assert weights is not None
+    fig = None
+    if args.heatmap is not None:  # drawn before anything is written, as it may fail
+        if weights.numel() == 0:
+            raise UsageError(
+                f"--heatmap: nothing to draw: the weights have shape {tuple(weights.shape)}"
+            )
+        grid = weights.flatten(0, -3).unsqueeze(1)[:8]
+        fig = show_heatmaps(grid, "Keys", "Queries", figsize=(4.0, 1.5 + 1.5 * grid.shape[0]))
     print(f"output {tuple(output.shape)}, weights {tuple(weights.shape)}")
     if args.output is None and args.heatmap is None:
         print(output)
@@ -140,12 +163,11 @@ def _run(args: argparse.Namespace) -> int:
         _atomic_write(
             args.output,
             lambda f: np.savez(f, output=output.numpy(), weights=weights.numpy()),
+            "--output",
         )
         print(f"wrote {args.output}")
-    if args.heatmap is not None:
-        grid = weights.reshape(-1, 1, *weights.shape[-2:])[:8]
-        fig = show_heatmaps(grid, "Keys", "Queries", figsize=(4.0, 1.5 + 1.5 * grid.shape[0]))
-        _atomic_write(args.heatmap, lambda f: fig.savefig(f, format="png", dpi=120))
+    if fig is not None:
+        _atomic_write(args.heatmap, lambda f: fig.savefig(f, format="png", dpi=120), "--heatmap")
         print(f"wrote {args.heatmap}")
     return 0
 

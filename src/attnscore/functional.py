@@ -206,7 +206,10 @@ def attention(
     Returns:
         output (..., n, v) in the inputs' dtype, and the weights if asked. Queries that
         may attend no key (valid length 0, padded queries) give zero weights and zero
-        output, with zero gradient.
+        output, with zero gradient. Empty dimensions are not errors: n = 0 or a batch of
+        0 give empty results; m = 0 (no keys) gives zero output and (..., n, 0) weights;
+        feature size 0 gives zero scores. NaN in what is attended propagates to the
+        output (never hidden); NaN in padding changes nothing.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.

@@ -292,7 +292,7 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
 
     Returns:
         Attention weights of ``X``'s shape and dtype; each row sums to 1 over its valid
-        positions (or is all zeros).
+        positions (or is all zeros). Empty dimensions give an empty result.
 
     Raises:
         TypeError: ``X`` not a floating tensor, ``valid_lens`` not an integer-valued tensor.
