@@ -20,6 +20,38 @@ from ._checks import check_floating, check_tensor, compute_dtype
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
 
 
+try:  # private, but the only way to tell that a tensor is inside a torch.func transform
+    from torch._C._functorch import is_functorch_wrapped_tensor as _in_functorch
+except ImportError:  # pragma: no cover - older or newer torch without it
+
+    def _in_functorch(tensor: Tensor) -> bool:
+        return False
+
+
+def _check_values(t: Tensor, name: str) -> None:
+    """Non-negative whole numbers, checked without data-dependent Python where it can't run.
+
+    Eager: a ValueError naming the first bad value. Under ``torch.compile``: an in-graph
+    assertion (no graph break; it raises RuntimeError with the same wording). Under
+    ``torch.func`` transforms (vmap, grad) values cannot steer Python, so only shapes,
+    dtypes and devices are checked there.
+    """
+    bad = t < 0
+    if t.is_floating_point():
+        bad = bad | ~torch.isfinite(t) | (t != torch.floor(t))
+    if torch.compiler.is_compiling():
+        torch._assert_async(
+            ~bad.any(), f"Expected `{name}` to hold non-negative whole numbers, but got others."
+        )
+        return
+    if t.numel() == 0 or _in_functorch(t) or not bool(bad.any()):
+        return
+    first = t[bad].flatten()[0].item()
+    if t.is_floating_point() and (first != first or abs(first) == float("inf") or first % 1):
+        raise ValueError(f"Expected `{name}` to hold whole numbers, but got {first!r} instead.")
+    raise ValueError(f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead.")
+
+
 def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
     """Check that ``lengths`` holds non-negative whole numbers; return them as int64."""
     t = check_tensor(lengths, name)
@@ -32,17 +64,7 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
         raise ValueError(
             f"Expected `{name}` on the device of the scores ({device}), but got {t.device} instead."
         )
-    if t.is_floating_point():
-        bad = ~torch.isfinite(t) | (t != torch.floor(t))
-        if bool(bad.any()):
-            raise ValueError(
-                f"Expected `{name}` to hold whole numbers, but got {t[bad].flatten()[0].item()!r} "
-                "instead."
-            )
-    if t.numel() and bool((t < 0).any()):
-        raise ValueError(
-            f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead."
-        )
+    _check_values(t, name)
     return t.to(torch.int64)
 
 
