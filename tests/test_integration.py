@@ -84,7 +84,7 @@ def test_jit_script_is_not_supported_with_the_documented_error():
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.*` is deprecated:DeprecationWarning")
 def test_jit_trace_works_for_fixed_shapes():
     attention = attnscore.AdditiveAttention(3, 4, 5).eval()
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 3), torch.randn(2, 5, 2)

@@ -12,7 +12,10 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["main"]
 
@@ -61,7 +64,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_arrays(path: Path) -> dict[str, object]:
+def _load_arrays(path: Path) -> dict[str, Tensor]:
     import numpy as np
     import torch
 
@@ -92,10 +95,12 @@ def _load_arrays(path: Path) -> dict[str, object]:
     missing = [name for name in ("queries", "keys", "values") if name not in arrays]
     if missing:
         raise UsageError(f"--input: {path} lacks array(s) {missing}; it has {sorted(arrays)}")
+    tensors: dict[str, Tensor] = {}
     for name, value in arrays.items():
         if not isinstance(value, torch.Tensor):
             raise UsageError(f"--input: `{name}` in {path} is not an array")
-    return arrays
+        tensors[name] = value
+    return tensors
 
 
 def _check_writable(path: Path | None, option: str) -> None:
@@ -143,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     attention.eval()
     try:
         with torch.no_grad():
-            output = attention(queries, keys, values, valid_lens)  # type: ignore[arg-type]
+            output: Tensor = attention(queries, keys, values, valid_lens)
     except (TypeError, ValueError) as err:
         raise UsageError(f"--input: {err}") from None
     weights = attention.attention_weights
@@ -173,16 +178,23 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``attnscore`` command; returns the exit code."""
+    """Entry point of the ``attnscore`` command; returns the exit code.
+
+    Bad input (missing or corrupt files, wrong arrays, bad shapes) gives one line on
+    stderr and exit code 2, and leaves no output file behind.
+
+    >>> main(["run", "--input", "no-such-file.npz"])
+    2
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         from .bench import main as bench_main
 
-        return bench_main(argv[1:])
+        return int(bench_main(argv[1:]))
     if argv[:1] == ["g2p"]:
         from .g2p.cli import main as g2p_main
 
-        return g2p_main(argv[1:])
+        return int(g2p_main(argv[1:]))
     args = _build_parser().parse_args(argv)
     try:
         if args.command == "demo":

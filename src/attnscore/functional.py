@@ -48,6 +48,14 @@ class MaskOptions(TypedDict, total=False):
         ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s ``key_padding_mask``
         means the opposite: True = ignore).
     causal: query i attends keys j <= i only (top-left alignment, as SDPA's is_causal).
+
+    >>> masks: MaskOptions = {"causal": True}
+    >>> q = torch.randn(1, 3, 4)
+    >>> _, w = dot_product_attention(q, q, q, return_weights=True, **masks)
+    >>> (w > 0).int()
+    tensor([[[1, 0, 0],
+             [1, 1, 0],
+             [1, 1, 1]]], dtype=torch.int32)
     """
 
     query_valid_lens: Tensor | None

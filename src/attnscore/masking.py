@@ -105,6 +105,13 @@ class AttentionMask:
     j < lengths[..., i]. ``attend`` (bool, broadcastable to (..., n, m)): True = may attend.
     Either may be None (no restriction); a key is attended when both allow it. Build it
     with :func:`build_mask`, which checks every input.
+
+    >>> mask = AttentionMask(n=2, m=3, lengths=torch.tensor([[1, 0]]))
+    >>> mask.dense()
+    tensor([[[ True, False, False],
+             [False, False, False]]])
+    >>> mask.padded_keys()   # keys no query may attend
+    tensor([[False,  True,  True]])
     """
 
     n: int
@@ -173,6 +180,11 @@ def build_mask(
         TypeError: a mask of the wrong type or dtype.
         ValueError: a mask of the wrong shape, a negative or fractional length, or a mask
             on another device.
+
+    >>> mask = build_mask(torch.Size([1]), 3, 4, torch.device("cpu"),
+    ...                   valid_lens=torch.tensor([2]), causal=True)
+    >>> mask.lengths   # query i attends keys j < lengths[..., i]
+    tensor([[1, 2, 2]])
     """
     lengths = None
     if valid_lens is not None:

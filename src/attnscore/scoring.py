@@ -64,6 +64,9 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
 
     Returns:
         scores (..., n, m).
+
+    >>> general_scores(torch.ones(1, 2, 3), torch.ones(1, 4, 5), torch.ones(3, 5)).shape
+    torch.Size([1, 2, 4])
     """
     # Project whichever side has fewer vectors: the cost is (n or m) * q * k.
     if queries.shape[-2] <= keys.shape[-2]:
@@ -82,6 +85,9 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
 
     Returns:
         scores (..., n, m).
+
+    >>> cosine_scores(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))
+    tensor([[[10.,  0.]]])
     """
     tiny = torch.finfo(queries.dtype).tiny
     q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
@@ -106,6 +112,10 @@ def additive_scores_from_projections(
 
     Returns:
         scores (..., n, m).
+
+    >>> additive_scores_from_projections(torch.zeros(1, 2, 8), torch.zeros(1, 5, 8),
+    ...                                  torch.ones(8)).shape
+    torch.Size([1, 2, 5])
     """
     w = w_v.reshape(-1)
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
