@@ -54,10 +54,9 @@ TARGETS: dict[str, list[tuple[str, float]]] = {
 
 # ------------------------------------------------------------------ textbook formulations
 def textbook_sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
-    """D2L's sequence_mask (on a copy)."""
+    """D2L's sequence_mask, in place as in the book (repeated runs are idempotent)."""
     maxlen = X.size(1)
     mask = torch.arange(maxlen, dtype=torch.float32, device=X.device)[None, :] < valid_len[:, None]
-    X = X.clone()
     X[~mask] = value
     return X
 

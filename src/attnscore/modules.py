@@ -64,7 +64,8 @@ class Attention(nn.Module):
     After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
     before dropout (rows sum to 1 over the keys they may attend; rows with no such key are
     zero). They are detached (for inspection), and on fast paths computed on first access.
-    With several threads calling one module, it is the last call's.
+    With several threads calling one module, it is the last call's (the outputs are each
+    call's own: ``forward`` keeps no other state; the functional forms keep none).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function

@@ -18,6 +18,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from .._checks import in_transform
 from ._build import build_info, load_library
 from ._fast import AdditiveScoresC, MaskedSoftmaxC, dot_product_attention_trimmed
 from ._plain import (
@@ -73,8 +74,9 @@ def disabled() -> Iterator[None]:
 
 def available(*tensors: Tensor) -> bool:
     """True when the C kernels can take these tensors: enabled, all on CPU, all of a float
-    dtype (float16/bfloat16/float32/float64), and the library compiled and loaded."""
-    if not enabled():
+    dtype (float16/bfloat16/float32/float64), not being traced or transformed (see
+    :func:`attnscore._checks.in_transform`), and the library compiled and loaded."""
+    if not enabled() or in_transform(*tensors):
         return False
     for t in tensors:
         if t.device.type != "cpu" or t.dtype not in _FLOATS:
@@ -133,7 +135,7 @@ def masked_softmax(x: Tensor, lens: Tensor) -> Tensor:
         )
     _check_lens(lens, tuple(x.shape[:-1]))
     if available(x) and lens.device.type == "cpu":
-        return cast(Tensor, MaskedSoftmaxC.apply(x, lens))
+        return cast(Tensor, MaskedSoftmaxC.apply(x, lens))  # type: ignore[no-untyped-call]
     return masked_softmax_plain(x, lens)
 
 
@@ -168,7 +170,7 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lens: Tensor) -> Tensor
         )
     _check_lens(lens, (B, n))
     if available(qh, kh, w_v) and lens.device.type == "cpu":
-        return cast(Tensor, AdditiveScoresC.apply(qh, kh, w_v, lens))
+        return cast(Tensor, AdditiveScoresC.apply(qh, kh, w_v, lens))  # type: ignore[no-untyped-call]
     return additive_scores_plain(qh, kh, w_v, lens)
 
 
@@ -207,7 +209,7 @@ def dot_product_attention(
     Source: D2L "Attention Scoring Functions" (Vaswani et al., 2017).
     """
     _check_qkv(q, k, v, lens)
-    if enabled() and q.device.type == "cpu" and q.dtype in _FLOATS:
+    if enabled() and q.device.type == "cpu" and q.dtype in _FLOATS and not in_transform(q, k, v):
         return dot_product_attention_trimmed(q, k, v, lens, scale=scale, dropout_p=dropout_p)
     return dot_product_attention_plain(q, k, v, lens, scale=scale, dropout_p=dropout_p)
 

@@ -254,7 +254,7 @@ def dot_product_attention_trimmed(
     outs = []
     for b, L in enumerate(key_len):
         if L == 0:  # nothing to attend to: zeros with zero gradients
-            outs.append(_Zeros.apply(q, k, v, 1))
+            outs.append(_Zeros.apply(q, k, v, 1))  # type: ignore[no-untyped-call]
             continue
         qb, kb, vb = q[b, None, None], k[b, None, None, :L], v[b, None, None, :L]
         if not two_d:

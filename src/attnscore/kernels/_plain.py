@@ -7,7 +7,7 @@ garbage at padded positions changing nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -99,7 +99,7 @@ def _blocks(lens: Tensor, n: int, m: int, h: int) -> Any:
 
 def additive_scores_plain(qh: Tensor, kh: Tensor, w_v: Tensor, lens: Tensor) -> Tensor:
     """PyTorch twin of :func:`attnscore.kernels.additive_scores` (chunked, any device)."""
-    return _AdditiveScoresChunked.apply(qh, kh, w_v, lens)
+    return cast(Tensor, _AdditiveScoresChunked.apply(qh, kh, w_v, lens))  # type: ignore[no-untyped-call]
 
 
 def dot_product_attention_plain(
