@@ -61,6 +61,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heatmap", type=Path, help="write the weights' heatmap to this .png")
 
     sub.add_parser("bench", help="benchmark against the textbook and PyTorch SDPA", add_help=False)
+    sub.add_parser("g2p", help="grapheme-to-phoneme on CMUdict (attnscore g2p -h)", add_help=False)
     return parser
 
 
