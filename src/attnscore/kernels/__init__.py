@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import cast
 
@@ -45,31 +46,39 @@ __all__ = [
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _override: bool | None = None
+# disabled() is per thread, like torch.no_grad: one thread's plain-path block must not
+# switch paths under another thread's call.
+_local = threading.local()
 
 
 def enabled() -> bool:
-    """Whether fast paths may be used: :func:`set_enabled` wins over the environment."""
+    """Whether fast paths may be used in this thread.
+
+    :func:`disabled` (this thread) wins over :func:`set_enabled` (process-wide), which wins
+    over the ``ATTNSCORE_DISABLE_KERNELS`` environment variable.
+    """
+    if getattr(_local, "disabled", 0):
+        return False
     if _override is not None:
         return _override
     return os.environ.get("ATTNSCORE_DISABLE_KERNELS", "") in ("", "0")
 
 
 def set_enabled(flag: bool | None) -> None:
-    """Force fast paths on (True) or off (False); None defers to ATTNSCORE_DISABLE_KERNELS."""
+    """Force fast paths on (True) or off (False) process-wide; None defers to the
+    ``ATTNSCORE_DISABLE_KERNELS`` environment variable."""
     global _override
     _override = flag
 
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Context manager running its body on the plain PyTorch paths."""
-    global _override
-    previous = _override
-    _override = False
+    """Run the body on the plain PyTorch paths, in this thread only (nests)."""
+    _local.disabled = getattr(_local, "disabled", 0) + 1
     try:
         yield
     finally:
-        _override = previous
+        _local.disabled -= 1
 
 
 def available(*tensors: Tensor) -> bool:
