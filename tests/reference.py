@@ -21,9 +21,10 @@ def np_masked_softmax(X: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """
     X = np.asarray(X, dtype=np.float64)
     out = np.zeros_like(X)
-    flat_x = X.reshape(-1, X.shape[-1])
-    flat_l = np.broadcast_to(lengths, X.shape[:-1]).reshape(-1)
-    flat_o = out.reshape(-1, X.shape[-1])
+    rows = math.prod(X.shape[:-1])  # not -1: numpy cannot infer it when m = 0
+    flat_x = X.reshape(rows, X.shape[-1])
+    flat_l = np.broadcast_to(lengths, X.shape[:-1]).reshape(rows)
+    flat_o = out.reshape(rows, X.shape[-1])
     for r, (row, L) in enumerate(zip(flat_x, flat_l, strict=True)):
         L = int(min(L, X.shape[-1]))
         if L == 0:

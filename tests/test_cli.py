@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import attnscore
 from attnscore.cli import main
 
 
@@ -111,9 +114,13 @@ def test_truncated_npz_file(tmp_path, capsys):
 
 
 def test_python_dash_m(tmp_path):
+    # The package of this checkout, even when another copy is installed.
+    src = str(Path(attnscore.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "attnscore", "run", "--input", str(tmp_path / "missing.npz")],
         capture_output=True,
         text=True,
+        env=env,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("attnscore: error: --input")

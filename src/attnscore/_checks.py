@@ -9,7 +9,41 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["check_attention_inputs", "check_dropout", "check_floating", "check_tensor"]
+__all__ = [
+    "check_attention_inputs",
+    "check_dropout",
+    "check_floating",
+    "check_tensor",
+    "in_functorch",
+    "in_transform",
+]
+
+try:  # private, but the only way to tell that a tensor is inside a torch.func transform
+    from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped
+except ImportError:  # pragma: no cover - a torch without it
+
+    def _is_wrapped(tensor: Tensor) -> bool:
+        return False
+
+
+def in_functorch(tensor: Tensor) -> bool:
+    """True for a tensor inside a ``torch.func`` transform (vmap, grad, ...)."""
+    return bool(_is_wrapped(tensor))
+
+
+def in_transform(*tensors: Tensor) -> bool:
+    """True when these tensors are being traced or transformed rather than computed:
+    ``torch.compile``, ``torch.jit.trace``, ``torch.func`` transforms, or fake tensors.
+
+    Opaque kernels (C calls on ``data_ptr()``, Python loops over values) must step aside
+    then, for the plain PyTorch ops that those systems can see through.
+    """
+    tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
+    if torch.compiler.is_compiling() or tracing:
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(t, FakeTensor) or _is_wrapped(t) for t in tensors)
 
 
 def check_tensor(x: object, name: str) -> Tensor:

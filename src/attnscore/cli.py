@@ -12,7 +12,10 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["main"]
 
@@ -62,7 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_arrays(path: Path) -> dict[str, object]:
+def _load_arrays(path: Path) -> dict[str, Tensor]:
     import numpy as np
     import torch
 
@@ -87,24 +90,39 @@ def _load_arrays(path: Path) -> dict[str, object]:
     except UsageError:
         raise
     except Exception as err:  # numpy/zip/pickle raise many types for corrupt files
-        raise UsageError(f"--input: cannot read {path}: {type(err).__name__}: {err}") from None
+        # First line only: torch.load's messages run over several lines of advice.
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"--input: cannot read {path}: {type(err).__name__}: {reason}") from None
     missing = [name for name in ("queries", "keys", "values") if name not in arrays]
     if missing:
         raise UsageError(f"--input: {path} lacks array(s) {missing}; it has {sorted(arrays)}")
+    tensors: dict[str, Tensor] = {}
     for name, value in arrays.items():
         if not isinstance(value, torch.Tensor):
             raise UsageError(f"--input: `{name}` in {path} is not an array")
-    return arrays
+        tensors[name] = value
+    return tensors
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def _check_writable(path: Path | None, option: str) -> None:
+    """Fail before any work when an output path cannot be a file."""
+    if path is not None and path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder; expected a file name")
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object], option: str) -> None:
     """Write through a temporary file in the same folder, so no partial file is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise UsageError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
+    except OSError as err:
+        raise UsageError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -117,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
     from .modules import AdditiveAttention, Attention, DotProductAttention
     from .plotting import show_heatmaps
 
+    _check_writable(args.output, "--output")
+    _check_writable(args.heatmap, "--heatmap")
     arrays = _load_arrays(args.input)
     queries, keys, values = arrays["queries"], arrays["keys"], arrays["values"]
     valid_lens = arrays.get("valid_lens")
@@ -129,11 +149,19 @@ def _run(args: argparse.Namespace) -> int:
     attention.eval()
     try:
         with torch.no_grad():
-            output = attention(queries, keys, values, valid_lens)  # type: ignore[arg-type]
+            output: Tensor = attention(queries, keys, values, valid_lens)
     except (TypeError, ValueError) as err:
         raise UsageError(f"--input: {err}") from None
     weights = attention.attention_weights
     assert weights is not None
+    fig = None
+    if args.heatmap is not None:  # drawn before anything is written, as it may fail
+        if weights.numel() == 0:
+            raise UsageError(
+                f"--heatmap: nothing to draw: the weights have shape {tuple(weights.shape)}"
+            )
+        grid = weights.flatten(0, -3).unsqueeze(1)[:8]
+        fig = show_heatmaps(grid, "Keys", "Queries", figsize=(4.0, 1.5 + 1.5 * grid.shape[0]))
     print(f"output {tuple(output.shape)}, weights {tuple(weights.shape)}")
     if args.output is None and args.heatmap is None:
         print(output)
@@ -141,27 +169,33 @@ def _run(args: argparse.Namespace) -> int:
         _atomic_write(
             args.output,
             lambda f: np.savez(f, output=output.numpy(), weights=weights.numpy()),
+            "--output",
         )
         print(f"wrote {args.output}")
-    if args.heatmap is not None:
-        grid = weights.reshape(-1, 1, *weights.shape[-2:])[:8]
-        fig = show_heatmaps(grid, "Keys", "Queries", figsize=(4.0, 1.5 + 1.5 * grid.shape[0]))
-        _atomic_write(args.heatmap, lambda f: fig.savefig(f, format="png", dpi=120))
+    if fig is not None:
+        _atomic_write(args.heatmap, lambda f: fig.savefig(f, format="png", dpi=120), "--heatmap")
         print(f"wrote {args.heatmap}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``attnscore`` command; returns the exit code."""
+    """Entry point of the ``attnscore`` command; returns the exit code.
+
+    Bad input (missing or corrupt files, wrong arrays, bad shapes) gives one line on
+    stderr and exit code 2, and leaves no output file behind.
+
+    >>> main(["run", "--input", "no-such-file.npz"])
+    2
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         from .bench import main as bench_main
 
-        return bench_main(argv[1:])
+        return int(bench_main(argv[1:]))
     if argv[:1] == ["g2p"]:
         from .g2p.cli import main as g2p_main
 
-        return g2p_main(argv[1:])
+        return int(g2p_main(argv[1:]))
     args = _build_parser().parse_args(argv)
     try:
         if args.command == "demo":

@@ -23,7 +23,11 @@ def toy_inputs(
     query_size: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The section's toy example: queries N(0, 1) (2, 1, query_size), keys all ones
-    (2, 10, 2), values arange(40) as (2, 10, 4), valid_lens [2, 6]."""
+    (2, 10, 2), values arange(40) as (2, 10, 4), valid_lens [2, 6].
+
+    >>> [tuple(t.shape) for t in toy_inputs(20, torch.Generator().manual_seed(0))]
+    [(2, 1, 20), (2, 10, 2), (2, 10, 4), (2,)]
+    """
     queries = torch.randn(2, 1, query_size, generator=generator)
     keys = torch.ones(2, 10, 2)
     values = torch.arange(40, dtype=torch.float32).reshape(1, 10, 4).repeat(2, 1, 1)
@@ -38,6 +42,12 @@ def run_demo(out_dir: Path, seed: int = 0, echo: Callable[[str], None] = print) 
     """Run every worked example; print results; write heatmaps into ``out_dir``.
 
     Returns the paths of the PNG files written.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     paths = run_demo(Path(folder), echo=lambda line: None)
+    >>> sorted(p.name for p in paths)[:2]
+    ['additive_attention.png', 'dot_product_attention.png']
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

@@ -17,6 +17,7 @@ units; ``...`` is (B,) or (B, H) for H heads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypedDict, overload
@@ -26,12 +27,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs, check_dropout
+from . import kernels
+from ._checks import check_attention_inputs, check_dropout, in_transform
 from .masking import AttentionMask, build_mask
 from .normalizers import Normalizer, get_normalizer, softmax
-from .scoring import additive_scores, dot_product_scores
+from .scoring import additive_scores, default_scale, dot_product_scores
 
-__all__ = ["MaskOptions", "additive_attention", "attention", "dot_product_attention"]
+__all__ = [
+    "MaskOptions",
+    "additive_attention",
+    "attention",
+    "dot_product_attention",
+]
 
 Scoring = Callable[[Tensor, Tensor], Tensor]
 WeightsFn = Callable[[], Tensor]
@@ -48,6 +55,14 @@ class MaskOptions(TypedDict, total=False):
         ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s ``key_padding_mask``
         means the opposite: True = ignore).
     causal: query i attends keys j <= i only (top-left alignment, as SDPA's is_causal).
+
+    >>> masks: MaskOptions = {"causal": True}
+    >>> q = torch.randn(1, 3, 4)
+    >>> _, w = dot_product_attention(q, q, q, return_weights=True, **masks)
+    >>> (w > 0).int()
+    tensor([[[1, 0, 0],
+             [1, 1, 0],
+             [1, 1, 1]]], dtype=torch.int32)
     """
 
     query_valid_lens: Tensor | None
@@ -147,6 +162,48 @@ def _finish(
     return (output, weights_fn()) if return_weights else output
 
 
+def fused_dot_product(scale: float | None) -> FusedPath:
+    """The fused path of scaled dot-product attention with key lengths.
+
+    Runs :func:`attnscore.kernels.dot_product_attention` (flash SDPA on keys trimmed to each
+    element's length, so padded keys cost nothing) and returns a weights function that
+    recomputes the weights through the plain pipeline (same values) only when asked. Declines
+    (returns None) for boolean masks, no lengths, broadcast batch shapes, empty inputs, or
+    when kernels are disabled, the tensors are not on CPU, or they are being traced or
+    transformed (torch.compile, vmap, ...: the plain path is what those can see through).
+    """
+
+    def fused(
+        q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float
+    ) -> tuple[Tensor, WeightsFn] | None:
+        lengths = mask.lengths
+        if lengths is None or mask.attend is not None or q.ndim < 3:
+            return None
+        if not kernels.enabled() or q.device.type != "cpu" or in_transform(q, k, v):
+            return None
+        *batch, n, d = q.shape
+        m, dv = k.shape[-2], v.shape[-1]
+        if list(k.shape[:-2]) != batch or list(v.shape[:-2]) != batch:
+            return None
+        rows = math.prod(batch)
+        if min(rows, n, m, d) == 0:
+            return None  # empty inputs: the plain path gives the documented result
+        # One length per example (expanded over queries) needs no mask inside SDPA.
+        per_example = n == 1 or lengths.stride(-1) == 0
+        lens = lengths[..., 0].reshape(rows) if per_example else lengths.reshape(rows, n)
+        out = kernels.dot_product_attention(
+            q.reshape(rows, n, d),
+            k.reshape(rows, m, d),
+            v.reshape(rows, m, dv),
+            lens,
+            scale=default_scale(d) if scale is None else scale,
+            dropout_p=dropout_p,
+        )
+        return out.reshape(*batch, n, dv), lambda: softmax(dot_product_scores(q, k, scale), mask)
+
+    return fused
+
+
 @overload
 def attention(
     queries: Tensor,
@@ -206,7 +263,10 @@ def attention(
     Returns:
         output (..., n, v) in the inputs' dtype, and the weights if asked. Queries that
         may attend no key (valid length 0, padded queries) give zero weights and zero
-        output, with zero gradient.
+        output, with zero gradient. Empty dimensions are not errors: n = 0 or a batch of
+        0 give empty results; m = 0 (no keys) gives zero output and (..., n, 0) weights;
+        feature size 0 gives zero scores. NaN in what is attended propagates to the
+        output (never hidden); NaN in padding changes nothing.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.
@@ -368,5 +428,7 @@ def dot_product_attention(
     def scoring(q: Tensor, k: Tensor) -> Tensor:
         return dot_product_scores(q, k, scale)
 
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
+    # Weights asked for now: the plain path computes them once anyway.
+    fused = None if return_weights else fused_dot_product(scale)
+    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer, fused=fused)
     return _finish(result, return_weights)

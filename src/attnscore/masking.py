@@ -15,9 +15,34 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._checks import check_floating, check_tensor, compute_dtype
+from . import kernels
+from ._checks import check_floating, check_tensor, compute_dtype, in_functorch
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
+
+
+def _check_values(t: Tensor, name: str) -> None:
+    """Non-negative whole numbers, checked without data-dependent Python where it can't run.
+
+    Eager: a ValueError naming the first bad value. Under ``torch.compile``: an in-graph
+    assertion (no graph break; it raises RuntimeError with the same wording). Under
+    ``torch.func`` transforms (vmap, grad) values cannot steer Python, so only shapes,
+    dtypes and devices are checked there.
+    """
+    bad = t < 0
+    if t.is_floating_point():
+        bad = bad | ~torch.isfinite(t) | (t != torch.floor(t))
+    if torch.compiler.is_compiling():
+        torch._assert_async(
+            ~bad.any(), f"Expected `{name}` to hold non-negative whole numbers, but got others."
+        )
+        return
+    if t.numel() == 0 or in_functorch(t) or not bool(bad.any()):
+        return
+    first = t[bad].flatten()[0].item()
+    if t.is_floating_point() and (first != first or abs(first) == float("inf") or first % 1):
+        raise ValueError(f"Expected `{name}` to hold whole numbers, but got {first!r} instead.")
+    raise ValueError(f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead.")
 
 
 def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
@@ -32,17 +57,7 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
         raise ValueError(
             f"Expected `{name}` on the device of the scores ({device}), but got {t.device} instead."
         )
-    if t.is_floating_point():
-        bad = ~torch.isfinite(t) | (t != torch.floor(t))
-        if bool(bad.any()):
-            raise ValueError(
-                f"Expected `{name}` to hold whole numbers, but got {t[bad].flatten()[0].item()!r} "
-                "instead."
-            )
-    if t.numel() and bool((t < 0).any()):
-        raise ValueError(
-            f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead."
-        )
+    _check_values(t, name)
     return t.to(torch.int64)
 
 
@@ -83,6 +98,13 @@ class AttentionMask:
     j < lengths[..., i]. ``attend`` (bool, broadcastable to (..., n, m)): True = may attend.
     Either may be None (no restriction); a key is attended when both allow it. Build it
     with :func:`build_mask`, which checks every input.
+
+    >>> mask = AttentionMask(n=2, m=3, lengths=torch.tensor([[1, 0]]))
+    >>> mask.dense()
+    tensor([[[ True, False, False],
+             [False, False, False]]])
+    >>> mask.padded_keys()   # keys no query may attend
+    tensor([[False,  True,  True]])
     """
 
     n: int
@@ -109,7 +131,10 @@ class AttentionMask:
         if self.attend is None:
             if self.lengths is None:
                 return None
-            longest = self.lengths.amax(dim=-1, keepdim=True) if self.n else self.lengths[..., :1]
+            if self.n == 0:  # no query attends anything: every key is padding
+                longest = self.lengths.new_zeros((*self.lengths.shape[:-1], 1))
+            else:
+                longest = self.lengths.amax(dim=-1, keepdim=True)
             return torch.arange(self.m, device=longest.device) >= longest
         dense = self.dense()
         assert dense is not None
@@ -149,6 +174,11 @@ def build_mask(
         TypeError: a mask of the wrong type or dtype.
         ValueError: a mask of the wrong shape, a negative or fractional length, or a mask
             on another device.
+
+    >>> mask = build_mask(torch.Size([1]), 3, 4, torch.device("cpu"),
+    ...                   valid_lens=torch.tensor([2]), causal=True)
+    >>> mask.lengths   # query i attends keys j < lengths[..., i]
+    tensor([[1, 2, 2]])
     """
     lengths = None
     if valid_lens is not None:
@@ -254,6 +284,9 @@ def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
 
 def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
     """Masked softmax for key lengths (..., n): the path fused kernels take over."""
+    if kernels.available(scores) and lengths.device == scores.device:
+        # One pass per row in C; padded entries are never read (see attnscore.kernels).
+        return kernels.masked_softmax(scores, lengths)
     positions = torch.arange(scores.shape[-1], device=scores.device)
     return _softmax_dense(scores, positions < lengths.unsqueeze(-1))
 
@@ -268,7 +301,9 @@ def _softmax_dense(scores: Tensor, attend: Tensor | None) -> Tensor:
     # NaN reaches the forward or the backward pass.
     x = x.masked_fill(~attend, torch.finfo(x.dtype).min)
     weights = torch.softmax(x, dim=-1)
-    weights = weights.masked_fill(~attend.any(dim=-1, keepdim=True), 0.0)
+    # Zero every masked position, not only fully masked rows: a NaN among the valid scores
+    # then stays within the valid positions, as on the fused path.
+    weights = weights.masked_fill(~attend, 0.0)
     return weights.to(scores.dtype)
 
 
@@ -290,7 +325,7 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
 
     Returns:
         Attention weights of ``X``'s shape and dtype; each row sums to 1 over its valid
-        positions (or is all zeros).
+        positions (or is all zeros). Empty dimensions give an empty result.
 
     Raises:
         TypeError: ``X`` not a floating tensor, ``valid_lens`` not an integer-valued tensor.

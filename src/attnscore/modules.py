@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_dropout
-from .functional import FusedPath, Prepared, WeightsFn, attend, prepare
+from .functional import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
 from .normalizers import Normalizer, get_normalizer
 from .scoring import (
     additive_scores_from_projections,
@@ -64,7 +64,8 @@ class Attention(nn.Module):
     After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
     before dropout (rows sum to 1 over the keys they may attend; rows with no such key are
     zero). They are detached (for inspection), and on fast paths computed on first access.
-    With several threads calling one module, it is the last call's.
+    With several threads calling one module, it is the last call's (the outputs are each
+    call's own: ``forward`` keeps no other state; the functional forms keep none).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function
@@ -298,6 +299,10 @@ class DotProductAttention(Attention):
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         return dot_product_scores(queries, keys, self.scale)
+
+    def fused_path(self) -> FusedPath | None:
+        """Padding-free flash SDPA when key lengths are given (see fused_dot_product)."""
+        return fused_dot_product(self.scale)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))

@@ -102,7 +102,8 @@ class MultiHeadAttention(nn.Module):
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(B, n, E) -> (B, H, n, E/H)."""
-        return x.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        heads: Tensor = x.unflatten(-1, (self.num_heads, -1))
+        return heads.transpose(1, 2)
 
     def forward(
         self,
@@ -132,7 +133,8 @@ class MultiHeadAttention(nn.Module):
             attend_mask=attend_mask,
             causal=causal,
         )
-        return self.W_o(heads.transpose(1, 2).flatten(-2))
+        output: Tensor = self.W_o(heads.transpose(1, 2).flatten(-2))
+        return output
 
     @property
     def attention_weights(self) -> Tensor | None:

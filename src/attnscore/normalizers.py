@@ -23,7 +23,12 @@ Normalizer = Callable[[Tensor, "AttentionMask | None"], Tensor]
 
 
 def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
-    """Masked softmax (see :func:`attnscore.masked_softmax`)."""
+    """Masked softmax (see :func:`attnscore.masked_softmax`).
+
+    >>> from attnscore.masking import AttentionMask
+    >>> softmax(torch.zeros(1, 1, 3), AttentionMask(n=1, m=3, lengths=torch.tensor([[2]])))
+    tensor([[[0.5000, 0.5000, 0.0000]]])
+    """
     return softmax_with_mask(scores, mask)
 
 
@@ -32,6 +37,12 @@ def hardmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
 
     Not differentiable: the gradient is zero everywhere. Rows whose allowed scores hold a
     NaN give NaN weights (the NaN is not hidden); rows with no allowed key give zeros.
+
+    >>> from attnscore.masking import AttentionMask
+    >>> scores = torch.tensor([[[1.0, 3.0, 9.0], [2.0, 0.0, 0.0]]])
+    >>> hardmax(scores, AttentionMask(n=2, m=3, lengths=torch.tensor([[2, 0]])))
+    tensor([[[0., 1., 0.],
+             [0., 0., 0.]]])
     """
     dense = None if mask is None else mask.dense()
     x = scores if dense is None else scores.masked_fill(~dense, float("-inf"))
@@ -54,7 +65,7 @@ def _sparse_family(name: str) -> Normalizer:
                 f"normalizer={name!r} needs the optional package `entmax`: "
                 "pip install 'attnscore[entmax]'"
             ) from err
-        fn = getattr(entmax, name)
+        fn: Callable[..., Tensor] = getattr(entmax, name)
         x = scores.to(compute_dtype(scores.dtype))
         dense = None if mask is None else mask.dense()
         if dense is None:
@@ -88,6 +99,9 @@ def get_normalizer(normalizer: str | Normalizer) -> Normalizer:
 
     Raises:
         ValueError: an unknown name.
+
+    >>> get_normalizer("hardmax") is hardmax
+    True
     """
     if callable(normalizer):
         return normalizer

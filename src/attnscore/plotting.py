@@ -58,7 +58,8 @@ def show_heatmaps(
 
     Raises:
         TypeError: ``matrices`` is not numeric.
-        ValueError: ``matrices`` is not 4-D, or titles / tick labels of the wrong length.
+        ValueError: ``matrices`` is not 4-D or has no rows or columns, or titles / tick
+            labels of the wrong length.
 
     Source: D2L ``show_heatmaps`` (section "Attention Cues").
 
@@ -70,10 +71,10 @@ def show_heatmaps(
     from matplotlib.ticker import MaxNLocator
 
     array = _as_array(matrices)
-    if array.ndim != 4:
+    if array.ndim != 4 or 0 in array.shape[:2]:
         raise ValueError(
-            "Expected `matrices` of shape (rows, cols, n, m), but got shape "
-            f"{tuple(array.shape)} instead."
+            "Expected `matrices` of shape (rows, cols, n, m) with rows, cols >= 1, but got "
+            f"shape {tuple(array.shape)} instead."
         )
     rows, cols, n, m = array.shape
     if titles is not None and len(titles) != cols:

@@ -16,10 +16,14 @@ import math
 import torch
 from torch import Tensor
 
+from . import kernels
+from ._checks import in_transform
+
 __all__ = [
     "additive_scores",
     "additive_scores_from_projections",
     "cosine_scores",
+    "default_scale",
     "dot_product_scores",
     "general_scores",
 ]
@@ -27,6 +31,15 @@ __all__ = [
 # Elements of the (chunk, m, h) tanh tensor the plain additive path builds at once: large
 # enough to keep matmuls efficient, small enough that no (B, n, m, h) tensor ever exists.
 _ADDITIVE_CHUNK_ELEMENTS = 1 << 22
+
+
+def default_scale(d: int) -> float:
+    """1/sqrt(d), the scale that keeps q·k at unit variance (d = 0 gives 1: scores are 0).
+
+    >>> default_scale(64)
+    0.125
+    """
+    return 1.0 / math.sqrt(max(d, 1))
 
 
 def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None) -> Tensor:
@@ -45,7 +58,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     torch.Size([1, 2, 3])
     """
     if scale is None:
-        scale = 1.0 / math.sqrt(queries.shape[-1])
+        # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
+        scale = default_scale(queries.shape[-1])
     # Scaling the smaller operand costs less than scaling the (n, m) scores.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(queries * scale, keys.transpose(-1, -2))
@@ -63,6 +77,9 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
 
     Returns:
         scores (..., n, m).
+
+    >>> general_scores(torch.ones(1, 2, 3), torch.ones(1, 4, 5), torch.ones(3, 5)).shape
+    torch.Size([1, 2, 4])
     """
     # Project whichever side has fewer vectors: the cost is (n or m) * q * k.
     if queries.shape[-2] <= keys.shape[-2]:
@@ -81,6 +98,9 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
 
     Returns:
         scores (..., n, m).
+
+    >>> cosine_scores(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))
+    tensor([[[10.,  0.]]])
     """
     tiny = torch.finfo(queries.dtype).tiny
     q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
@@ -105,15 +125,34 @@ def additive_scores_from_projections(
 
     Returns:
         scores (..., n, m).
+
+    >>> additive_scores_from_projections(torch.zeros(1, 2, 8), torch.zeros(1, 5, 8),
+    ...                                  torch.ones(8)).shape
+    torch.Size([1, 2, 5])
     """
     w = w_v.reshape(-1)
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
+    batch_shape = qh.shape[:-2]
+    if qh.ndim >= 3 and kh.shape[:-2] == batch_shape and not in_transform(qh, kh, w):
+        # Fused kernel (C on CPU, else a chunked autograd Function that recomputes tanh in
+        # backward): neither forward nor backward holds a (..., n, m, h) tensor.
+        rows = math.prod(batch_shape)  # explicit: -1 is ambiguous when n or m is 0
+        lens = (
+            torch.full((*batch_shape, n), m, dtype=torch.int64, device=qh.device)
+            if lengths is None
+            else lengths.clamp(max=m)
+        )
+        scores = kernels.additive_scores(
+            qh.reshape(rows, n, h), kh.reshape(rows, m, h), w, lens.reshape(rows, n)
+        )
+        return scores.reshape(*batch_shape, n, m)
     batch = max(1, math.prod(torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2])))
     chunk = max(1, _ADDITIVE_CHUNK_ELEMENTS // max(1, batch * m * h))
     k = kh.unsqueeze(-3)
+    # max(n, 1): with no queries there is still one (empty) piece to return.
     pieces = [
         torch.matmul(torch.tanh(qh[..., i : i + chunk, :].unsqueeze(-2) + k), w)
-        for i in range(0, n, chunk)
+        for i in range(0, max(n, 1), chunk)
     ]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
 

@@ -65,7 +65,9 @@ def _add_train_options(p: argparse.ArgumentParser, *, single: bool) -> None:
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add the ``g2p`` command (with its own sub-commands) to an argparse sub-parser set."""
-    g2p = subparsers.add_parser("g2p", help="grapheme-to-phoneme task on CMUdict")
+    g2p: argparse.ArgumentParser = subparsers.add_parser(
+        "g2p", help="grapheme-to-phoneme task on CMUdict"
+    )
     _fill(g2p)
     return g2p
 

@@ -116,7 +116,8 @@ class G2PModel(nn.Module):
         y = self.drop(self.tgt_emb(tgt_in))
         if not self.cfg.input_feeding:
             dec_out, _ = self.decoder(y, enc.state)
-            return self.out(self.drop(self._attend(dec_out, enc)))
+            logits: Tensor = self.out(self.drop(self._attend(dec_out, enc)))
+            return logits
         state, feed = enc.state, y.new_zeros(y.shape[0], self.cfg.dec_hidden)
         outs = []
         for t in range(y.shape[1]):
@@ -178,7 +179,8 @@ class G2PModel(nn.Module):
         w = getattr(self.attention, "attention_weights", None)
         if w is None:  # pragma: no cover - every scorer of the library records them
             raise RuntimeError("Expected the attention module to record attention_weights")
-        return w.detach()
+        weights: Tensor = w.detach()
+        return weights
 
     @torch.no_grad()
     def beam_search(

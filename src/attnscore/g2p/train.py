@@ -407,7 +407,9 @@ def spawn_training(cfg: TrainConfig, nprocs: int, port: int) -> None:
     """Run :func:`run_training` in ``nprocs`` processes on 127.0.0.1:``port`` (gloo)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawn_worker, args=(cfg, nprocs, port), nprocs=nprocs, join=True)
+    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+        _spawn_worker, args=(cfg, nprocs, port), nprocs=nprocs, join=True
+    )
 
 
 def _spawn_worker(rank: int, cfg: TrainConfig, nprocs: int, port: int) -> None:

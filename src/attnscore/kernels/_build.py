@@ -1,0 +1,173 @@
+"""Compile the C kernels on first use and load them with ctypes.
+
+Why plain C + ctypes rather than ``torch.utils.cpp_extension``: compiling against the torch
+C++ headers takes about a minute and needs ninja, while this single C file builds in well under
+a second with the system compiler, and ctypes releases the GIL during calls so Python threads can
+drive several cores. The shared object is cached under ``$ATTNSCORE_CACHE`` (default
+``~/.cache/attnscore``) keyed by a hash of source, flags, compiler version and CPU flags
+(``-march=native`` output must never be reused on a different CPU). The build writes a temporary
+file and renames it, so parallel processes cannot load a half-written library. Any failure
+(no compiler, no write access, load error) warns once and leaves the kernels unavailable, so
+callers fall back to the PyTorch implementations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+__all__ = ["CFLAGS", "BuildInfo", "build_info", "load_library"]
+
+_SOURCE = Path(__file__).with_name("csrc") / "attnscore_kernels.c"
+
+# -ffast-math is needed for glibc to declare its vector expf/tanhf (libmvec); the kernels never
+# read padded positions, so finite-math assumptions only concern real data. -fopenmp-simd
+# honours `#pragma omp simd` without linking an OpenMP runtime.
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-shared"]
+
+
+class BuildInfo:
+    """What happened on the first load: path, whether compiled, and seconds taken."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.compiled = False
+        self.seconds = 0.0
+        self.error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "compiled": self.compiled,
+            "seconds": self.seconds,
+            "error": self.error,
+        }
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_info = BuildInfo()
+
+
+def build_info() -> BuildInfo:
+    """Information about the (attempted) build; call after :func:`load_library`."""
+    return _info
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("ATTNSCORE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "attnscore"
+
+
+def _build(cc: str) -> tuple[Path, bool]:
+    source = _SOURCE.read_bytes()
+    version = subprocess.run(
+        [cc, "--version"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    key = hashlib.sha256()
+    for part in (
+        source,
+        " ".join(CFLAGS).encode(),
+        version.encode(),
+        _cpu_flags().encode(),
+        platform.machine().encode(),
+    ):
+        key.update(part)
+        key.update(b"\0")
+    out_dir = _cache_dir()
+    target = out_dir / f"attnscore_kernels_{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target, False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            [cc, *CFLAGS, "-o", tmp, str(_SOURCE), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
+        os.replace(tmp, target)  # atomic: other processes see all or nothing
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target, True
+
+
+def load_library() -> ctypes.CDLL | None:
+    """Return the loaded kernel library, building it if needed; None if unavailable."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        start = time.perf_counter()
+        try:
+            cc = _compiler()
+            if cc is None:
+                raise RuntimeError("no C compiler found (tried $CC, cc, gcc, clang)")
+            path, compiled = _build(cc)
+            lib = ctypes.CDLL(str(path))
+            if lib.attnscore_kernels_abi() != 1:
+                raise RuntimeError(f"unexpected kernel ABI in {path}")
+            _declare(lib)
+            _info.path, _info.compiled = str(path), compiled
+            _lib = lib
+        except Exception as exc:  # any failure means: use the PyTorch fallback
+            _info.error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"attnscore: C kernels unavailable, using PyTorch fallbacks ({_info.error})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _info.seconds = time.perf_counter() - start
+        _tried = True
+        return _lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    lib.attnscore_advise_huge.argtypes = [p, i]
+    lib.attnscore_advise_huge.restype = None
+    for suf in ("f32", "f64"):
+        getattr(lib, f"ms_fwd_{suf}").argtypes = [p, p, p, i, i, i]
+        getattr(lib, f"ms_bwd_{suf}").argtypes = [p, p, p, p, i, i, i]
+        getattr(lib, f"add_fwd_{suf}").argtypes = [p, p, p, p, p, i, i, i, i, i]
+        getattr(lib, f"add_bwd_{suf}").argtypes = [p, p, p, p, p, p, p, p, i, i, i, i, i]
+        for name in ("ms_fwd", "ms_bwd", "add_fwd", "add_bwd"):
+            getattr(lib, f"{name}_{suf}").restype = None

@@ -1,0 +1,311 @@
+"""Tests of attnscore.kernels: fast paths and plain twins against float64 references written
+here, gradcheck of every autograd Function, masked rows, dtypes and padded garbage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnscore import kernels as K
+
+HAVE_C = K.available(torch.zeros(1))
+needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_reset():
+    torch.manual_seed(0)
+    yield
+    K.set_enabled(None)
+
+
+def ref_masked_softmax(x: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    out = np.zeros_like(x)
+    flat_x, flat_o = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+    for r, L in enumerate(lens.reshape(-1)):
+        if L:
+            e = np.exp(flat_x[r, :L] - flat_x[r, :L].max())
+            flat_o[r, :L] = e / e.sum()
+    return out
+
+
+def ref_additive(qh, kh, w, lens):
+    """float64 broadcast formula, masked with where (fine at test sizes)."""
+    s = torch.tanh(qh[:, :, None, :] + kh[:, None, :, :]) @ w
+    mask = torch.arange(kh.shape[1]) < lens[..., None]
+    return torch.where(mask, s, 0.0)
+
+
+def ref_dot(q, k, v, lens, scale):
+    B, n = q.shape[0], q.shape[1]
+    lens2 = lens[:, None].expand(B, n) if lens.dim() == 1 else lens
+    out = torch.zeros(B, n, v.shape[2], dtype=torch.float64)
+    for b in range(B):
+        for i in range(n):
+            L = int(lens2[b, i])
+            if L:
+                s = (k[b, :L].double() @ q[b, i].double()) * scale
+                out[b, i] = torch.softmax(s, 0) @ v[b, :L].double()
+    return out
+
+
+def run(fast: bool, fn, *args, **kw):
+    K.set_enabled(fast)
+    try:
+        return fn(*args, **kw)
+    finally:
+        K.set_enabled(None)
+
+
+PATHS = [pytest.param(True, marks=needs_c, id="fast"), pytest.param(False, id="plain")]
+
+
+# ---------------------------------------------------------------- masked softmax
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_softmax_matches_reference(fast, dtype):
+    x = torch.randn(3, 5, 37, dtype=torch.float64)
+    lens = torch.randint(0, 38, (3, 5))
+    lens[0, 0], lens[1, 2] = 0, 37
+    xt = x.to(dtype)
+    y = run(fast, K.masked_softmax, xt, lens)
+    assert y.dtype == dtype and y.shape == x.shape
+    expected = ref_masked_softmax(xt.double().numpy(), lens.numpy())
+    np.testing.assert_allclose(y.double().numpy(), expected, atol=TOL[dtype], rtol=0)
+    assert torch.all(y[0, 0] == 0)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+def test_masked_softmax_noncontiguous_and_garbage(fast):
+    base = torch.randn(4, 30, 6)
+    x = base.transpose(1, 2)  # (4, 6, 30), not contiguous
+    lens = torch.randint(0, 31, (4, 6))
+    clean = run(fast, K.masked_softmax, x.contiguous(), lens)
+    dirty = x.clone()
+    pad = torch.arange(30) >= lens[..., None]
+    dirty[pad] = float("nan")
+    dirty[..., -1][lens < 30] = float("inf")
+    dirty.requires_grad_(True)
+    y = run(fast, K.masked_softmax, dirty, lens)
+    torch.testing.assert_close(y, clean, atol=1e-6, rtol=1e-5)
+    assert torch.all(y[pad] == 0)
+    y.backward(torch.randn_like(y))
+    assert torch.isfinite(dirty.grad).all() and torch.all(dirty.grad[pad] == 0)
+    assert torch.all(dirty.grad[lens == 0] == 0)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_softmax_fast_and_plain_gradients_agree(dtype):
+    x = torch.randn(2, 7, 19).to(dtype)
+    lens = torch.randint(0, 20, (2, 7))
+    lens[1, 3] = 0
+    g = torch.randn(2, 7, 19).to(dtype)
+    grads = []
+    for fast in (True, False):
+        xx = x.clone().requires_grad_(True)
+        run(fast, K.masked_softmax, xx, lens).backward(g)
+        grads.append(xx.grad)
+    assert grads[0].dtype == dtype
+    torch.testing.assert_close(grads[0], grads[1], atol=TOL[dtype] * 4, rtol=TOL[dtype] * 4)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+def test_masked_softmax_gradcheck(fast):
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    lens = torch.tensor([[0, 6, 2], [1, 4, 5]])
+    K.set_enabled(fast)
+    assert torch.autograd.gradcheck(lambda t: K.masked_softmax(t, lens), (x,))
+
+
+def test_masked_softmax_errors():
+    with pytest.raises(TypeError, match=r"Expected .* but got"):
+        K.masked_softmax(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"Expected .* but got"):
+        K.masked_softmax(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"Expected .* but got"):
+        K.masked_softmax(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64))
+
+
+def test_disable_env(monkeypatch):
+    monkeypatch.setenv("ATTNSCORE_DISABLE_KERNELS", "1")
+    assert not K.enabled() and not K.available(torch.zeros(1))
+    monkeypatch.setenv("ATTNSCORE_DISABLE_KERNELS", "0")
+    assert K.enabled()
+    with K.disabled():
+        assert not K.available(torch.zeros(1))
+
+
+# ---------------------------------------------------------------- additive scores
+def _additive_inputs(dtype=torch.float64, B=2, n=5, m=9, h=6):
+    qh = torch.randn(B, n, h, dtype=torch.float64)
+    kh = torch.randn(B, m, h, dtype=torch.float64)
+    w = torch.randn(h, dtype=torch.float64)
+    lens = torch.randint(0, m + 1, (B, n))
+    lens[0, 1] = 0
+    lens[1, 0] = m
+    return qh.to(dtype), kh.to(dtype), w.to(dtype), lens
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_additive_matches_reference(fast, dtype):
+    qh, kh, w, lens = _additive_inputs(dtype)
+    s = run(fast, K.additive_scores, qh, kh, w, lens)
+    assert s.dtype == dtype and s.shape == (2, 5, 9)
+    expected = ref_additive(qh.double(), kh.double(), w.double(), lens)
+    tol = TOL[dtype] * 10
+    torch.testing.assert_close(s.double(), expected, atol=tol, rtol=tol)
+    assert torch.all(s[0, 1] == 0)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+def test_additive_gradients_and_garbage(fast):
+    qh, kh, w, lens = _additive_inputs(B=3, n=4, m=11, h=5)
+    lens[2] = torch.tensor([0, 3, 7, 2])  # keys 7.. of element 2 are padding for every row
+    g = torch.randn(3, 4, 11, dtype=torch.float64)
+    expected = [t.clone().requires_grad_(True) for t in (qh, kh, w)]
+    ref_additive(*expected, lens).backward(g)
+    dirty_kh = kh.clone()
+    dirty_kh[2, 7:] = float("nan")
+    dirty_kh[2, 9] = float("inf")
+    got = [t.clone().requires_grad_(True) for t in (qh, dirty_kh, w)]
+    s = run(fast, K.additive_scores, *got, lens)
+    torch.testing.assert_close(s, ref_additive(qh, kh, w, lens))
+    s.backward(g)
+    for e, o in zip(expected, got, strict=True):
+        torch.testing.assert_close(o.grad, e.grad)
+    assert torch.all(got[1].grad[2, 7:] == 0)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+def test_additive_gradcheck(fast):
+    qh, kh, w, lens = _additive_inputs(B=2, n=3, m=4, h=3)
+    args = [t.requires_grad_(True) for t in (qh, kh, w)]
+    K.set_enabled(fast)
+    assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, lens), args)
+
+
+def test_additive_plain_chunks(monkeypatch):
+    """Force tiny blocks so the chunked twin's blocking logic is exercised."""
+    from attnscore.kernels import _plain
+
+    monkeypatch.setattr(_plain, "_CHUNK_ELEMENTS", 1)
+    qh, kh, w, lens = _additive_inputs(B=2, n=7, m=5, h=3)
+    args = [t.requires_grad_(True) for t in (qh, kh, w)]
+    torch.testing.assert_close(K.additive_scores_plain(*args, lens), ref_additive(qh, kh, w, lens))
+    assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores_plain(a, b, c, lens), args)
+
+
+def test_additive_errors():
+    qh, kh, w, lens = _additive_inputs()
+    with pytest.raises(ValueError, match=r"Expected .* but got"):
+        K.additive_scores(qh, kh[:, :, :2], w, lens)
+    with pytest.raises(ValueError, match=r"Expected .* but got"):
+        K.additive_scores(qh, kh, w, lens[:, :2])
+    with pytest.raises(TypeError, match=r"Expected .* but got"):
+        K.additive_scores(qh, kh, w, lens.float())
+
+
+# ---------------------------------------------------------------- dot-product attention
+def _dot_inputs(dtype=torch.float64, two_d=False, B=4, n=6, m=8, d=5, dv=3):
+    q, k, v = (torch.randn(B, s, c, dtype=torch.float64) for s, c in ((n, d), (m, d), (m, dv)))
+    if two_d:
+        lens = torch.randint(0, m + 1, (B, n))
+        lens[0, 2] = 0
+        lens[3] = 0
+        lens[1, 0] = m
+    else:
+        lens = torch.tensor([3, 0, 8, 5])[:B]
+    return q.to(dtype), k.to(dtype), v.to(dtype), lens
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
+@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dot_matches_reference(fast, two_d, dtype):
+    q, k, v, lens = _dot_inputs(dtype, two_d)
+    out = run(fast, K.dot_product_attention, q, k, v, lens, scale=1 / math.sqrt(5))
+    assert out.dtype == dtype and out.shape == (4, 6, 3)
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, TOL[dtype] * 10)
+    expected = ref_dot(q, k, v, lens, 1 / math.sqrt(5))
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
+def test_dot_fast_plain_agree_with_garbage_and_grads(two_d):
+    q, k, v, lens = _dot_inputs(torch.float64, two_d)
+    key_max = (lens.amax(1) if two_d else lens).tolist()
+    dk, dv_ = k.clone(), v.clone()
+    for b, L in enumerate(key_max):
+        dk[b, L:] = float("nan")
+        dv_[b, L:] = float("inf")
+    g = torch.randn(4, 6, 3, dtype=torch.float64)
+    results = []
+    for fast in (True, False):
+        ins = [t.clone().requires_grad_(True) for t in (q, dk, dv_)]
+        out = run(fast, K.dot_product_attention, *ins, lens, scale=0.3)
+        out.backward(g)
+        results.append((out, *(t.grad for t in ins)))
+    for a, b in zip(*results, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(results[0][0], ref_dot(q, k, v, lens, 0.3))
+    dq = results[0][1]
+    zero_rows = (lens[:, None].expand(4, 6) if not two_d else lens) == 0
+    assert torch.all(dq[zero_rows] == 0)
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
+def test_dot_gradcheck(two_d):
+    q, k, v, lens = _dot_inputs(torch.float64, two_d, n=3, m=4, d=2, dv=2)
+    lens = lens.clamp(max=4)
+    args = [t.requires_grad_(True) for t in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: K.dot_product_attention(a, b, c, lens, scale=0.7), args
+    )
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
+def test_dot_weights(fast, two_d):
+    q, k, v, lens = _dot_inputs(torch.float64, two_d)
+    w = run(fast, K.dot_product_weights, q, k, lens, scale=0.4)
+    B, n = 4, 6
+    lens2 = lens[:, None].expand(B, n) if not two_d else lens
+    expected = ref_masked_softmax((q @ k.transpose(1, 2) * 0.4).numpy(), lens2.numpy())
+    np.testing.assert_allclose(w.numpy(), expected, atol=1e-12)
+    torch.testing.assert_close(torch.bmm(w, v), K.dot_product_attention(q, k, v, lens, scale=0.4))
+
+
+def test_dot_errors():
+    q, k, v, lens = _dot_inputs()
+    with pytest.raises(ValueError, match=r"Expected .* but got"):
+        K.dot_product_attention(q, k[:, :, :2], v, lens, scale=1.0)
+    with pytest.raises(ValueError, match=r"Expected .* but got"):
+        K.dot_product_attention(q, k, v, lens[:2], scale=1.0)
+
+
+# ---------------------------------------------------------------- build
+@needs_c
+def test_build_info_and_threads():
+    info = K.build_info().as_dict()
+    assert info["path"] and info["error"] is None
+    # multi-threaded split gives the same result as one thread
+    x = torch.randn(64, 4096)
+    lens = torch.randint(0, 4097, (64,))
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = K.masked_softmax(x, lens)
+        torch.set_num_threads(2)
+        two = K.masked_softmax(x, lens)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, two)
