@@ -229,6 +229,13 @@ def _low_precision_errors(path: Path, dtype: torch.dtype, case, seed: int, scale
 @pytest.mark.parametrize("path", PATHS, ids=str)
 @settings(max_examples=15, deadline=None)
 @given(case=shapes(), seed=st.integers(0, 2**16), scale=st.sampled_from([1.0, 8.0]))
+# Found by hypothesis: general scores near 41 rounded to bfloat16 after every product put
+# two nearly tied keys 1.0 apart instead of 0.79 (fixed: scores are kept in float32).
+@example(
+    case=((3, 2), 2, 5, torch.tensor([[[0, 0], [0, 0]], [[0, 0], [0, 0]], [[4, 0], [0, 0]]])),
+    seed=2265,
+    scale=8.0,
+)
 def test_low_precision_within_budget(path, dtype, case, seed, scale):
     """Finite, and within 3x the naive error (+ a few ulps of the output) of float64."""
     ours, theirs, ref = _low_precision_errors(path, dtype, case, seed, scale)

@@ -149,10 +149,15 @@ def attend(
         result = fused(prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p)
         if result is not None:
             return result
+    values = prepared.values
+    # Scores arrive in float32 for 16-bit inputs (see scoring): weights and the weighted sum
+    # are computed there too and rounded to the inputs' dtype once, at the end.
     scores = scoring(prepared.queries, prepared.keys)
     weights = normalize(scores, prepared.mask)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
-    return torch.matmul(dropped, prepared.values), lambda: weights
+    output = torch.matmul(dropped, values.to(weights.dtype)).to(values.dtype)
+    weights = weights.to(values.dtype)
+    return output, lambda: weights
 
 
 def _finish(
@@ -199,7 +204,9 @@ def fused_dot_product(scale: float | None) -> FusedPath:
             scale=default_scale(d) if scale is None else scale,
             dropout_p=dropout_p,
         )
-        return out.reshape(*batch, n, dv), lambda: softmax(dot_product_scores(q, k, scale), mask)
+        return out.reshape(*batch, n, dv), lambda: softmax(
+            dot_product_scores(q, k, scale), mask
+        ).to(q.dtype)
 
     return fused
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from ._checks import in_transform
+from ._checks import compute_dtype, in_transform
 
 __all__ = [
     "additive_scores",
@@ -31,6 +31,13 @@ __all__ = [
 # Elements of the (chunk, m, h) tanh tensor the plain additive path builds at once: large
 # enough to keep matmuls efficient, small enough that no (B, n, m, h) tensor ever exists.
 _ADDITIVE_CHUNK_ELEMENTS = 1 << 22
+
+
+def _upcast(*tensors: Tensor) -> list[Tensor]:
+    """16-bit floats to float32: scores are rounded once, at the end of the pipeline (like
+    flash attention's float32 accumulators), not after every product."""
+    dtype = compute_dtype(tensors[0].dtype)
+    return [t.to(dtype) for t in tensors]
 
 
 def default_scale(d: int) -> float:
@@ -52,7 +59,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
             Luong et al. 2015 "dot" (eq. 8).
 
     Returns:
-        scores (..., n, m) in the inputs' dtype.
+        scores (..., n, m): float32 for 16-bit inputs (rounded once, later), else the
+        inputs' dtype. The same holds for every scoring function here.
 
     >>> dot_product_scores(torch.ones(1, 2, 4), torch.ones(1, 3, 4)).shape
     torch.Size([1, 2, 3])
@@ -60,6 +68,7 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     if scale is None:
         # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
         scale = default_scale(queries.shape[-1])
+    queries, keys = _upcast(queries, keys)
     # Scaling the smaller operand costs less than scaling the (n, m) scores.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(queries * scale, keys.transpose(-1, -2))
@@ -81,6 +90,7 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     >>> general_scores(torch.ones(1, 2, 3), torch.ones(1, 4, 5), torch.ones(3, 5)).shape
     torch.Size([1, 2, 4])
     """
+    queries, keys, W_a = _upcast(queries, keys, W_a)
     # Project whichever side has fewer vectors: the cost is (n or m) * q * k.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(torch.matmul(queries, W_a), keys.transpose(-1, -2))
@@ -102,6 +112,7 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
     >>> cosine_scores(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))
     tensor([[[10.,  0.]]])
     """
+    queries, keys = _upcast(queries, keys)
     tiny = torch.finfo(queries.dtype).tiny
     q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
     k = keys / keys.norm(dim=-1, keepdim=True).clamp(min=tiny)
@@ -130,7 +141,7 @@ def additive_scores_from_projections(
     ...                                  torch.ones(8)).shape
     torch.Size([1, 2, 5])
     """
-    w = w_v.reshape(-1)
+    qh, kh, w = _upcast(qh, kh, w_v.reshape(-1))
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
     batch_shape = qh.shape[:-2]
     if qh.ndim >= 3 and kh.shape[:-2] == batch_shape and not in_transform(qh, kh, w):
