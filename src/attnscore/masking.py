@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from ._checks import check_floating, check_tensor, compute_dtype, in_functorch
+from ._checks import check_floating, check_tensor, in_functorch
+from ._softmax import softmax_dense
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
 
@@ -279,7 +280,7 @@ def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     if mask is not None and mask.attend is None and mask.lengths is not None:
         return _softmax_lengths(scores, mask.lengths)
     dense = None if mask is None else mask.dense()
-    return _softmax_dense(scores, dense)
+    return softmax_dense(scores, dense)
 
 
 def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
@@ -288,23 +289,7 @@ def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
         # One pass per row in C; padded entries are never read (see attnscore.kernels).
         return kernels.masked_softmax(scores, lengths)
     positions = torch.arange(scores.shape[-1], device=scores.device)
-    return _softmax_dense(scores, positions < lengths.unsqueeze(-1))
-
-
-def _softmax_dense(scores: Tensor, attend: Tensor | None) -> Tensor:
-    """Plain PyTorch masked softmax; ``attend`` is bool broadcastable to scores, or None."""
-    x = scores.to(compute_dtype(scores.dtype))
-    if attend is None:
-        return torch.softmax(x, dim=-1).to(scores.dtype)
-    # The lowest finite value, not -inf or -1e6: exp(lowest - row max) is exactly 0 in every
-    # dtype, and a fully masked row stays finite (uniform) until it is zeroed below, so no
-    # NaN reaches the forward or the backward pass.
-    x = x.masked_fill(~attend, torch.finfo(x.dtype).min)
-    weights = torch.softmax(x, dim=-1)
-    # Zero every masked position, not only fully masked rows: a NaN among the valid scores
-    # then stays within the valid positions, as on the fused path.
-    weights = weights.masked_fill(~attend, 0.0)
-    return weights.to(scores.dtype)
+    return softmax_dense(scores, positions < lengths.unsqueeze(-1))
 
 
 def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._checks import compute_dtype
 from ._build import load_library
-from ._plain import compute_dtype
 
 __all__ = [
     "AdditiveScoresC",

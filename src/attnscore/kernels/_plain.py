@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import compute_dtype
+from .._softmax import softmax_dense
+
 __all__ = [
     "additive_scores_plain",
-    "compute_dtype",
     "dot_product_attention_plain",
     "masked_softmax_plain",
 ]
@@ -24,24 +26,11 @@ __all__ = [
 _CHUNK_ELEMENTS = 1 << 22
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 are reduced in float32; float32/float64 in themselves."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def masked_softmax_plain(x: Tensor, lens: Tensor) -> Tensor:
-    """Softmax over the last axis of x restricted to the first ``lens`` positions.
-
-    Padded entries are replaced by the dtype's most negative finite value rather than -inf, so a
-    fully masked row gives a finite uniform softmax that the final ``where`` turns into exact
-    zeros with zero gradient (with -inf it would be NaN, and so would its gradient).
+    """Softmax over the last axis of x restricted to the first ``lens`` positions; rows with
+    no valid position are zeros with zero gradient (see :func:`attnscore._softmax.softmax_dense`).
     """
-    cdt = compute_dtype(x.dtype)
-    mask = torch.arange(x.shape[-1], device=x.device) < lens.unsqueeze(-1)
-    xf = x.to(cdt)
-    filled = torch.where(mask, xf, torch.finfo(cdt).min)
-    y = torch.softmax(filled, dim=-1)
-    return torch.where(mask, y, 0.0).to(x.dtype)
+    return softmax_dense(x, torch.arange(x.shape[-1], device=x.device) < lens.unsqueeze(-1))
 
 
 class _AdditiveScoresChunked(torch.autograd.Function):
