@@ -1,0 +1,190 @@
+"""The scorer registry: one table from a scoring name to the module that computes it.
+
+Every place that takes a scorer by name (``MultiHeadAttention(scoring=...)``,
+``attnscore run --scoring``, the G2P model, the benchmark and the test path registry)
+looks it up here, so a scorer registered once is usable everywhere. Names have the
+field's meaning:
+
+========== ================================ =================================
+name       score a(q, k)                    source
+========== ================================ =================================
+additive   w_vᵀ tanh(W_q q + W_k k)          Bahdanau et al. 2015, eq. A.1.2
+dot        qᵀk                              Luong et al. 2015, eq. 8 "dot"
+scaled_dot qᵀk / √d                         Vaswani et al. 2017, eq. 1
+general    qᵀ W_a k                         Luong et al. 2015, eq. 8 "general"
+cosine     s · cos(q, k), s learned          Liu et al. 2022 (Swin V2), eq. 2
+========== ================================ =================================
+
+>>> from attnscore.registry import make_scorer, scorer_names
+>>> scorer_names()
+['additive', 'cosine', 'dot', 'general', 'scaled_dot']
+>>> make_scorer("general", query_size=4, key_size=6)
+MultiplicativeAttention(
+  (dropout): Dropout(p=0.0, inplace=False)
+  (W_a): Linear(in_features=6, out_features=4, bias=False)
+)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .modules import (
+    AdditiveAttention,
+    Attention,
+    CosineAttention,
+    DotProductAttention,
+    MultiplicativeAttention,
+)
+
+__all__ = [
+    "SCORERS",
+    "ScorerFactory",
+    "ScorerSpec",
+    "get_scorer",
+    "make_scorer",
+    "register_scorer",
+    "scorer_names",
+]
+
+ScorerFactory = Callable[[int, int, int, float], Attention]
+"""``factory(query_size, key_size, num_hiddens, dropout) -> Attention``.
+
+Scorers without parameters of these sizes (dot, scaled_dot, cosine) ignore them; the
+multi-head module passes the head size for all three sizes.
+"""
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """A registered scorer: its name, how to build it, its formula and its source."""
+
+    name: str
+    factory: ScorerFactory
+    formula: str
+    source: str
+    same_feature_size: bool = False
+    """True when queries and keys must have the same size d (dot, scaled_dot, cosine)."""
+
+
+SCORERS: dict[str, ScorerSpec] = {}
+
+
+def register_scorer(
+    name: str,
+    factory: ScorerFactory,
+    *,
+    formula: str,
+    source: str,
+    same_feature_size: bool = False,
+    replace: bool = False,
+) -> ScorerSpec:
+    """Register ``factory`` under ``name`` and return its :class:`ScorerSpec`.
+
+    Args:
+        name: the name used by ``scoring=`` arguments and ``--scoring`` options.
+        factory: ``factory(query_size, key_size, num_hiddens, dropout) -> Attention``.
+        formula: the score a(q, k), for tables and ``--help``.
+        source: where the scoring function comes from (paper, equation).
+        same_feature_size: queries and keys must share their feature size.
+        replace: allow replacing an existing registration.
+
+    Raises:
+        ValueError: ``name`` is not an identifier-like string or is already registered.
+    """
+    if not isinstance(name, str) or not name.replace("_", "a").isalnum():
+        raise ValueError(
+            f"Expected `name` to be a word like 'my_scorer', but got {name!r} instead."
+        )
+    if name in SCORERS and not replace:
+        raise ValueError(
+            f"Expected `name` to be a new scorer name, but got {name!r}, which is registered "
+            "already (pass replace=True to replace it)."
+        )
+    spec = ScorerSpec(name, factory, formula, source, same_feature_size)
+    SCORERS[name] = spec
+    return spec
+
+
+def scorer_names() -> list[str]:
+    """The registered scorer names, sorted."""
+    return sorted(SCORERS)
+
+
+def get_scorer(name: str) -> ScorerSpec:
+    """The :class:`ScorerSpec` registered as ``name``.
+
+    Raises:
+        ValueError: no scorer of that name, naming the registered ones.
+    """
+    try:
+        return SCORERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"Expected `scoring` to be one of {scorer_names()}, but got {name!r} instead."
+        ) from None
+
+
+def make_scorer(
+    name: str,
+    query_size: int,
+    key_size: int | None = None,
+    *,
+    num_hiddens: int | None = None,
+    dropout: float = 0.0,
+) -> Attention:
+    """Build the attention module registered as ``name``.
+
+    Args:
+        name: a registered scorer name (see :func:`scorer_names`).
+        query_size: q, the queries' feature size.
+        key_size: k, the keys' feature size (default: ``query_size``).
+        num_hiddens: h for scorers with a hidden layer (additive; default: ``query_size``).
+        dropout: dropout on the attention weights.
+
+    Returns:
+        An :class:`~attnscore.Attention` taking queries (..., n, q) and keys (..., m, k).
+
+    Raises:
+        ValueError: unknown name, or sizes the scorer rejects.
+    """
+    spec = get_scorer(name)
+    k = query_size if key_size is None else key_size
+    h = query_size if num_hiddens is None else num_hiddens
+    return spec.factory(query_size, k, h, dropout)
+
+
+register_scorer(
+    "additive",
+    lambda q, k, h, p: AdditiveAttention(key_size=k, query_size=q, num_hiddens=h, dropout=p),
+    formula="w_vᵀ tanh(W_q q + W_k k)",
+    source="Bahdanau et al. 2015, eq. A.1.2",
+)
+register_scorer(
+    "dot",
+    lambda q, k, h, p: DotProductAttention(p, scale=1.0),
+    formula="qᵀk",
+    source='Luong et al. 2015, eq. 8 "dot"',
+    same_feature_size=True,
+)
+register_scorer(
+    "scaled_dot",
+    lambda q, k, h, p: DotProductAttention(p),
+    formula="qᵀk / √d",
+    source="Vaswani et al. 2017, eq. 1",
+    same_feature_size=True,
+)
+register_scorer(
+    "general",
+    lambda q, k, h, p: MultiplicativeAttention(q, k, p),
+    formula="qᵀ W_a k",
+    source='Luong et al. 2015, eq. 8 "general"',
+)
+register_scorer(
+    "cosine",
+    lambda q, k, h, p: CosineAttention(p, learn_scale=True),
+    formula="s · cos(q, k), s learned",
+    source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
+    same_feature_size=True,
+)
