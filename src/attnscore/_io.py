@@ -49,10 +49,10 @@ def check_output(path: Path, option: str, suffixes: Sequence[str]) -> Path:
         UsageError: ``path`` is a folder, its folder does not exist, or its extension is
             not one of ``suffixes``.
 
-    >>> check_output(Path("w.txt"), "--heatmap", FIGURE_FORMATS)
+    >>> check_output(Path("w.txt"), "--out", FIGURE_FORMATS)
     Traceback (most recent call last):
     ...
-    attnscore._usage.UsageError: --heatmap: expected a file ending in .png, .pdf or .svg, but got w.txt
+    attnscore._usage.UsageError: --out: expected a file ending in .png, .pdf or .svg, but got w.txt
     """
     path = Path(path)
     if path.is_dir():
