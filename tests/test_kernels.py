@@ -74,7 +74,7 @@ def test_masked_softmax_matches_reference(fast, dtype):
     lens = torch.randint(0, 38, (3, 5))
     lens[0, 0], lens[1, 2] = 0, 37
     xt = x.to(dtype)
-    y = run(fast, K.masked_softmax, xt, lens)
+    y = run(fast, K.softmax_by_lengths, xt, lens)
     assert y.dtype == dtype and y.shape == x.shape
     expected = ref_masked_softmax(xt.double().numpy(), lens.numpy())
     np.testing.assert_allclose(y.double().numpy(), expected, atol=TOL[dtype], rtol=0)
@@ -86,13 +86,13 @@ def test_masked_softmax_noncontiguous_and_garbage(fast):
     base = torch.randn(4, 30, 6)
     x = base.transpose(1, 2)  # (4, 6, 30), not contiguous
     lens = torch.randint(0, 31, (4, 6))
-    clean = run(fast, K.masked_softmax, x.contiguous(), lens)
+    clean = run(fast, K.softmax_by_lengths, x.contiguous(), lens)
     dirty = x.clone()
     pad = torch.arange(30) >= lens[..., None]
     dirty[pad] = float("nan")
     dirty[..., -1][lens < 30] = float("inf")
     dirty.requires_grad_(True)
-    y = run(fast, K.masked_softmax, dirty, lens)
+    y = run(fast, K.softmax_by_lengths, dirty, lens)
     torch.testing.assert_close(y, clean, atol=1e-6, rtol=1e-5)
     assert torch.all(y[pad] == 0)
     y.backward(torch.randn_like(y))
@@ -110,7 +110,7 @@ def test_masked_softmax_fast_and_plain_gradients_agree(dtype):
     grads = []
     for fast in (True, False):
         xx = x.clone().requires_grad_(True)
-        run(fast, K.masked_softmax, xx, lens).backward(g)
+        run(fast, K.softmax_by_lengths, xx, lens).backward(g)
         grads.append(xx.grad)
     assert grads[0].dtype == dtype
     torch.testing.assert_close(grads[0], grads[1], atol=TOL[dtype] * 4, rtol=TOL[dtype] * 4)
@@ -121,16 +121,18 @@ def test_masked_softmax_gradcheck(fast):
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     lens = torch.tensor([[0, 6, 2], [1, 4, 5]])
     K.set_enabled(fast)
-    assert torch.autograd.gradcheck(lambda t: K.masked_softmax(t, lens), (x,))
+    assert torch.autograd.gradcheck(lambda t: K.softmax_by_lengths(t, lens), (x,))
 
 
 def test_masked_softmax_errors():
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.masked_softmax(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+        K.softmax_by_lengths(
+            torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+        )
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.masked_softmax(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32))
+        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.masked_softmax(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64))
+        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64))
 
 
 def test_disable_env(monkeypatch):
@@ -157,7 +159,7 @@ def _additive_inputs(dtype=torch.float64, B=2, n=5, m=9, h=6):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_additive_matches_reference(fast, dtype):
     qh, kh, w, lens = _additive_inputs(dtype)
-    s = run(fast, K.additive_scores, qh, kh, w, lens)
+    s = run(fast, K.additive_scores_by_lengths, qh, kh, w, lens)
     assert s.dtype == dtype and s.shape == (2, 5, 9)
     expected = ref_additive(qh.double(), kh.double(), w.double(), lens)
     tol = TOL[dtype] * 10
@@ -176,7 +178,7 @@ def test_additive_gradients_and_garbage(fast):
     dirty_kh[2, 7:] = float("nan")
     dirty_kh[2, 9] = float("inf")
     got = [t.clone().requires_grad_(True) for t in (qh, dirty_kh, w)]
-    s = run(fast, K.additive_scores, *got, lens)
+    s = run(fast, K.additive_scores_by_lengths, *got, lens)
     torch.testing.assert_close(s, ref_additive(qh, kh, w, lens))
     s.backward(g)
     for e, o in zip(expected, got, strict=True):
@@ -189,28 +191,39 @@ def test_additive_gradcheck(fast):
     qh, kh, w, lens = _additive_inputs(B=2, n=3, m=4, h=3)
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
     K.set_enabled(fast)
-    assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, lens), args)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: K.additive_scores_by_lengths(a, b, c, lens), args
+    )
 
 
 def test_additive_plain_chunks(monkeypatch):
     """Force tiny blocks so the chunked twin's blocking logic is exercised."""
     from attnscore.kernels import _plain
 
-    monkeypatch.setattr(_plain, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(_plain, "CHUNK_ELEMENTS", 1)
     qh, kh, w, lens = _additive_inputs(B=2, n=7, m=5, h=3)
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
-    torch.testing.assert_close(K.additive_scores_plain(*args, lens), ref_additive(qh, kh, w, lens))
-    assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores_plain(a, b, c, lens), args)
+    expected = ref_additive(qh, kh, w, lens)
+    torch.testing.assert_close(_plain.additive_scores_dense(*args, lens), expected)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: _plain.additive_scores_dense(a, b, c, lens), args
+    )
+    # the blocked backend functions (the plain backend of the registered op)
+    torch.testing.assert_close(_plain.additive_scores_forward(qh, kh, w, lens), expected)
+    g = torch.randn_like(expected)
+    grads = torch.autograd.grad(ref_additive(*args, lens), args, g)
+    for got, want in zip(_plain.additive_scores_backward(g, qh, kh, w, lens), grads, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_additive_errors():
     qh, kh, w, lens = _additive_inputs()
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.additive_scores(qh, kh[:, :, :2], w, lens)
+        K.additive_scores_by_lengths(qh, kh[:, :, :2], w, lens)
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.additive_scores(qh, kh, w, lens[:, :2])
+        K.additive_scores_by_lengths(qh, kh, w, lens[:, :2])
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.additive_scores(qh, kh, w, lens.float())
+        K.additive_scores_by_lengths(qh, kh, w, lens.float())
 
 
 # ---------------------------------------------------------------- dot-product attention
@@ -231,7 +244,7 @@ def _dot_inputs(dtype=torch.float64, two_d=False, B=4, n=6, m=8, d=5, dv=3):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dot_matches_reference(fast, two_d, dtype):
     q, k, v, lens = _dot_inputs(dtype, two_d)
-    out = run(fast, K.dot_product_attention, q, k, v, lens, scale=1 / math.sqrt(5))
+    out = run(fast, K.dot_product_attention_by_lengths, q, k, v, lens, scale=1 / math.sqrt(5))
     assert out.dtype == dtype and out.shape == (4, 6, 3)
     tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, TOL[dtype] * 10)
     expected = ref_dot(q, k, v, lens, 1 / math.sqrt(5))
@@ -250,7 +263,7 @@ def test_dot_fast_plain_agree_with_garbage_and_grads(two_d):
     results = []
     for fast in (True, False):
         ins = [t.clone().requires_grad_(True) for t in (q, dk, dv_)]
-        out = run(fast, K.dot_product_attention, *ins, lens, scale=0.3)
+        out = run(fast, K.dot_product_attention_by_lengths, *ins, lens, scale=0.3)
         out.backward(g)
         results.append((out, *(t.grad for t in ins)))
     for a, b in zip(*results, strict=True):
@@ -268,7 +281,7 @@ def test_dot_gradcheck(two_d):
     lens = lens.clamp(max=4)
     args = [t.requires_grad_(True) for t in (q, k, v)]
     assert torch.autograd.gradcheck(
-        lambda a, b, c: K.dot_product_attention(a, b, c, lens, scale=0.7), args
+        lambda a, b, c: K.dot_product_attention_by_lengths(a, b, c, lens, scale=0.7), args
     )
 
 
@@ -276,20 +289,22 @@ def test_dot_gradcheck(two_d):
 @pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
 def test_dot_weights(fast, two_d):
     q, k, v, lens = _dot_inputs(torch.float64, two_d)
-    w = run(fast, K.dot_product_weights, q, k, lens, scale=0.4)
+    w = run(fast, K.dot_product_weights_by_lengths, q, k, lens, scale=0.4)
     B, n = 4, 6
     lens2 = lens[:, None].expand(B, n) if not two_d else lens
     expected = ref_masked_softmax((q @ k.transpose(1, 2) * 0.4).numpy(), lens2.numpy())
     np.testing.assert_allclose(w.numpy(), expected, atol=1e-12)
-    torch.testing.assert_close(torch.bmm(w, v), K.dot_product_attention(q, k, v, lens, scale=0.4))
+    torch.testing.assert_close(
+        torch.bmm(w, v), K.dot_product_attention_by_lengths(q, k, v, lens, scale=0.4)
+    )
 
 
 def test_dot_errors():
     q, k, v, lens = _dot_inputs()
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.dot_product_attention(q, k[:, :, :2], v, lens, scale=1.0)
+        K.dot_product_attention_by_lengths(q, k[:, :, :2], v, lens, scale=1.0)
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.dot_product_attention(q, k, v, lens[:2], scale=1.0)
+        K.dot_product_attention_by_lengths(q, k, v, lens[:2], scale=1.0)
 
 
 # ---------------------------------------------------------------- build
@@ -303,9 +318,9 @@ def test_build_info_and_threads():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = K.masked_softmax(x, lens)
+        one = K.softmax_by_lengths(x, lens)
         torch.set_num_threads(2)
-        two = K.masked_softmax(x, lens)
+        two = K.softmax_by_lengths(x, lens)
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)

@@ -10,7 +10,13 @@ tensor([[[0.5000, 0.5000, 0.0000, 0.0000],
          [0.5000, 0.5000, 0.0000, 0.0000]]])
 """
 
-from .functional import additive_attention, attention, dot_product_attention
+from .functional import (
+    additive_attention,
+    attention,
+    cosine_attention,
+    dot_product_attention,
+    general_attention,
+)
 from .masking import masked_softmax, sequence_mask
 from .modules import (
     AdditiveAttention,
@@ -21,21 +27,30 @@ from .modules import (
 )
 from .multihead import MultiHeadAttention
 from .plotting import show_heatmaps
+from .registry import SCORERS, ScorerSpec, get_scorer, make_scorer, register_scorer, scorer_names
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SCORERS",
     "AdditiveAttention",
     "Attention",
     "CosineAttention",
     "DotProductAttention",
     "MultiHeadAttention",
     "MultiplicativeAttention",
+    "ScorerSpec",
     "__version__",
     "additive_attention",
     "attention",
+    "cosine_attention",
     "dot_product_attention",
+    "general_attention",
+    "get_scorer",
+    "make_scorer",
     "masked_softmax",
+    "register_scorer",
+    "scorer_names",
     "sequence_mask",
     "show_heatmaps",
 ]

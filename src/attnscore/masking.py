@@ -276,20 +276,12 @@ def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     """Masked softmax over the last axis, with a checked :class:`AttentionMask`.
 
     The internal form of :func:`masked_softmax` (no input checks); see it for the contract.
+    A lengths-only mask runs the registered op :func:`attnscore.kernels.softmax_by_lengths`.
     """
     if mask is not None and mask.attend is None and mask.lengths is not None:
-        return _softmax_lengths(scores, mask.lengths)
+        return kernels.softmax_by_lengths(scores, mask.lengths)
     dense = None if mask is None else mask.dense()
     return softmax_dense(scores, dense)
-
-
-def _softmax_lengths(scores: Tensor, lengths: Tensor) -> Tensor:
-    """Masked softmax for key lengths (..., n): the path fused kernels take over."""
-    if kernels.available(scores) and lengths.device == scores.device:
-        # One pass per row in C; padded entries are never read (see attnscore.kernels).
-        return kernels.masked_softmax(scores, lengths)
-    positions = torch.arange(scores.shape[-1], device=scores.device)
-    return softmax_dense(scores, positions < lengths.unsqueeze(-1))
 
 
 def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:

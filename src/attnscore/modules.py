@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_dropout
-from .functional import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
+from ._engine import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
 from .normalizers import Normalizer, get_normalizer
 from .scoring import (
     additive_scores_from_projections,

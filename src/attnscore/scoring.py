@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from ._checks import compute_dtype, in_transform
+from ._checks import compute_dtype
 
 __all__ = [
     "additive_scores",
@@ -27,10 +27,6 @@ __all__ = [
     "dot_product_scores",
     "general_scores",
 ]
-
-# Elements of the (chunk, m, h) tanh tensor the plain additive path builds at once: large
-# enough to keep matmuls efficient, small enough that no (B, n, m, h) tensor ever exists.
-_ADDITIVE_CHUNK_ELEMENTS = 1 << 22
 
 
 def _upcast(*tensors: Tensor) -> list[Tensor]:
@@ -124,15 +120,15 @@ def additive_scores_from_projections(
 ) -> Tensor:
     """Additive scores ``w_vᵀ tanh(qh_i + kh_j)`` from projected queries and keys.
 
-    Never builds the (..., n, m, h) tensor of the textbook formulation: the plain path
-    works on chunks of queries.
+    Runs :func:`attnscore.kernels.additive_scores_by_lengths`: neither forward nor backward
+    holds the (..., n, m, h) tensor of the textbook formulation.
 
     Args:
         qh: projected queries (..., n, h) (``W_q q``, plus any bias).
         kh: projected keys (..., m, h) (``W_k k``).
         w_v: (h,) or (1, h).
         lengths: optional int64 (..., n): scores at j >= lengths[..., i] are masked later,
-            so a kernel may skip them (their value is unspecified).
+            so they are skipped (returned as 0).
 
     Returns:
         scores (..., n, m).
@@ -142,30 +138,7 @@ def additive_scores_from_projections(
     torch.Size([1, 2, 5])
     """
     qh, kh, w = _upcast(qh, kh, w_v.reshape(-1))
-    n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
-    batch_shape = qh.shape[:-2]
-    if qh.ndim >= 3 and kh.shape[:-2] == batch_shape and not in_transform(qh, kh, w):
-        # Fused kernel (C on CPU, else a chunked autograd Function that recomputes tanh in
-        # backward): neither forward nor backward holds a (..., n, m, h) tensor.
-        rows = math.prod(batch_shape)  # explicit: -1 is ambiguous when n or m is 0
-        lens = (
-            torch.full((*batch_shape, n), m, dtype=torch.int64, device=qh.device)
-            if lengths is None
-            else lengths.clamp(max=m)
-        )
-        scores = kernels.additive_scores(
-            qh.reshape(rows, n, h), kh.reshape(rows, m, h), w, lens.reshape(rows, n)
-        )
-        return scores.reshape(*batch_shape, n, m)
-    batch = max(1, math.prod(torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2])))
-    chunk = max(1, _ADDITIVE_CHUNK_ELEMENTS // max(1, batch * m * h))
-    k = kh.unsqueeze(-3)
-    # max(n, 1): with no queries there is still one (empty) piece to return.
-    pieces = [
-        torch.matmul(torch.tanh(qh[..., i : i + chunk, :].unsqueeze(-2) + k), w)
-        for i in range(0, max(n, 1), chunk)
-    ]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+    return kernels.additive_scores_by_lengths(qh, kh, w, lengths)
 
 
 def additive_scores(

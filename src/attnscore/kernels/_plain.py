@@ -1,13 +1,19 @@
-"""Plain PyTorch twins of the fast paths: run on any device, define the expected results.
+"""The plain PyTorch backend: runs on any device and defines the expected results.
 
-They keep the same guarantees as the C kernels: exact zeros (and zero gradients) at padded
-positions and on fully masked rows, reductions of float16/bfloat16 in float32, and NaN/inf
-garbage at padded positions changing nothing.
+It implements the backend contract of :mod:`attnscore.kernels._dispatch` (the same functions
+as :mod:`~attnscore.kernels._cpu` and the GPU module) and keeps the same guarantees as the
+fused kernels: exact zeros (and zero gradients) at padded positions and on rows of length 0,
+reductions of float16/bfloat16 in float32, and NaN/inf garbage at padded positions changing
+nothing. Its functions are written with differentiable PyTorch ops only, so they also serve
+as the *twin* the dispatcher runs where a registered op cannot go (``torch.func``
+transforms, kernels disabled) and for double backward.
+
+Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value size.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,91 +23,165 @@ from .._checks import compute_dtype
 from .._softmax import softmax_dense
 
 __all__ = [
-    "additive_scores_plain",
-    "dot_product_attention_plain",
-    "masked_softmax_plain",
+    "CHUNK_ELEMENTS",
+    "additive_scores_backward",
+    "additive_scores_dense",
+    "additive_scores_forward",
+    "dot_product_attention",
+    "masked_softmax_backward",
+    "masked_softmax_forward",
 ]
 
-# Elements of one (rows, keys, h) tanh block in the chunked additive path (16 MiB in float32).
-_CHUNK_ELEMENTS = 1 << 22
+# Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
+# large enough to keep the matrix products efficient, small enough that no (B, n, m, h)
+# tensor ever exists. The only chunk size of the library.
+CHUNK_ELEMENTS = 1 << 22
 
 
-def masked_softmax_plain(x: Tensor, lens: Tensor) -> Tensor:
-    """Softmax over the last axis of x restricted to the first ``lens`` positions; rows with
-    no valid position are zeros with zero gradient (see :func:`attnscore._softmax.softmax_dense`).
+def _valid(lengths: Tensor, m: int) -> Tensor:
+    """Bool (..., m): True at positions j < lengths[...]."""
+    return torch.arange(m, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def _longest(lengths: Tensor) -> Tensor:
+    """(...,) the longest of the rows' lengths (...,  n); 0 when n is 0."""
+    if lengths.shape[-1] == 0:
+        return lengths.new_zeros(lengths.shape[:-1])
+    return lengths.amax(-1)
+
+
+# ---- masked softmax ------------------------------------------------------------------------
+
+
+def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
+    """Softmax over the last axis of x (..., m) restricted to its first ``lengths`` positions;
+    rows of length 0 are zeros (see :func:`attnscore._softmax.softmax_dense`)."""
+    return softmax_dense(x, _valid(lengths, x.shape[-1]))
+
+
+def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
+    """``y * (grad_y - sum_j grad_y y)`` over the valid positions, exact zeros elsewhere
+    (garbage in ``grad_y`` at padded positions is never used)."""
+    valid = _valid(lengths, y.shape[-1])
+    yf = y.to(compute_dtype(y.dtype))
+    g = torch.where(valid, grad_y.to(yf.dtype), 0.0)
+    dx = yf * (g - (g * yf).sum(-1, keepdim=True))
+    return torch.where(valid, dx, 0.0).to(y.dtype)
+
+
+# ---- additive scores -------------------------------------------------------------------------
+
+
+def _rows_per_block(m: int, h: int, batch: int = 1) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, batch * m * h))
+
+
+def _tanh_block(q_rows: Tensor, keys: Tensor) -> Tensor:
+    """tanh(q_i + k_j) for rows (..., r, h) and keys (..., L, h): (..., r, L, h)."""
+    return torch.tanh(q_rows.unsqueeze(-2) + keys.unsqueeze(-3))
+
+
+def _blocks(lengths: Tensor, n: int, m: int, h: int) -> Iterator[tuple[int, int, int, int]]:
+    """(b, i0, i1, L) row blocks of a (B, n) lengths tensor; L is the block's longest row.
+
+    Reads the values of ``lengths`` (one device sync): eager code only, never traced.
     """
-    return softmax_dense(x, torch.arange(x.shape[-1], device=x.device) < lens.unsqueeze(-1))
-
-
-class _AdditiveScoresChunked(torch.autograd.Function):
-    """Additive scores in blocks of rows, tanh recomputed in backward.
-
-    No (B, n, m, h) tensor ever exists: each block holds at most ``_CHUNK_ELEMENTS`` tanh
-    values, and keys beyond the block's longest row are skipped.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, qh: Tensor, kh: Tensor, w_v: Tensor, lens: Tensor) -> Tensor:
-        cdt = compute_dtype(qh.dtype)
-        q, k, w = qh.detach().to(cdt), kh.detach().to(cdt), w_v.detach().to(cdt)
-        B, n, h = q.shape
-        m = k.shape[1]
-        scores = q.new_zeros(B, n, m)
-        for b, i0, i1, L, mask in _blocks(lens, n, m, h):
-            t = torch.tanh(q[b, i0:i1, None, :] + k[b, None, :L, :])
-            scores[b, i0:i1, :L] = torch.where(mask, t @ w, 0.0)
-        ctx.save_for_backward(q, k, w, lens)
-        ctx.dtypes = (qh.dtype, kh.dtype, w_v.dtype)
-        return scores.to(qh.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q, k, w, lens = ctx.saved_tensors
-        n, h, m = q.shape[1], q.shape[2], k.shape[1]
-        g = grad.to(q.dtype)
-        dq, dk, dw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
-        for b, i0, i1, L, mask in _blocks(lens, n, m, h):
-            t = torch.tanh(q[b, i0:i1, None, :] + k[b, None, :L, :])
-            t = torch.where(mask[..., None], t, 0.0)  # garbage keys must not reach the sums
-            gm = torch.where(mask, g[b, i0:i1, :L], 0.0)
-            d = (gm[..., None] * (1.0 - t * t)) * w
-            dq[b, i0:i1] += d.sum(1)
-            dk[b, :L] += d.sum(0)
-            dw += torch.einsum("ij,ijh->h", gm, t)
-        qd, kd, wd = ctx.dtypes
-        return dq.to(qd), dk.to(kd), dw.to(wd), None
-
-
-def _blocks(lens: Tensor, n: int, m: int, h: int) -> Any:
-    """Yield (b, i0, i1, L, mask) row blocks; L is the block's longest row, mask (rows, L)."""
-    rows = max(1, _CHUNK_ELEMENTS // max(1, m * h))
-    lens_cpu = lens.detach().to("cpu")  # one device sync instead of one per block
-    for b in range(lens.shape[0]):
+    rows = _rows_per_block(m, h)
+    lengths_cpu = lengths.detach().to("cpu").clamp(0, m)
+    for b in range(lengths.shape[0]):
         for i0 in range(0, n, rows):
             i1 = min(n, i0 + rows)
-            L = int(lens_cpu[b, i0:i1].max().clamp(0, m))
-            if L == 0:
-                continue
-            mask = torch.arange(L, device=lens.device) < lens[b, i0:i1, None]
-            yield b, i0, i1, L, mask
+            L = int(lengths_cpu[b, i0:i1].max()) if i1 > i0 else 0
+            if L:
+                yield b, i0, i1, L
 
 
-def additive_scores_plain(qh: Tensor, kh: Tensor, w_v: Tensor, lens: Tensor) -> Tensor:
-    """PyTorch twin of :func:`attnscore.kernels.additive_scores` (chunked, any device)."""
-    return cast(Tensor, _AdditiveScoresChunked.apply(qh, kh, w_v, lens))  # type: ignore[no-untyped-call]
+def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+    """Backend contract: (B, n, m) scores ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths,
+    exact zeros elsewhere; keys beyond each block's longest row are skipped."""
+    cdt = compute_dtype(qh.dtype)
+    q, k, w = qh.to(cdt), kh.to(cdt), w_v.to(cdt)
+    B, n, h = q.shape
+    m = k.shape[1]
+    scores = q.new_zeros(B, n, m)
+    for b, i0, i1, L in _blocks(lengths, n, m, h):
+        valid = _valid(lengths[b, i0:i1], L)
+        scores[b, i0:i1, :L] = torch.where(valid, _tanh_block(q[b, i0:i1], k[b, :L]) @ w, 0.0)
+    return scores.to(qh.dtype)
 
 
-def dot_product_attention_plain(
-    q: Tensor, k: Tensor, v: Tensor, lens: Tensor, *, scale: float, dropout_p: float = 0.0
+def additive_scores_backward(
+    grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Backend contract: gradients (qh, kh, w_v) of :func:`additive_scores_forward`, tanh
+    recomputed block by block. Differentiable PyTorch ops: double backward runs here."""
+    cdt = compute_dtype(qh.dtype)
+    q, k, w = qh.to(cdt), kh.to(cdt), w_v.to(cdt)
+    n, h, m = q.shape[1], q.shape[2], k.shape[1]
+    g = grad_scores.to(cdt)
+    dq, dk, dw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
+    for b, i0, i1, L in _blocks(lengths, n, m, h):
+        valid = _valid(lengths[b, i0:i1], L)
+        # garbage keys and gradients must not reach the sums
+        t = torch.where(valid.unsqueeze(-1), _tanh_block(q[b, i0:i1], k[b, :L]), 0.0)
+        gm = torch.where(valid, g[b, i0:i1, :L], 0.0)
+        d = (gm.unsqueeze(-1) * (1.0 - t * t)) * w
+        dq[b, i0:i1] += d.sum(1)
+        dk[b, :L] += d.sum(0)
+        dw += torch.einsum("ij,ijh->h", gm, t)
+    return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
+
+
+def additive_scores_dense(
+    qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None = None
 ) -> Tensor:
-    """bmm + masked softmax + bmm; keys/values beyond each element's longest row are zeroed
-    first so garbage there cannot turn 0 * NaN into NaN in outputs or gradients."""
+    """The twin of the additive op in differentiable PyTorch ops (any transform).
+
+    qh (..., n, h) and kh (..., m, h) with broadcastable batch dimensions, w_v (h,),
+    lengths (..., n) or None; scores (..., n, m), exact zeros at j >= lengths. Works on
+    blocks of queries (no (..., n, m, h) tensor at once; autograd keeps the blocks for
+    backward) and reads no values, so vmap, grad and tracing see through it. Keys that no
+    row may attend are zeroed first, so garbage there reaches neither scores nor gradients.
+    """
+    n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
+    if lengths is not None:
+        kh = torch.where(_valid(_longest(lengths), m).unsqueeze(-1), kh, 0.0)
+    batch = 1
+    for size in torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2]):
+        batch *= size
+    rows = _rows_per_block(m, h, batch)
+    # max(n, 1): with no queries there is still one (empty) block to return.
+    pieces = [_tanh_block(qh[..., i : i + rows, :], kh) @ w_v for i in range(0, max(n, 1), rows)]
+    scores = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+    if lengths is None:
+        return scores
+    return torch.where(_valid(lengths, m), scores, 0.0)
+
+
+# ---- dot-product attention ---------------------------------------------------------------
+
+
+def dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lengths: Tensor,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    softmax: Callable[[Tensor, Tensor], Tensor] = masked_softmax_forward,
+) -> Tensor:
+    """Backend contract: (B, n, v) attention with lengths (B,) or (B, n): bmm + masked softmax
+    + bmm, reduced in float32 for 16-bit inputs. Keys and values beyond each element's
+    longest row are zeroed first so garbage there cannot turn 0 * NaN into NaN. ``softmax``
+    is the masked softmax by lengths to use (the registered op when compiling)."""
     B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    lens2 = lens[:, None].expand(B, n) if lens.dim() == 1 else lens
-    keep = (torch.arange(m, device=q.device) < lens2.amax(1, keepdim=True))[..., None]
-    k = torch.where(keep, k, 0.0)
-    v = torch.where(keep, v, 0.0)
-    weights = masked_softmax_plain(torch.bmm(q, k.transpose(1, 2)) * scale, lens2)
+    per_query = lengths[:, None].expand(B, n) if lengths.dim() == 1 else lengths
+    keep = _valid(_longest(per_query), m).unsqueeze(-1)  # (B, m, 1)
+    cdt = compute_dtype(q.dtype)
+    k = torch.where(keep, k.to(cdt), 0.0)
+    v = torch.where(keep, v.to(cdt), 0.0)
+    weights = softmax(torch.bmm(q.to(cdt), k.transpose(1, 2)) * scale, per_query)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)
-    return torch.bmm(weights, v)
+    return torch.bmm(weights, v).to(q.dtype)

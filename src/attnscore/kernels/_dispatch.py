@@ -1,0 +1,162 @@
+"""The backend table: which module implements an op on which device type.
+
+A *backend* is a module that provides some of these functions (the backend contract).
+Tensors arrive contiguous and on the backend's device; ``lengths`` is int64 on the same
+device, values in [0, m]::
+
+    masked_softmax_forward(x, lengths) -> y
+        x (..., m) float16/bfloat16/float32/float64, lengths x.shape[:-1]; y: x's shape and
+        dtype, softmax of x[..., :L] then exact zeros; L == 0 -> zeros; 16-bit reduced in
+        float32; positions >= L never read.
+    masked_softmax_backward(grad_y, y, lengths) -> grad_x
+        y * (grad_y - sum_j grad_y y) over j < L; exact 0 beyond L and for L == 0.
+    additive_scores_forward(qh, kh, w_v, lengths) -> scores
+        qh (B, n, h), kh (B, m, h), w_v (h,), lengths (B, n); scores (B, n, m) in qh's
+        dtype: sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h]) for j < lengths[b, i], else 0.
+    additive_scores_backward(grad_scores, qh, kh, w_v, lengths) -> (grad_qh, grad_kh, grad_w_v)
+    dot_product_attention(q, k, v, lengths, *, scale, dropout_p) -> out
+        q (B, n, d), k (B, m, d), v (B, m, dv), lengths (B,) or (B, n); out (B, n, dv);
+        length-0 rows are zeros; differentiable through PyTorch ops (not a registered op).
+
+A backend may leave a function out: that op then runs the plain backend
+(:mod:`attnscore.kernels._plain`) on its device. Adding a backend is one module plus one row
+in :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from . import _plain
+
+__all__ = [
+    "BACKENDS",
+    "FUNCTIONS",
+    "backend_function",
+    "backend_name",
+    "disabled",
+    "enabled",
+    "set_enabled",
+    "use_backend",
+]
+
+# device type -> the module implementing the backend contract there, imported on first use.
+# Device types without a row (mps, xpu, meta, ...) run the plain backend.
+BACKENDS: dict[str, str] = {
+    "cpu": "attnscore.kernels._cpu",  # C kernels (ctypes) + padding-free flash SDPA
+    # ---- GPU row: kernels/_cuda.py (Triton); ImportError (module or triton missing) -> plain
+    "cuda": "attnscore.kernels._cuda",
+}
+
+#: The contract's functions, one per op and direction (see the module docstring).
+FUNCTIONS = (
+    "masked_softmax_forward",
+    "masked_softmax_backward",
+    "additive_scores_forward",
+    "additive_scores_backward",
+    "dot_product_attention",
+)
+
+_modules: dict[str, ModuleType | None] = {}
+_errors: dict[str, str] = {}
+_forced: dict[str, ModuleType] = {}
+_import_lock = threading.Lock()
+_override: bool | None = None
+# disabled() is per thread, like torch.no_grad: one thread's plain-path block must not
+# switch paths under another thread's call.
+_local = threading.local()
+
+
+def enabled() -> bool:
+    """Whether backends other than the plain one may be used in this thread.
+
+    :func:`disabled` (this thread) wins over :func:`set_enabled` (process-wide), which wins
+    over the ``ATTNSCORE_DISABLE_KERNELS`` environment variable.
+    """
+    if getattr(_local, "disabled", 0):
+        return False
+    if _override is not None:
+        return _override
+    return os.environ.get("ATTNSCORE_DISABLE_KERNELS", "") in ("", "0")
+
+
+def set_enabled(flag: bool | None) -> None:
+    """Force fast backends on (True) or off (False) process-wide; None defers to the
+    ``ATTNSCORE_DISABLE_KERNELS`` environment variable."""
+    global _override
+    _override = flag
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the body on the plain PyTorch twins, in this thread only (nests)."""
+    _local.disabled = getattr(_local, "disabled", 0) + 1
+    try:
+        yield
+    finally:
+        _local.disabled -= 1
+
+
+@contextlib.contextmanager
+def use_backend(device_type: str, module: ModuleType) -> Iterator[None]:
+    """Use ``module`` as the backend of ``device_type`` inside the body (process-wide).
+
+    For tests: run a backend module on tensors of another device (e.g. Triton kernels
+    under ``TRITON_INTERPRET=1`` on CPU tensors), or force the plain one
+    (``use_backend("cpu", attnscore.kernels._plain)``).
+    """
+    previous = _forced.get(device_type)
+    _forced[device_type] = module
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _forced[device_type]
+        else:
+            _forced[device_type] = previous
+
+
+def _module(device_type: str) -> ModuleType | None:
+    if device_type in _forced:
+        return _forced[device_type]
+    if device_type in _modules:
+        return _modules[device_type]
+    name = BACKENDS.get(device_type)
+    module = None
+    with _import_lock:
+        if name is not None:
+            try:
+                module = importlib.import_module(name)
+            except ImportError as exc:  # module or its dependency (triton) missing
+                _errors[device_type] = f"{type(exc).__name__}: {exc}"
+        _modules[device_type] = module
+    return module
+
+
+def backend_function(device_type: str, function: str) -> Callable[..., Any]:
+    """The backend's implementation of a contract ``function`` on ``device_type``, or the
+    plain backend's when the device type has no backend, its module cannot be imported,
+    or it leaves that function out."""
+    module = _module(device_type)
+    fn = getattr(module, function, None) if module is not None else None
+    if fn is None:
+        fn = getattr(_plain, function)
+    return fn  # type: ignore[no-any-return]
+
+
+def backend_name(device_type: str, function: str) -> str:
+    """Which module runs ``function`` on ``device_type`` (for reports), with the reason when
+    it is the plain one."""
+    module = _module(device_type)
+    if module is not None and getattr(module, function, None) is not None:
+        return module.__name__
+    why = _errors.get(device_type) or (
+        "no backend for this device type" if module is None else "not provided"
+    )
+    return f"{_plain.__name__} ({why})"
