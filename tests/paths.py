@@ -5,9 +5,10 @@ weights)`` with known parameters, and brings an independent *reference* for its 
 written here in plain PyTorch from the formula (never calling attnscore), so that tests
 can recompute the whole attention in float64 or naively in a low-precision dtype.
 
-To test a new way of calling attention (a fused kernel, multi-head attention), add an
-entry to ``PATHS``; paths that compute the same maths share a ``group`` and are checked to
-agree, weights included.
+The registered scorers (:mod:`attnscore.registry`) are paths by their registry names, each
+with its reference in ``REFERENCES``. To test a new way of calling attention (a fused
+kernel, multi-head attention), add an entry to ``PATHS``; paths that compute the same maths
+share a ``group`` and are checked to agree, weights included.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 
 import attnscore
 from attnscore import kernels
+from attnscore.registry import get_scorer, make_scorer, scorer_names
 from attnscore.scoring import dot_product_scores
 
 Params = dict[str, Tensor]
@@ -169,45 +171,62 @@ def _generic_functional(qs: int, ks: int, dtype: torch.dtype) -> Runner:
     return Runner(call, {})
 
 
-PATHS: list[Path] = [
-    Path(
-        "AdditiveAttention",
-        lambda qs, ks, dt: _module_runner(lambda: attnscore.AdditiveAttention(ks, qs, 5), dt),
-        ref_additive,
-        group="additive",
-    ),
+def _general_functional(qs: int, ks: int, dtype: torch.dtype) -> Runner:
+    # The registry's module's parameters, so both paths of the group agree exactly.
+    module = _seeded(lambda: make_scorer("general", qs, ks, num_hiddens=5), dtype)
+    p = {"W_a.weight": module.W_a.weight.detach().clone().requires_grad_(True)}
+
+    def call(q, k, v, valid_lens=None, **masks):
+        return attnscore.general_attention(
+            q, k, v, p["W_a.weight"], valid_lens, return_weights=True, **masks
+        )
+
+    return Runner(call, p)
+
+
+def _cosine_functional(qs: int, ks: int, dtype: torch.dtype) -> Runner:
+    module = _seeded(lambda: make_scorer("cosine", qs, ks, num_hiddens=5), dtype)
+    p = {"log_scale": module.log_scale.detach().clone().requires_grad_(True)}
+
+    def call(q, k, v, valid_lens=None, **masks):
+        scale = p["log_scale"].exp()
+        return attnscore.cosine_attention(
+            q, k, v, valid_lens, scale=scale, return_weights=True, **masks
+        )
+
+    return Runner(call, p)
+
+
+# Independent score references of the registered scorers, by registry name. A scorer
+# registered in attnscore.registry without an entry here fails test_every_scorer_is_tested.
+REFERENCES: dict[str, Callable[[Params, Tensor, Tensor], Tensor]] = {
+    "additive": ref_additive,
+    "dot": ref_dot(1.0),
+    "scaled_dot": ref_dot(None),
+    "general": ref_general,
+    "cosine": ref_cosine,
+}
+
+
+def _registry_path(name: str) -> Path:
+    """The module the registry builds for ``name`` (h = 5 where it has hidden units)."""
+    spec = get_scorer(name)
+
+    def build(qs: int, ks: int, dt: torch.dtype) -> Runner:
+        return _module_runner(lambda: make_scorer(name, qs, ks, num_hiddens=5), dt)
+
+    return Path(f"scorer:{name}", build, REFERENCES[name], spec.same_feature_size, group=name)
+
+
+PATHS: list[Path] = [_registry_path(name) for name in scorer_names() if name in REFERENCES]
+PATHS += [
     Path(
         "AdditiveAttention(normalize)",
         lambda qs, ks, dt: _module_runner(
             lambda: attnscore.AdditiveAttention(ks, qs, 5, normalize=True), dt
         ),
         ref_additive,
-    ),
-    Path(
-        "DotProductAttention",
-        lambda qs, ks, dt: _module_runner(attnscore.DotProductAttention, dt),
-        ref_dot(None),
-        same_feature_size=True,
-        group="dot",
-    ),
-    Path(
-        "DotProductAttention(scale=1)",
-        lambda qs, ks, dt: _module_runner(lambda: attnscore.DotProductAttention(scale=1.0), dt),
-        ref_dot(1.0),
-        same_feature_size=True,
-    ),
-    Path(
-        "MultiplicativeAttention",
-        lambda qs, ks, dt: _module_runner(lambda: attnscore.MultiplicativeAttention(qs, ks), dt),
-        ref_general,
-    ),
-    Path(
-        "CosineAttention(learn_scale)",
-        lambda qs, ks, dt: _module_runner(
-            lambda: attnscore.CosineAttention(scale=3.0, learn_scale=True), dt
-        ),
-        ref_cosine,
-        same_feature_size=True,
+        group="additive(normalize)",
     ),
     Path(
         "Attention(user module)",
@@ -221,7 +240,7 @@ PATHS: list[Path] = [
         _dot_functional,
         ref_dot(None),
         same_feature_size=True,
-        group="dot",
+        group="scaled_dot",
         tags=frozenset({"functional"}),
     ),
     Path(
@@ -229,7 +248,22 @@ PATHS: list[Path] = [
         _generic_functional,
         ref_dot(None),
         same_feature_size=True,
-        group="dot",
+        group="scaled_dot",
+        tags=frozenset({"functional"}),
+    ),
+    Path(
+        "general_attention",
+        _general_functional,
+        ref_general,
+        group="general",
+        tags=frozenset({"functional"}),
+    ),
+    Path(
+        "cosine_attention",
+        _cosine_functional,
+        ref_cosine,
+        same_feature_size=True,
+        group="cosine",
         tags=frozenset({"functional"}),
     ),
 ]
@@ -247,32 +281,30 @@ def _on_plain_path(path: Path) -> Path:
 
         return Runner(call, runner.params, runner.module)
 
-    group = path.group or path.name
     return Path(
-        f"{path.name} [plain]", build, path.reference, path.same_feature_size, group, path.tags
+        f"{path.name} [plain]",
+        build,
+        path.reference,
+        path.same_feature_size,
+        path.group,
+        path.tags,
     )
 
 
 # Paths that have a fused kernel get a plain twin in the same group.
 _FAST = (
-    "AdditiveAttention",
+    "scorer:additive",
+    "scorer:scaled_dot",
     "AdditiveAttention(normalize)",
-    "DotProductAttention",
-    "DotProductAttention(scale=1)",
     "additive_attention",
 )
 PATHS += [_on_plain_path(p) for p in PATHS if p.name in _FAST]
-PATHS = [
-    p
-    if p.group or p.name not in _FAST
-    else Path(p.name, p.build, p.reference, p.same_feature_size, p.name, p.tags)
-    for p in PATHS
-]
 
 GROUPS: dict[str, list[Path]] = {}
 for _path in PATHS:
     if _path.group:
         GROUPS.setdefault(_path.group, []).append(_path)
+GROUPS = {name: paths for name, paths in GROUPS.items() if len(paths) > 1}
 
 
 # ---- the plain masked attention every path is checked against ----------------------------

@@ -71,7 +71,8 @@ def test_heads_equal_independent_single_head_attention():
     assert torch.all(mha.attention_weights[1, :, 0] == 0)
 
 
-@pytest.mark.parametrize("scoring", ["dot", "additive", "general", "cosine"])
+@pytest.mark.parametrize("scoring", ["scaled_dot", "dot", "additive", "general", "cosine"])
+@pytest.mark.filterwarnings("ignore:MultiHeadAttention.scoring=.dot.:FutureWarning")
 def test_every_scoring_gradcheck_and_padding(scoring):
     B, n, m, E, H = 2, 3, 4, 4, 2
     mha = MultiHeadAttention(E, H, scoring=scoring, bias=True).double()

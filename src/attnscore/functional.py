@@ -117,9 +117,9 @@ def attention(
             n, m = scores.shape[-2:]
             allowed = torch.ones(scores.shape, dtype=torch.bool)
             if valid_lens is not None:
-                lens = valid_lens.reshape(valid_lens.shape[0], -1)    # (B, 1) or (B, n)
-                lens = lens.reshape(-1, *[1] * (scores.ndim - 3), lens.shape[-1])
-                allowed = torch.arange(m) < lens.unsqueeze(-1)    # (..., n, m)
+                lengths = valid_lens.reshape(valid_lens.shape[0], -1)  # (B, 1) or (B, n)
+                lengths = lengths.reshape(-1, *[1] * (scores.ndim - 3), lengths.shape[-1])
+                allowed = torch.arange(m) < lengths.unsqueeze(-1)    # (..., n, m)
             weights = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1)
             weights = torch.where(allowed, weights, 0.0)          # no valid key: zeros
             values = values.masked_fill(~allowed.any(-2).unsqueeze(-1), 0.0)  # padding

@@ -62,7 +62,7 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
     return t.to(torch.int64)
 
 
-def _canonical_valid_lens(
+def _canonical_lengths(
     valid_lens: object, batch_shape: torch.Size, n: int, m: int, device: torch.device
 ) -> Tensor:
     """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m.
@@ -183,7 +183,7 @@ def build_mask(
     """
     lengths = None
     if valid_lens is not None:
-        lengths = _canonical_valid_lens(valid_lens, batch_shape, n, m, device)
+        lengths = _canonical_lengths(valid_lens, batch_shape, n, m, device)
     full = (*batch_shape, n)
     if causal:
         if not isinstance(causal, bool):
@@ -193,16 +193,16 @@ def build_mask(
             by_position.expand(full) if lengths is None else torch.minimum(lengths, by_position)
         )
     if query_valid_lens is not None:
-        q_lens = _check_lengths(query_valid_lens, "query_valid_lens", device)
+        query_lengths = _check_lengths(query_valid_lens, "query_valid_lens", device)
         B = batch_shape[0]
-        if q_lens.shape == (B,):
-            q_lens = q_lens.reshape(B, *(1,) * (len(batch_shape) - 1))
-        elif q_lens.shape != batch_shape:
+        if query_lengths.shape == (B,):
+            query_lengths = query_lengths.reshape(B, *(1,) * (len(batch_shape) - 1))
+        elif query_lengths.shape != batch_shape:
             raise ValueError(
                 f"Expected `query_valid_lens` of shape ({B},) or {tuple(batch_shape)}, but got "
-                f"shape {tuple(q_lens.shape)} instead."
+                f"shape {tuple(query_lengths.shape)} instead."
             )
-        is_real = torch.arange(n, device=device) < q_lens.unsqueeze(-1)
+        is_real = torch.arange(n, device=device) < query_lengths.unsqueeze(-1)
         base = torch.full((), m, dtype=torch.int64, device=device) if lengths is None else lengths
         lengths = torch.where(is_real, base, 0).expand(full)
     attend = None

@@ -136,6 +136,30 @@ class Attention(nn.Module):
         attend_mask: Tensor | None = None,
         causal: bool = False,
     ) -> Tensor:
+        """Attention pooling of ``values`` by the weights of ``queries`` over ``keys``.
+
+        Args:
+            queries: (..., n, q) floating (``...`` is (B,) or (B, H)). keys: (..., m, k).
+                values: (..., m, v). One dtype and device for all three; dot-product-like
+                scorers need q == k.
+            valid_lens: key lengths (B,) (one per example), (B, n) (one per query) or
+                (..., n); int or whole-number float; lengths above m mean all keys.
+            query_valid_lens: query lengths (B,) or (...); queries at or beyond them
+                attend nothing.
+            attend_mask: bool broadcastable to (..., n, m); **True = may attend**.
+            causal: query i attends keys j <= i only (top-left aligned).
+
+        Returns:
+            output (..., n, v) in the inputs' dtype: ``dropout(weights) @ values`` with
+            ``weights = normalizer(score(queries, keys), mask)``. Queries that may attend
+            no key give zero output (and zero gradient). The weights (..., n, m), before
+            dropout, are in :attr:`attention_weights` afterwards.
+
+        Raises:
+            TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.
+            ValueError: inconsistent shapes (or feature sizes unlike the parameters'),
+                negative or fractional lengths, masks of the wrong shape or device.
+        """
         prepared = prepare(
             queries,
             keys,

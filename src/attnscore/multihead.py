@@ -7,27 +7,15 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
 
 from torch import Tensor, nn
 
 from ._checks import check_attention_inputs
-from .modules import (
-    AdditiveAttention,
-    Attention,
-    CosineAttention,
-    DotProductAttention,
-    MultiplicativeAttention,
-)
+from .modules import Attention
+from .registry import make_scorer, scorer_names
 
 __all__ = ["MultiHeadAttention"]
-
-_SCORERS: dict[str, Callable[[int, float], Attention]] = {
-    "dot": lambda d, p: DotProductAttention(p),
-    "additive": lambda d, p: AdditiveAttention(d, d, d, p),
-    "general": lambda d, p: MultiplicativeAttention(d, d, p),
-    "cosine": lambda d, p: CosineAttention(p, learn_scale=True),
-}
 
 
 class MultiHeadAttention(nn.Module):
@@ -43,9 +31,13 @@ class MultiHeadAttention(nn.Module):
         num_heads: H.
         dropout: dropout on the attention weights (training mode only).
         bias: biases in the four projections.
-        scoring: ``"dot"`` (scaled dot product, default; takes the fused fast path where
-            available), ``"additive"``, ``"general"``, ``"cosine"``, or an
+        scoring: the name of a registered scorer (:func:`attnscore.scorer_names`; default
+            ``"scaled_dot"``, which takes the fused fast path where available), built by
+            :func:`attnscore.make_scorer` with the head size for every size, or an
             :class:`~attnscore.Attention` instance working on per-head vectors.
+            ``"dot"`` keeps its old meaning here, the *scaled* dot product, with a
+            ``FutureWarning``: pass ``"scaled_dot"``; in a future release ``"dot"`` will
+            mean Luong's unscaled dot product, as everywhere else.
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
     *, query_valid_lens=None, attend_mask=None, causal=False)`` -> (B, n, E).
@@ -71,7 +63,7 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         dropout: float = 0.0,
         bias: bool = False,
-        scoring: str | Attention = "dot",
+        scoring: str | Attention = "scaled_dot",
     ) -> None:
         super().__init__()
         for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
@@ -88,11 +80,22 @@ class MultiHeadAttention(nn.Module):
         head_size = num_hiddens // num_heads
         if isinstance(scoring, Attention):
             self.attention = scoring
-        elif isinstance(scoring, str) and scoring in _SCORERS:
-            self.attention = _SCORERS[scoring](head_size, dropout)
+        elif isinstance(scoring, str) and scoring in scorer_names():
+            if scoring == "dot":
+                warnings.warn(
+                    'MultiHeadAttention(scoring="dot") means the scaled dot product; pass '
+                    '"scaled_dot". In a future release "dot" will mean the unscaled dot '
+                    "product (Luong et al. 2015), as in attnscore.registry.",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                scoring = "scaled_dot"
+            self.attention = make_scorer(
+                scoring, head_size, head_size, num_hiddens=head_size, dropout=dropout
+            )
         else:
             raise ValueError(
-                f"Expected `scoring` to be one of {sorted(_SCORERS)} or an Attention module, "
+                f"Expected `scoring` to be one of {scorer_names()} or an Attention module, "
                 f"but got {scoring!r} instead."
             )
         self.W_q = nn.LazyLinear(num_hiddens, bias=bias)
@@ -116,6 +119,27 @@ class MultiHeadAttention(nn.Module):
         attend_mask: Tensor | None = None,
         causal: bool = False,
     ) -> Tensor:
+        """Multi-head attention of queries over keys and values.
+
+        Args:
+            queries: (B, n, q) floating. keys: (B, m, k). values: (B, m, v); one dtype and
+                device for all three (sizes q, k, v inferred on the first call).
+            valid_lens: key lengths (B,) or (B, n), shared by every head; int or
+                whole-number float; lengths above m mean all keys.
+            query_valid_lens: (B,) query lengths; queries beyond them give zero attention
+                output (before ``W_o``).
+            attend_mask: bool, True = may attend: (n, m), (B, n, m) or (B, H, n, m).
+            causal: query i attends keys j <= i only.
+
+        Returns:
+            (B, n, E) with E = ``num_hiddens``, in the inputs' dtype. Queries with no valid
+            key get zero attention output, so their result is ``W_o``'s bias (0 without
+            bias). :attr:`attention_weights` then holds (B, H, n, m).
+
+        Raises:
+            TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not
+            3-D.
+        """
         check_attention_inputs(queries, keys, values)
         if queries.ndim != 3:
             raise ValueError(

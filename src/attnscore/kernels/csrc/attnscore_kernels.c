@@ -11,13 +11,13 @@
 #include <string.h>
 
 #define DEFINE_KERNELS(T, SUF, EXP, TANH)                                                     \
-  /* y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0, L = lens[r]; rows with L == 0 are zero. */ \
-  void ms_fwd_##SUF(const T *restrict x, const int64_t *restrict lens, T *restrict y,      \
+  /* y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0, L = lengths[r]; rows with L == 0 are zero. */ \
+  void ms_fwd_##SUF(const T *restrict x, const int64_t *restrict lengths, T *restrict y,      \
                     int64_t r0, int64_t r1, int64_t m) {                                    \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       const T *restrict xr = x + r * m;                                                     \
       T *restrict yr = y + r * m;                                                           \
-      int64_t L = lens[r];                                                                  \
+      int64_t L = lengths[r];                                                                  \
       if (L > m) L = m;                                                                     \
       if (L <= 0) {                                                                         \
         memset(yr, 0, (size_t)m * sizeof(T));                                               \
@@ -40,13 +40,13 @@
   }                                                                                         \
                                                                                             \
   /* dx = y * (g - sum(g * y)) on the first L positions, exact zeros elsewhere. */          \
-  void ms_bwd_##SUF(const T *restrict y, const T *restrict g, const int64_t *restrict lens, \
+  void ms_bwd_##SUF(const T *restrict y, const T *restrict g, const int64_t *restrict lengths, \
                     T *restrict dx, int64_t r0, int64_t r1, int64_t m) {                    \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       const T *restrict yr = y + r * m;                                                     \
       const T *restrict gr = g + r * m;                                                     \
       T *restrict dr = dx + r * m;                                                          \
-      int64_t L = lens[r];                                                                  \
+      int64_t L = lengths[r];                                                                  \
       if (L > m) L = m;                                                                     \
       if (L < 0) L = 0;                                                                     \
       T s = 0;                                                                              \
@@ -56,16 +56,16 @@
     }                                                                                       \
   }                                                                                         \
                                                                                             \
-  /* s[r, j] = sum_k w[k] tanh(qh[r, k] + kh[b, j, k]) for j < lens[r], else 0;            \
+  /* s[r, j] = sum_k w[k] tanh(qh[r, k] + kh[b, j, k]) for j < lengths[r], else 0;            \
    * rows r index the flattened (B, n), b = r / n. */                                       \
   void add_fwd_##SUF(const T *restrict qh, const T *restrict kh, const T *restrict w,      \
-                     const int64_t *restrict lens, T *restrict s, int64_t r0, int64_t r1,   \
+                     const int64_t *restrict lengths, T *restrict s, int64_t r0, int64_t r1,   \
                      int64_t n, int64_t m, int64_t h) {                                     \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       const T *restrict q = qh + r * h;                                                     \
       const T *restrict K = kh + (r / n) * m * h;                                           \
       T *restrict sr = s + r * m;                                                           \
-      int64_t L = lens[r];                                                                  \
+      int64_t L = lengths[r];                                                                  \
       if (L > m) L = m;                                                                     \
       if (L < 0) L = 0;                                                                     \
       for (int64_t j = 0; j < L; ++j) {                                                     \
@@ -84,7 +84,7 @@
    * range; dk (B, m, h) and dw (h) are per-range buffers summed by the caller. All are     \
    * accumulated into (pre-zeroed). */                                                      \
   void add_bwd_##SUF(const T *restrict qh, const T *restrict kh, const T *restrict w,      \
-                     const int64_t *restrict lens, const T *restrict g, T *restrict dq,     \
+                     const int64_t *restrict lengths, const T *restrict g, T *restrict dq,     \
                      T *restrict dk, T *restrict dw, int64_t r0, int64_t r1, int64_t n,     \
                      int64_t m, int64_t h) {                                                \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
@@ -94,7 +94,7 @@
       T *restrict dK = dk + b * m * h;                                                      \
       T *restrict dqr = dq + r * h;                                                         \
       const T *restrict gr = g + r * m;                                                     \
-      int64_t L = lens[r];                                                                  \
+      int64_t L = lengths[r];                                                                  \
       if (L > m) L = m;                                                                     \
       for (int64_t j = 0; j < L; ++j) {                                                     \
         const T gj = gr[j];                                                                 \

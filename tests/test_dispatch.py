@@ -1,0 +1,214 @@
+"""The dispatch layer of attnscore.kernels: backend table, registered ops under compile,
+export, FakeTensor and opcheck, what runs under torch.func, and double backward.
+
+References are written here (float64 formulas), never taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import attnscore
+from attnscore import kernels as K
+from attnscore.kernels import _cpu, _dispatch, _ops, _plain
+
+HAVE_C = K.available(torch.zeros(1))
+needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
+
+FUNCTIONS = (
+    "masked_softmax_forward",
+    "masked_softmax_backward",
+    "additive_scores_forward",
+    "additive_scores_backward",
+)
+
+
+def ref_softmax(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    allowed = torch.arange(x.shape[-1]) < lengths[..., None]
+    w = torch.softmax(x.double().masked_fill(~allowed, -torch.inf), -1)
+    return torch.where(allowed, w, 0.0)
+
+
+def ref_additive(qh, kh, w, lengths):
+    s = (torch.tanh(qh[:, :, None, :] + kh[:, None, :, :]) * w).sum(-1)
+    return torch.where(torch.arange(kh.shape[1]) < lengths[..., None], s, 0.0)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count calls of the CPU backend's op functions (the C kernels)."""
+    calls: dict[str, int] = dict.fromkeys(FUNCTIONS, 0)
+    for name in FUNCTIONS:
+        original = getattr(_cpu, name)
+
+        def wrapper(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(_cpu, name, wrapper)
+    return calls
+
+
+# ---- the backend table ---------------------------------------------------------------------
+
+
+def test_cpu_row_and_plain_for_other_devices():
+    assert K.backend_name("cpu", "masked_softmax_forward") == "attnscore.kernels._cpu"
+    assert K.backend_name("mps", "additive_scores_forward").startswith("attnscore.kernels._plain")
+    for name in _dispatch.FUNCTIONS:
+        assert _dispatch.backend_function("xpu", name) is getattr(_plain, name)
+
+
+def test_missing_backend_module_falls_back_to_plain(monkeypatch):
+    """The cuda row imports lazily: an ImportError (module or triton missing) means plain."""
+    monkeypatch.setitem(_dispatch.BACKENDS, "fakegpu", "attnscore.kernels._no_such_module")
+    monkeypatch.setattr(_dispatch, "_modules", {})
+    fn = _dispatch.backend_function("fakegpu", "masked_softmax_forward")
+    assert fn is _plain.masked_softmax_forward
+    assert "ModuleNotFoundError" in K.backend_name("fakegpu", "masked_softmax_forward")
+
+
+def test_a_backend_may_leave_functions_out():
+    """A backend is a module with some of the contract's functions; the rest run plain."""
+    calls = []
+
+    def masked_softmax_forward(x, lengths):
+        calls.append(x.shape)
+        return _plain.masked_softmax_forward(x, lengths)
+
+    backend = types.ModuleType("my_backend")
+    backend.masked_softmax_forward = masked_softmax_forward  # type: ignore[attr-defined]
+    x, lengths = torch.randn(2, 3, 5, requires_grad=True), torch.tensor([[1, 0, 5], [2, 3, 4]])
+    with K.use_backend("cpu", backend):
+        y = K.softmax_by_lengths(x, lengths)
+        y.backward(torch.randn_like(y))  # backward: not provided -> plain
+    assert calls == [torch.Size([2, 3, 5])]
+    torch.testing.assert_close(y.double(), ref_softmax(x.detach(), lengths))
+
+
+# ---- registration --------------------------------------------------------------------------
+
+
+def test_opcheck_softmax_by_lengths():
+    x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([[0, 7, 2, 3], [1, 1, 5, 6], [7, 0, 0, 4]])
+    torch.library.opcheck(_ops.softmax_by_lengths, (x, lengths))
+    g, y = torch.randn(3, 4, 7, dtype=torch.float64), ref_softmax(x.detach(), lengths)
+    torch.library.opcheck(_ops.softmax_by_lengths_backward, (g, y, lengths))
+
+
+def test_opcheck_additive_scores_by_lengths():
+    qh = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    kh = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([[0, 5, 2], [3, 1, 4]])
+    torch.library.opcheck(_ops.additive_scores_by_lengths, (qh, kh, w, lengths))
+    g = torch.randn(2, 3, 5, dtype=torch.float64)
+    args = (g, qh.detach(), kh.detach(), w.detach(), lengths)
+    torch.library.opcheck(_ops.additive_scores_by_lengths_backward, args)
+
+
+def test_fake_tensors_see_the_ops():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 6, 9)
+        lengths = torch.zeros(4, 6, dtype=torch.int64)
+        assert K.softmax_by_lengths(x, lengths).shape == (4, 6, 9)
+        qh, kh, w = torch.empty(2, 3, 8), torch.empty(2, 5, 8), torch.empty(8)
+        s = K.additive_scores_by_lengths(qh, kh, w, torch.zeros(2, 3, dtype=torch.int64))
+        assert s.shape == (2, 3, 5)
+
+
+def test_export_keeps_the_op():
+    module = attnscore.AdditiveAttention(3, 4, 6).eval()
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 3), torch.randn(2, 5, 2)
+    lengths = torch.tensor([2, 5])
+    exported = torch.export.export(module, (q, k, v, lengths))
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert "attnscore.additive_scores_by_lengths.default" in targets
+    assert "attnscore.softmax_by_lengths.default" in targets
+    torch.testing.assert_close(exported.module()(q, k, v, lengths), module(q, k, v, lengths))
+
+
+# ---- compiled code keeps the C kernels ----------------------------------------------------
+
+
+@needs_c
+def test_compiled_additive_attention_calls_the_c_kernels(counted):
+    torch._dynamo.reset()
+    module = attnscore.AdditiveAttention(4, 4, 8)
+    q = torch.randn(2, 3, 4, requires_grad=True)
+    k, v = torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+    lengths = torch.tensor([2, 5])
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    out = compiled(q, k, v, lengths)
+    (grad_q,) = torch.autograd.grad(out.sum(), q)
+    # forward and backward of both ops ran in C
+    assert counted == dict.fromkeys(FUNCTIONS, 1)
+    expected = module(q, k, v, lengths)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad_q, torch.autograd.grad(expected.sum(), q)[0])
+
+
+@needs_c
+def test_compiled_masked_softmax_graph_holds_the_op():
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    x, lengths = torch.randn(2, 3, 6), torch.tensor([[1, 0, 6], [2, 3, 4]])
+    compiled = torch.compile(attnscore.masked_softmax, backend=backend, fullgraph=True)
+    y = compiled(x, lengths)
+    torch.testing.assert_close(y.double(), ref_softmax(x, lengths))
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes]
+    assert any("attnscore.softmax_by_lengths" in t for t in targets), targets
+
+
+# ---- where the plain twin runs instead ------------------------------------------------------
+
+
+def test_vmap_and_func_grad_run_the_plain_twin(counted):
+    """torch.func transforms cannot take the registered ops (no vmap rule): the plain
+    PyTorch twin runs there, with the same results."""
+    x, lengths = torch.randn(3, 2, 4, 6), torch.randint(0, 7, (3, 2, 4))
+    out = torch.func.vmap(K.softmax_by_lengths)(x, lengths)
+    torch.testing.assert_close(out.double(), ref_softmax(x, lengths))
+    grad = torch.func.grad(lambda t: (K.softmax_by_lengths(t, lengths) ** 2).sum())(x)
+    t = x.double().requires_grad_(True)
+    (expected,) = torch.autograd.grad((ref_softmax(t, lengths) ** 2).sum(), t)
+    torch.testing.assert_close(grad.double(), expected)
+    assert counted["masked_softmax_forward"] == 0 and counted["masked_softmax_backward"] == 0
+
+
+def test_disabled_runs_the_plain_twin(counted):
+    x, lengths = torch.randn(2, 5), torch.tensor([3, 0])
+    with K.disabled():
+        y = K.softmax_by_lengths(x, lengths)
+    assert counted["masked_softmax_forward"] == 0
+    torch.testing.assert_close(y.double(), ref_softmax(x, lengths))
+
+
+# ---- double backward ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["ops", "plain"])
+def test_double_backward_additive(fast):
+    """create_graph backward runs the plain backward formulas, which are differentiable."""
+    qh = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    kh = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([[0, 5, 2], [3, 1, 4]])
+    K.set_enabled(fast)
+    try:
+        assert torch.autograd.gradgradcheck(
+            lambda a, b, c: K.additive_scores_by_lengths(a, b, c, lengths), (qh, kh, w)
+        )
+    finally:
+        K.set_enabled(None)

@@ -1,0 +1,106 @@
+"""The scorer registry used across the library: one registration, every front door.
+
+A scorer registered once (``register_scorer``) is usable by name through the module
+(``make_scorer``), the functional form (``attention(..., scoring=name)``) and
+``MultiHeadAttention(scoring=name)``; ``"dot"`` in ``MultiHeadAttention`` keeps its old
+meaning (scaled) with a FutureWarning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnscore
+from attnscore import registry
+from paths import REFERENCES
+
+
+def neg_squared_distance(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return -(q.unsqueeze(-2) - k.unsqueeze(-3)).pow(2).sum(-1)
+
+
+@pytest.fixture
+def registered():
+    name = "neg_sq_distance"
+    attnscore.register_scorer(
+        name,
+        lambda q, k, h, p: attnscore.Attention(neg_squared_distance, p),
+        formula="-‖q - k‖²",
+        source="a test",
+        same_feature_size=True,
+    )
+    yield name
+    del registry.SCORERS[name]
+
+
+def ref_attention(q, k, v, lengths):
+    """float64, from the formula: softmax of -‖q - k‖² over the first lengths keys."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = -((q[..., :, None, :] - k[..., None, :, :]) ** 2).sum(-1)
+    allowed = torch.arange(k.shape[-2]) < lengths.reshape(-1, *[1] * (q.ndim - 2))[..., None]
+    w = torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1)
+    return torch.where(allowed, w, 0.0) @ v
+
+
+def test_every_registered_scorer_has_a_test_reference():
+    assert set(attnscore.scorer_names()) <= set(REFERENCES)
+
+
+def test_a_registered_scorer_works_through_every_front_door(registered):
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    lengths = torch.tensor([2, 5])
+    expected = ref_attention(q, k, v, lengths)
+    assert registered in attnscore.scorer_names()
+    module = attnscore.make_scorer(registered, 4)
+    torch.testing.assert_close(module(q, k, v, lengths), expected.float())
+    out = attnscore.attention(q, k, v, registered, lengths)
+    torch.testing.assert_close(out, expected.float())
+
+    mha = attnscore.MultiHeadAttention(8, 2, scoring=registered).eval()
+    x, y = torch.randn(2, 3, 5), torch.randn(2, 4, 5)
+    got = mha(x, y, y, torch.tensor([1, 4]))
+    heads = []
+    for h in range(2):
+        sl = slice(4 * h, 4 * h + 4)
+        heads.append(
+            ref_attention(
+                (x @ mha.W_q.weight.T)[..., sl],
+                (y @ mha.W_k.weight.T)[..., sl],
+                (y @ mha.W_v.weight.T)[..., sl],
+                torch.tensor([1, 4]),
+            )
+        )
+    expected_mha = torch.cat(heads, -1) @ mha.W_o.weight.double().T
+    torch.testing.assert_close(got.double(), expected_mha.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_by_name_rejects_scorers_with_parameters():
+    q = torch.randn(1, 2, 3)
+    with pytest.raises(ValueError, match=r"Expected `scoring` to name a scorer without param"):
+        attnscore.attention(q, q, q, "additive")
+    with pytest.raises(ValueError, match=r"Expected `scoring` to be one of"):
+        attnscore.attention(q, q, q, "no_such_scorer")
+
+
+def test_attention_by_name_dot_is_unscaled_and_scaled_dot_is_scaled():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+    for name, scale in (("dot", 1.0), ("scaled_dot", 1 / math.sqrt(4))):
+        w = torch.softmax((q.double() @ k.double().transpose(1, 2)) * scale, -1)
+        expected = (w @ v.double()).float()
+        torch.testing.assert_close(attnscore.attention(q, k, v, name), expected)
+
+
+def test_multihead_default_is_scaled_dot_and_dot_warns():
+    default = attnscore.MultiHeadAttention(8, 2).eval()
+    assert default.attention.scale is None  # scaled: 1/sqrt(d)
+    with pytest.warns(FutureWarning, match='"scaled_dot"'):
+        old = attnscore.MultiHeadAttention(8, 2, scoring="dot").eval()
+    assert isinstance(old.attention, attnscore.DotProductAttention) and old.attention.scale is None
+    x = torch.randn(2, 3, 5)
+    expected = default(x, x, x)
+    old(x, x, x)  # materialise the lazy projections, then take the same parameters
+    old.load_state_dict(default.state_dict(), strict=True)
+    torch.testing.assert_close(old(x, x, x), expected)
