@@ -47,7 +47,13 @@ Result = Tensor | tuple[Tensor, Tensor]
 
 class PoolingFunction(Protocol):
     """The type of every functional form: ``output`` (..., n, v), or ``(output, weights)``
-    with ``weights`` (..., n, m) when called with ``return_weights=True``."""
+    with ``weights`` (..., n, m) when called with ``return_weights=True``.
+
+    >>> q = torch.randn(1, 2, 4)
+    >>> out, weights = dot_product_attention(q, q, q, return_weights=True)
+    >>> out.shape, weights.shape
+    (torch.Size([1, 2, 4]), torch.Size([1, 2, 2]))
+    """
 
     @overload
     def __call__(
