@@ -1,0 +1,210 @@
+"""The CPU rows: attnscore against the textbook code and SDPA, eager and under torch.compile.
+
+Peak memory on the CPU is the peak RSS (``VmHWM``) of a fresh subprocess that builds the
+inputs and runs the case once, so it is the peak of the whole process (torch included).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from functools import partial
+
+import torch
+from torch import nn
+
+import attnscore
+
+from .. import textbook
+from ..registry import make_scorer
+from ._core import Built, Case, Forward, Shapes, Target, lengths, make_step, sdpa_masked
+
+FULL: dict[str, Shapes] = {
+    "masked_softmax": {"B": 64, "n": 256, "m": 1024},
+    "additive_fwd_bwd": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
+    "additive_memory": {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64},
+    "dot_no_grad": {"B": 32, "n": 1024, "m": 1024, "d": 64},
+    "dot_fwd_bwd": {"B": 32, "n": 1024, "m": 1024, "d": 64},
+    "additive_fwd_bwd_compiled": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
+    "masked_softmax_compiled": {"B": 64, "n": 256, "m": 1024},
+}
+QUICK: dict[str, Shapes] = {
+    "masked_softmax": {"B": 16, "n": 64, "m": 256},
+    "additive_fwd_bwd": {"B": 2, "n": 32, "m": 128, "h": 32, "d": 16},
+    "additive_memory": {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16},
+    "dot_no_grad": {"B": 8, "n": 256, "m": 256, "d": 32},
+    "dot_fwd_bwd": {"B": 8, "n": 256, "m": 256, "d": 32},
+    "masked_softmax_compiled": {"B": 16, "n": 64, "m": 256},
+}
+"""Smoke-run shapes. ``additive_fwd_bwd_compiled`` is left out: compiling the textbook
+module takes about 20 s on a 2-core machine, which alone would blow the smoke run's minute."""
+
+TARGETS: dict[str, list[Target]] = {
+    "masked_softmax": [Target("time", 1.3, "softmax"), Target("time", 0.25, "textbook")],
+    "additive_fwd_bwd": [Target("time", 1 / 3, "textbook")],
+    "additive_memory": [Target("rss_mib", 1024.0)],
+    "dot_no_grad": [Target("time", 0.7, "sdpa"), Target("time", 0.2, "textbook")],
+    "dot_fwd_bwd": [Target("time", 1.0, "sdpa")],
+    # issue 9, point 2: registered ops keep the kernels under torch.compile
+    "additive_fwd_bwd_compiled": [Target("time", 1 / 3, "textbook")],
+    "masked_softmax_compiled": [Target("time", 1.3, "eager")],
+}
+BACKWARD = {"additive_fwd_bwd", "additive_memory", "dot_fwd_bwd", "additive_fwd_bwd_compiled"}
+
+
+def _additive_pair(s: Shapes) -> tuple[nn.Module, textbook.AdditiveAttention]:
+    """attnscore's additive scorer (from the registry) and the book's, same parameters."""
+    d, h = s["d"], s["h"]
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).eval()
+    book = textbook.AdditiveAttention(d, d, h, 0.0).eval()
+    book.load_state_dict(ours.state_dict(), strict=True)  # the book's checkpoint layout
+    return ours, book
+
+
+def build(case: str, s: Shapes) -> Built:
+    """The implementations of CPU case ``case`` at shapes ``s`` (float32)."""
+    torch.manual_seed(0)
+    B, n, m = s["B"], s["n"], s["m"]
+    vl = lengths(B, m)
+    if case.startswith("masked_softmax"):
+        X = torch.randn(B, n, m)
+        X_book = X.clone()  # the book's masked_softmax writes -1e6 into its input
+        if case == "masked_softmax_compiled":
+            compiled = torch.compile(attnscore.masked_softmax)
+            return Built(
+                {
+                    "attnscore": lambda: compiled(X, vl),
+                    "eager": lambda: attnscore.masked_softmax(X, vl),
+                },
+                same=("eager",),
+                notes=[
+                    "attnscore = torch.compile(attnscore.masked_softmax); eager = the same "
+                    "function uncompiled (the C kernel's fast path)"
+                ],
+            )
+        return Built(
+            {
+                "attnscore": lambda: attnscore.masked_softmax(X, vl),
+                "softmax": lambda: torch.softmax(X, -1),
+                "textbook": lambda: textbook.masked_softmax(X_book, vl),
+            },
+            same=("textbook",),
+        )
+    if case.startswith("additive"):
+        d = s["d"]
+        q, k, v = torch.randn(B, n, d), torch.randn(B, m, d), torch.randn(B, m, d)
+        ours, book = _additive_pair(s)
+        impls: dict[str, nn.Module] = {"attnscore": ours}
+        notes = []
+        if case == "additive_memory":
+            gib = B * n * m * s["h"] * 4 / 2**30
+            notes.append(
+                f"textbook not run: its (B, n, m, h) float32 features tensor alone is {gib:.1f} GiB"
+            )
+        else:
+            impls["textbook"] = book
+        if case.endswith("compiled"):
+            impls = {name: torch.compile(mod) for name, mod in impls.items()}  # type: ignore[misc]
+            notes.append("both modules under torch.compile (default mode); kernels on")
+
+        def forward(mod: nn.Module) -> Forward:
+            return lambda: mod(q, k, v, vl)
+
+        return Built(
+            {name: forward(mod) for name, mod in impls.items()},
+            grad_inputs={name: list(mod.parameters()) for name, mod in impls.items()},
+            same=("textbook",),
+            notes=notes,
+        )
+    d = s["d"]
+    grad = case in BACKWARD  # inference inputs do not require grad
+    q, k, v = (torch.randn(B, x, d, requires_grad=grad) for x in (n, m, m))
+    dot = make_scorer("scaled_dot", query_size=d).eval()
+    forwards = {
+        "attnscore": lambda: dot(q, k, v, vl),
+        "sdpa": lambda: sdpa_masked(q, k, v, vl),
+    }
+    if case == "dot_no_grad":
+        book_dot = textbook.DotProductAttention(0.0).eval()
+        forwards["textbook"] = lambda: book_dot(q, k, v, vl)
+    grads = {name: [q, k, v] for name in forwards}
+    return Built(forwards, grad_inputs=grads, same=("sdpa", "textbook"))
+
+
+def cases(quick: bool) -> list[Case]:
+    """The CPU case list at full or smoke-run shapes."""
+    shapes = QUICK if quick else FULL
+    return [
+        Case(
+            name,
+            s,
+            "float32",
+            partial(build, name, s),
+            TARGETS[name],
+            backward=name in BACKWARD,
+            timed=name != "additive_memory",
+        )
+        for name, s in shapes.items()
+    ]
+
+
+# ------------------------------------------------------------------ peak RSS, subprocesses
+def child(case: str, quick: bool, impl: str) -> None:
+    """Run one case once in this fresh process and print its peak RSS in MiB."""
+    shapes = (QUICK if quick else FULL)[case]
+    built = build(case, shapes)
+    make_step(built.forwards[impl], built.grad_inputs.get(impl), case in BACKWARD)()
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would
+    # report the parent's peak; VmHWM belongs to this process image only.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                print(int(line.split()[1]) / 1024)
+                return
+    print("nan")  # pragma: no cover - every Linux has VmHWM
+
+
+def env(**extra: str) -> dict[str, str]:
+    """Environment for subprocesses: import this very attnscore (not another install)."""
+    import attnscore
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(attnscore.__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _last_float(stdout: str) -> float | None:
+    try:
+        value = float(stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+    return value if value == value else None
+
+
+def peak_rss(case: str, quick: bool, impl: str, threads: int) -> float | None:
+    """Peak RSS in MiB of a fresh process running ``impl`` of ``case`` once; None on failure."""
+    cmd = [sys.executable, "-m", "attnscore.bench", "--child", case, impl]
+    cmd += ["--threads", str(threads)] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env())
+    return _last_float(proc.stdout)
+
+
+def cold_compile_seconds() -> float | None:
+    """First-call compile + load time of the C kernels, in a subprocess with an empty cache."""
+    code = (
+        "import time, torch; t = time.perf_counter(); from attnscore import kernels; "
+        "ok = kernels.load_library() is not None; "
+        "print(time.perf_counter() - t if ok else -1)"
+    )
+    with tempfile.TemporaryDirectory() as cache:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env(ATTNSCORE_CACHE=cache),
+            timeout=600,
+        )
+    seconds = _last_float(proc.stdout)
+    return None if seconds is None or seconds < 0 else seconds
