@@ -13,13 +13,11 @@ import tempfile
 from functools import partial
 
 import torch
-from torch import nn
 
 import attnscore
 
-from .. import textbook
-from ..registry import make_scorer
-from ._core import Built, Case, Forward, Shapes, Target, lengths, make_step, sdpa_masked
+from . import _cases
+from ._core import Built, Case, Shapes, Target, lengths, make_step
 
 FULL: dict[str, Shapes] = {
     "masked_softmax": {"B": 64, "n": 256, "m": 1024},
@@ -54,83 +52,41 @@ TARGETS: dict[str, list[Target]] = {
 BACKWARD = {"additive_fwd_bwd", "additive_memory", "dot_fwd_bwd", "additive_fwd_bwd_compiled"}
 
 
-def _additive_pair(s: Shapes) -> tuple[nn.Module, textbook.AdditiveAttention]:
-    """attnscore's additive scorer (from the registry) and the book's, same parameters."""
-    d, h = s["d"], s["h"]
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).eval()
-    book = textbook.AdditiveAttention(d, d, h, 0.0).eval()
-    book.load_state_dict(ours.state_dict(), strict=True)  # the book's checkpoint layout
-    return ours, book
-
-
 def build(case: str, s: Shapes) -> Built:
     """The implementations of CPU case ``case`` at shapes ``s`` (float32)."""
-    torch.manual_seed(0)
-    B, n, m = s["B"], s["n"], s["m"]
-    vl = lengths(B, m)
-    if case.startswith("masked_softmax"):
-        X = torch.randn(B, n, m)
-        X_book = X.clone()  # the book's masked_softmax writes -1e6 into its input
-        if case == "masked_softmax_compiled":
-            compiled = torch.compile(attnscore.masked_softmax)
-            return Built(
-                {
-                    "attnscore": lambda: compiled(X, vl),
-                    "eager": lambda: attnscore.masked_softmax(X, vl),
-                },
-                same=("eager",),
-                notes=[
-                    "attnscore = torch.compile(attnscore.masked_softmax); eager = the same "
-                    "function uncompiled (the C kernel's fast path)"
-                ],
-            )
+    cpu, f32 = torch.device("cpu"), torch.float32
+    if case == "masked_softmax_compiled":
+        X, vl = torch.randn(s["B"], s["n"], s["m"]), lengths(s["B"], s["m"])
+        compiled = torch.compile(attnscore.masked_softmax)
         return Built(
             {
-                "attnscore": lambda: attnscore.masked_softmax(X, vl),
-                "softmax": lambda: torch.softmax(X, -1),
-                "textbook": lambda: textbook.masked_softmax(X_book, vl),
+                "attnscore": lambda: compiled(X, vl),
+                "eager": lambda: attnscore.masked_softmax(X, vl),
             },
-            same=("textbook",),
+            same=("eager",),
+            notes=[
+                "attnscore = torch.compile(attnscore.masked_softmax); eager = the same "
+                "function uncompiled (the C kernel's fast path)"
+            ],
         )
+    if case == "masked_softmax":
+        return _cases.softmax(s, dtype=f32, device=cpu)
     if case.startswith("additive"):
-        d = s["d"]
-        q, k, v = torch.randn(B, n, d), torch.randn(B, m, d), torch.randn(B, m, d)
-        ours, book = _additive_pair(s)
-        impls: dict[str, nn.Module] = {"attnscore": ours}
-        notes = []
-        if case == "additive_memory":
-            gib = B * n * m * s["h"] * 4 / 2**30
-            notes.append(
-                f"textbook not run: its (B, n, m, h) float32 features tensor alone is {gib:.1f} GiB"
-            )
-        else:
-            impls["textbook"] = book
-        if case.endswith("compiled"):
-            impls = {name: torch.compile(mod) for name, mod in impls.items()}  # type: ignore[misc]
-            notes.append("both modules under torch.compile (default mode); kernels on")
-
-        def forward(mod: nn.Module) -> Forward:
-            return lambda: mod(q, k, v, vl)
-
-        return Built(
-            {name: forward(mod) for name, mod in impls.items()},
-            grad_inputs={name: list(mod.parameters()) for name, mod in impls.items()},
-            same=("textbook",),
-            notes=notes,
+        return _cases.additive(
+            s,
+            backward=case in BACKWARD,
+            device=cpu,
+            with_textbook=case != "additive_memory",
+            compiled=case.endswith("compiled"),
         )
-    d = s["d"]
-    grad = case in BACKWARD  # inference inputs do not require grad
-    q, k, v = (torch.randn(B, x, d, requires_grad=grad) for x in (n, m, m))
-    dot = make_scorer("scaled_dot", query_size=d).eval()
-    forwards = {
-        "attnscore": lambda: dot(q, k, v, vl),
-        "sdpa": lambda: sdpa_masked(q, k, v, vl),
-    }
-    if case == "dot_no_grad":
-        book_dot = textbook.DotProductAttention(0.0).eval()
-        forwards["textbook"] = lambda: book_dot(q, k, v, vl)
-    grads = {name: [q, k, v] for name in forwards}
-    return Built(forwards, grad_inputs=grads, same=("sdpa", "textbook"))
+    return _cases.dot(
+        s,
+        dtype=f32,
+        device=cpu,
+        flex=False,
+        backward=case in BACKWARD,
+        with_textbook=case == "dot_no_grad",  # as before: fwd+bwd compares with SDPA only
+    )
 
 
 def cases(quick: bool) -> list[Case]:
