@@ -24,6 +24,14 @@ from ._core import Built, Forward, Shapes, key_mask, lengths, sdpa_masked
 
 FLEX_BLOCK = 128
 
+# The shapes of issues 9 and 10.
+SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
+DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
+HEADS: Shapes = {"B": 16, "H": 16, "n": 1024, "m": 1024, "d": 64}
+ADDITIVE_SMALL: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
+ADDITIVE_LARGE: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
+MHA: Shapes = {"B": 32, "n": 512, "E": 512, "H": 8}
+
 
 def free_bytes(device: torch.device) -> int:
     """Bytes free on ``device``: CUDA's free memory, or the CPU's available pages."""

@@ -19,25 +19,22 @@ import attnscore
 from . import _cases
 from ._core import Built, Case, Shapes, Target, lengths, make_step
 
-FULL: dict[str, Shapes] = {
-    "masked_softmax": {"B": 64, "n": 256, "m": 1024},
-    "additive_fwd_bwd": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
-    "additive_memory": {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64},
-    "dot_no_grad": {"B": 32, "n": 1024, "m": 1024, "d": 64},
-    "dot_fwd_bwd": {"B": 32, "n": 1024, "m": 1024, "d": 64},
-    "additive_fwd_bwd_compiled": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
-    "masked_softmax_compiled": {"B": 64, "n": 256, "m": 1024},
+_SMALL_SOFTMAX: Shapes = {"B": 16, "n": 64, "m": 256}
+_SMALL_DOT: Shapes = {"B": 8, "n": 256, "m": 256, "d": 32}
+SHAPES: dict[str, tuple[Shapes, Shapes | None]] = {
+    # name: (full shapes, smoke-run shapes)
+    "masked_softmax": (_cases.SOFTMAX, _SMALL_SOFTMAX),
+    "additive_fwd_bwd": (_cases.ADDITIVE_SMALL, {"B": 2, "n": 32, "m": 128, "h": 32, "d": 16}),
+    "additive_memory": (_cases.ADDITIVE_LARGE, {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}),
+    "dot_no_grad": (_cases.DOT, _SMALL_DOT),
+    "dot_fwd_bwd": (_cases.DOT, _SMALL_DOT),
+    # Not in the smoke run: compiling the textbook module takes about 20 s on a 2-core
+    # machine, which alone would blow the smoke run's minute.
+    "additive_fwd_bwd_compiled": (_cases.ADDITIVE_SMALL, None),
+    "masked_softmax_compiled": (_cases.SOFTMAX, _SMALL_SOFTMAX),
 }
-QUICK: dict[str, Shapes] = {
-    "masked_softmax": {"B": 16, "n": 64, "m": 256},
-    "additive_fwd_bwd": {"B": 2, "n": 32, "m": 128, "h": 32, "d": 16},
-    "additive_memory": {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16},
-    "dot_no_grad": {"B": 8, "n": 256, "m": 256, "d": 32},
-    "dot_fwd_bwd": {"B": 8, "n": 256, "m": 256, "d": 32},
-    "masked_softmax_compiled": {"B": 16, "n": 64, "m": 256},
-}
-"""Smoke-run shapes. ``additive_fwd_bwd_compiled`` is left out: compiling the textbook
-module takes about 20 s on a 2-core machine, which alone would blow the smoke run's minute."""
+FULL: dict[str, Shapes] = {name: full for name, (full, _) in SHAPES.items()}
+QUICK: dict[str, Shapes] = {name: q for name, (_, q) in SHAPES.items() if q is not None}
 
 TARGETS: dict[str, list[Target]] = {
     "masked_softmax": [Target("time", 1.3, "softmax"), Target("time", 0.25, "textbook")],

@@ -14,16 +14,11 @@ from functools import partial
 import torch
 
 from . import _cases
+from ._cases import ADDITIVE_LARGE, ADDITIVE_SMALL, DOT, HEADS, MHA, SOFTMAX
 from ._core import Built, Case, Shapes, Target, device_name, scaled
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
-DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
-HEADS: Shapes = {"B": 16, "H": 16, "n": 1024, "m": 1024, "d": 64}
-ADDITIVE_SMALL: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
-ADDITIVE_LARGE: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
-MHA: Shapes = {"B": 32, "n": 512, "E": 512, "H": 8}
 KEEP = ("d", "H", "E")
 """Sizes a shape scale leaves alone (feature and head sizes)."""
 
