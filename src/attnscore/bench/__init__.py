@@ -40,6 +40,17 @@ __all__ = ["add_parser", "main", "render", "run"]
 MIN_RUN_TIME = {("cpu", True): 0.1, ("cpu", False): 1.5, ("cuda", True): 0.2, ("cuda", False): 1.0}
 """``blocked_autorange`` seconds per implementation, by (device type, quick)."""
 
+DESCRIPTION = """\
+Time attnscore against the textbook code and PyTorch, side by side in one process
+(torch.utils.benchmark medians; valid lengths uniform in [1, m], fixed seed).
+
+  --device cpu    the CPU rows, eager and under torch.compile; peak RSS per case
+  --device cuda   the CUDA rows: fp32/bf16 vs SDPA + mask, flex_attention,
+                  nn.MultiheadAttention and the textbook; peak CUDA memory
+
+The full run prints each target's verdict and exits 1 on a miss. --quick is a
+smoke run at small shapes, with no verdicts."""
+
 SMOKE_NOTE = (
     "Smoke run (--quick): small shapes, not the targets' shapes, so no target verdicts; "
     "run `attnscore bench` without --quick to check the targets."
@@ -80,6 +91,7 @@ def run(
         "quick": quick,
         "torch": torch.__version__,
         "threads": threads,
+        "memory": memory,
     }
     if dev.type == "cuda":
         todo = cuda.cases(dev, 1 / 8 if quick else 1.0)
@@ -134,8 +146,13 @@ def render(result: dict[str, Any]) -> str:
             f"C kernels: first load in this process {result['kernel_first_load_s']:.2f} s "
             f"(compiled now: {result['kernel_build']['compiled']}, enabled: "
             f"{result['kernels_enabled']}); cold compile + load with an empty cache: "
-            f"{'n/a' if cold is None else f'{cold:.2f} s'}. Peak MiB: VmHWM of a fresh "
-            "subprocess per case (whole process, torch included).",
+            f"{'n/a' if cold is None else f'{cold:.2f} s'}. Peak MiB: "
+            + (
+                "VmHWM of a fresh subprocess per case (whole process, torch included); "
+                "not measured for the compiled rows."
+                if result["memory"]
+                else "not measured (--no-memory)."
+            ),
         ]
         if quick:
             lines.append(
@@ -214,7 +231,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "bench",
         help="time attnscore against the textbook code and PyTorch",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_arguments(parser)
     parser.set_defaults(handler=handle)
@@ -226,7 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns the exit code: 0, 1 when the full run misses a target, 2 on bad input (one
     line on stderr).
     """
-    parser = ArgumentParser(prog="attnscore bench", description=__doc__)
+    parser = ArgumentParser(
+        prog="attnscore bench",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_arguments(parser)
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
