@@ -1,8 +1,8 @@
 """Independent references the tests compare against: never the code under test.
 
 * float64 NumPy formulations written from the formulas;
-* the textbook's plain PyTorch formulation (D2L "Attention Scoring Functions"), rewritten
-  here, including its -1e6 masking trick.
+* the textbook's plain PyTorch formulation (D2L "Attention Scoring Functions", including
+  its -1e6 masking trick), written once in :mod:`attnscore.textbook` and re-exported here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-from torch import nn
+
+from attnscore import textbook
 
 
 def np_masked_softmax(X: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -76,51 +76,12 @@ def np_dot_scores(q, k, scale=None):
     return scale * (q @ np.swapaxes(k, -1, -2))
 
 
-# ---- the textbook's PyTorch code, rewritten for comparison ----------------------------
+# ---- the textbook's PyTorch code: one copy, in attnscore.textbook ---------------------
+# Re-exported under the names the tests use. It is not the code under test: it is the
+# book's formulation (with its -1e6 trick), which the library must agree with where the
+# book is right, and differ from where it is not (length-0 rows).
 
-
-def d2l_sequence_mask(X, valid_len, value=0.0):
-    maxlen = X.size(1)
-    mask = torch.arange(maxlen, dtype=torch.float32, device=X.device)[None, :] < valid_len[:, None]
-    X[~mask] = value  # in place, as the book does
-    return X
-
-
-def d2l_masked_softmax(X, valid_lens):
-    if valid_lens is None:
-        return nn.functional.softmax(X, dim=-1)
-    shape = X.shape
-    if valid_lens.dim() == 1:
-        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-    else:
-        valid_lens = valid_lens.reshape(-1)
-    X = d2l_sequence_mask(X.reshape(-1, shape[-1]), valid_lens, value=-1e6)
-    return nn.functional.softmax(X.reshape(shape), dim=-1)
-
-
-class D2LAdditiveAttention(nn.Module):
-    def __init__(self, key_size, query_size, num_hiddens, dropout):
-        super().__init__()
-        self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
-        self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
-        self.w_v = nn.Linear(num_hiddens, 1, bias=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, queries, keys, values, valid_lens):
-        queries, keys = self.W_q(queries), self.W_k(keys)
-        features = torch.tanh(queries.unsqueeze(2) + keys.unsqueeze(1))
-        scores = self.w_v(features).squeeze(-1)
-        self.attention_weights = d2l_masked_softmax(scores, valid_lens)
-        return torch.bmm(self.dropout(self.attention_weights), values)
-
-
-class D2LDotProductAttention(nn.Module):
-    def __init__(self, dropout):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, queries, keys, values, valid_lens=None):
-        d = queries.shape[-1]
-        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)
-        self.attention_weights = d2l_masked_softmax(scores, valid_lens)
-        return torch.bmm(self.dropout(self.attention_weights), values)
+d2l_sequence_mask = textbook.sequence_mask
+d2l_masked_softmax = textbook.masked_softmax
+D2LAdditiveAttention = textbook.AdditiveAttention
+D2LDotProductAttention = textbook.DotProductAttention
