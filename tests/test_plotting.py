@@ -68,11 +68,8 @@ def _render(fig):
 def _shown_ticklabels(ax):
     """Tick labels inside the view (the locator also places some just outside it)."""
     shown = []
-    for ticks, labels, (low, high) in (
-        (ax.get_xticks(), ax.get_xticklabels(), sorted(ax.get_xlim())),
-        (ax.get_yticks(), ax.get_yticklabels(), sorted(ax.get_ylim())),
-    ):
-        shown += [label for tick, label in zip(ticks, labels, strict=True) if low <= tick <= high]
+    for axis, (low, high) in ((ax.xaxis, sorted(ax.get_xlim())), (ax.yaxis, sorted(ax.get_ylim()))):
+        shown += [t.label1 for t in axis.get_major_ticks() if low <= t.get_loc() <= high]
     return shown
 
 

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 ARRAY_FORMATS = (".npz", ".pt")
-_EXPECTED_ARRAYS = "arrays named queries, keys, values (and optionally valid_lens)"
+_NAMES = "queries, keys, values (and optionally valid_lens)"
+_EXPECTED_NPZ = f"expected a zip of arrays named {_NAMES}, as numpy.savez writes"
+_EXPECTED_PT = f"expected a dict of tensors named {_NAMES}, as torch.save writes"
 _DEFAULT_NUM_HIDDENS = 8
 _SHOWN_EXAMPLES = 8
 
@@ -41,7 +43,7 @@ Compute attention on your own arrays; print the output, or save it, or draw the 
   values      (B, m, v)       same dtype as queries
   valid_lens  (B,) or (B, n)  integers, optional: each query attends the first
                               valid_lens keys of its example (a 0 gives a zero row)
-B may be several batch dimensions. dot, scaled_dot and cosine need q == k.
+B may be several batch dimensions. {same_size} need q == k.
 
 --output gets output (B, n, v) and weights (B, n, m), as .npz or .pt by extension.
 --heatmap draws the weights of the first 8 examples, as .png, .pdf or .svg.
@@ -93,18 +95,21 @@ def add_run_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Ar
     >>> parser.parse_args(["run", "--input", "in.pt", "--scoring", "additive"]).scoring
     'additive'
     """
-    from .registry import scorer_names
+    from .registry import SCORERS, scorer_names
 
     run = subparsers.add_parser(
         "run",
         help="compute attention on your own arrays",
-        description=_RUN_DESCRIPTION,
+        description=_RUN_DESCRIPTION.format(
+            same_size=", ".join(n for n in scorer_names() if SCORERS[n].same_feature_size)
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(
         "--input",
         type=Path,
         required=True,
+        metavar="FILE",
         help=".npz or .pt with queries, keys, values and optional valid_lens (shapes above)",
     )
     run.add_argument(
@@ -114,7 +119,9 @@ def add_run_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Ar
         "--num-hiddens",
         type=positive_int,
         default=None,
-        help=f"hidden units h of scorers with a hidden layer (additive; default: "
+        metavar="H",
+        help=f"hidden units h of scorers with a hidden layer "
+        f"({', '.join(n for n in scorer_names() if _has_hidden_layer(n))}; default: "
         f"{_DEFAULT_NUM_HIDDENS}); refused with the others",
     )
     run.add_argument(
@@ -127,13 +134,20 @@ def add_run_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Ar
         "--device",
         type=device_arg,
         default=None,
+        metavar="DEVICE",
         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)",
     )
     run.add_argument(
-        "--output", type=Path, help="write output and weights to this .npz or .pt file"
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write output and weights to this .npz or .pt file",
     )
     run.add_argument(
-        "--heatmap", type=Path, help="draw the weights into this .png, .pdf or .svg file"
+        "--heatmap",
+        type=Path,
+        metavar="FILE",
+        help="draw the weights into this .png, .pdf or .svg file",
     )
     run.set_defaults(handler=_run)
     return run
@@ -148,10 +162,7 @@ def _load_npz(path: Path) -> dict[str, object]:
     import torch
 
     if not zipfile.is_zipfile(path):
-        raise UsageError(
-            f"--input: cannot read {path}: it is not an .npz archive; expected a zip of "
-            f"{_EXPECTED_ARRAYS}, as numpy.savez writes"
-        )
+        raise UsageError(f"--input: cannot read {path}: it is not an .npz archive; {_EXPECTED_NPZ}")
     arrays: dict[str, object] = {}
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -166,8 +177,7 @@ def _load_npz(path: Path) -> dict[str, object]:
                     arrays[name] = data[name].dtype
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
         raise UsageError(
-            f"--input: cannot read {path}: a damaged .npz archive; expected a zip of "
-            f"{_EXPECTED_ARRAYS}, as numpy.savez writes"
+            f"--input: cannot read {path}: a damaged .npz archive; {_EXPECTED_NPZ}"
         ) from None
     return arrays
 
@@ -180,22 +190,20 @@ def _load_pt(path: Path) -> dict[str, object]:
     except pickle.UnpicklingError as err:
         if "weights only" not in str(err).lower():
             raise UsageError(
-                f"--input: cannot read {path}: not a file written by torch.save; expected a "
-                f"dict of tensors: {_EXPECTED_ARRAYS}"
+                f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
             ) from None
         raise UsageError(
             f"--input: {path} holds objects other than tensors, which are never unpickled; "
-            f"expected a dict of tensors: {_EXPECTED_ARRAYS}"
+            f"{_EXPECTED_PT}"
         ) from None
     except Exception:  # torch.load raises many types (KeyError, RuntimeError, EOFError...)
         raise UsageError(
-            f"--input: cannot read {path}: not a file written by torch.save; expected a "
-            f"dict of tensors: {_EXPECTED_ARRAYS}"
+            f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
         ) from None
     if not isinstance(loaded, dict):
         raise UsageError(
-            f"--input: expected {path} to hold a dict of tensors ({_EXPECTED_ARRAYS}), "
-            f"but it holds a {type(loaded).__name__}"
+            f"--input: expected {path} to hold a dict of tensors named {_NAMES}, but it holds "
+            f"a {type(loaded).__name__}"
         )
     return {str(name): value for name, value in loaded.items()}
 
@@ -215,8 +223,8 @@ def _load_arrays(path: Path) -> dict[str, Tensor]:
     missing = [name for name in ("queries", "keys", "values") if name not in arrays]
     if missing:
         raise UsageError(
-            f"--input: {path} lacks array(s) {missing}; expected {_EXPECTED_ARRAYS}, but it "
-            f"has {sorted(arrays)}"
+            f"--input: {path} lacks array(s) {missing}; expected arrays named {_NAMES}, but "
+            f"it has {sorted(arrays)}"
         )
     tensors: dict[str, Tensor] = {}
     for name in ("queries", "keys", "values", "valid_lens"):
