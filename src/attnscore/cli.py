@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pickle
+import re
 import sys
 import zipfile
 from collections.abc import Sequence
@@ -188,13 +189,14 @@ def _load_pt(path: Path) -> dict[str, object]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only" not in str(err).lower():
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if found is None:  # not a pickle torch can read: corrupt or another format
             raise UsageError(
                 f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
             ) from None
         raise UsageError(
-            f"--input: {path} holds objects other than tensors, which are never unpickled; "
-            f"{_EXPECTED_PT}"
+            f"--input: {path} holds objects other than tensors ({found.group(1)}), which are "
+            f"never unpickled; {_EXPECTED_PT}"
         ) from None
     except Exception:  # torch.load raises many types (KeyError, RuntimeError, EOFError...)
         raise UsageError(
@@ -218,13 +220,13 @@ def _load_arrays(path: Path) -> dict[str, Tensor]:
         raise UsageError(f"--input: {path} is a folder; expected a .npz or .pt file")
     suffix = path.suffix.lower()
     if suffix not in ARRAY_FORMATS:
-        raise UsageError(f"--input: expected a file ending in .npz or .pt, but got {path.name}")
+        raise UsageError(f"--input: expected a .npz or .pt file, but got {path.name}")
     arrays = _load_npz(path) if suffix == ".npz" else _load_pt(path)
     missing = [name for name in ("queries", "keys", "values") if name not in arrays]
     if missing:
         raise UsageError(
-            f"--input: {path} lacks array(s) {missing}; expected arrays named {_NAMES}, but "
-            f"it has {sorted(arrays)}"
+            f"--input: {path} lacks array(s) {missing}; it has {sorted(arrays)}, but expected "
+            f"arrays named {_NAMES}"
         )
     tensors: dict[str, Tensor] = {}
     for name in ("queries", "keys", "values", "valid_lens"):
