@@ -1,11 +1,14 @@
-"""The attnscore command: demo, run, and its errors."""
+"""The attnscore command: one parser tree, demo, run, and its errors."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import stat
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -13,21 +16,80 @@ import pytest
 import torch
 
 import attnscore
-from attnscore.cli import main
+import attnscore.bench
+import attnscore.g2p.cli
+from attnscore._usage import UsageError
+from attnscore.cli import build_parser, main
+from attnscore.registry import SCORERS, register_scorer, scorer_names
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = str(Path(attnscore.__file__).parents[1])
 
 
-def test_demo_prints_book_outputs_and_writes_heatmaps(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--seed", "3"]) == 0
-    out = capsys.readouterr().out
-    # additive, dot, general: the toy example's [[2, 3, 4, 5]] and [[10, 11, 12, 13]]
-    assert out.count("[[[ 2.  3.  4.  5.]]") == 3
-    assert out.count("[[10. 11. 12. 13.]]]") == 3
-    assert "summation gives the same weights for every query: True" in out
-    gap = float(re.search(r"largest difference between the two: ([0-9]+\.[0-9]+)", out).group(1))
-    assert gap > 0.01  # exercise 1: distinct keys, different weights
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert len(pngs) == 6 and "additive_attention.png" in pngs
-    assert all(str(tmp_path / p) in out for p in pngs)
+def _stand_in(name):
+    def add_parser(subparsers):
+        parser = subparsers.add_parser(name, help=f"{name} (stand-in)")
+        parser.add_argument("--fail", action="store_true")
+
+        def handler(args):
+            if args.fail:
+                raise UsageError(f"--fail: {name} was told to fail")
+            return 0
+
+        parser.set_defaults(handler=handler)
+        return parser
+
+    return add_parser
+
+
+@pytest.fixture(autouse=True)
+def _bench_and_g2p_parsers(monkeypatch):
+    """bench and g2p add their own subcommands (their branches). Where a checkout lacks
+    their ``add_parser`` yet, a stand-in takes its place; otherwise the real one runs."""
+    for module, name in ((attnscore.bench, "bench"), (attnscore.g2p.cli, "g2p")):
+        if not hasattr(module, "add_parser"):
+            monkeypatch.setattr(module, "add_parser", _stand_in(name), raising=False)
+
+
+# The same stand-ins for `python -m attnscore` in a child process.
+_CHILD = textwrap.dedent(
+    """
+    import runpy, sys
+    import attnscore.bench, attnscore.g2p.cli
+    from attnscore._usage import UsageError
+
+    def stand_in(name):
+        def add_parser(sub):
+            p = sub.add_parser(name)
+            p.set_defaults(handler=lambda args: 0)
+            return p
+        return add_parser
+
+    for module, name in ((attnscore.bench, "bench"), (attnscore.g2p.cli, "g2p")):
+        if not hasattr(module, "add_parser"):
+            module.add_parser = stand_in(name)
+    sys.argv = ["attnscore", *sys.argv[1:]]
+    runpy.run_module("attnscore", run_name="__main__", alter_sys=True)
+    """
+)
+
+
+def _python_m(*args, cwd=None):
+    """``python -m attnscore ARGS`` on this checkout's package."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+
+
+def _one_error_line(err):
+    assert err.count("\n") == 1 and err.startswith("attnscore: error: "), err
+    assert "Traceback" not in err and "\x1b" not in err
+    return err
 
 
 def _write_inputs(path, **overrides):
@@ -40,67 +102,452 @@ def _write_inputs(path, **overrides):
     arrays.update(overrides)
     arrays = {k: v for k, v in arrays.items() if v is not None}
     np.savez(path, **arrays)
+    return arrays
 
 
-@pytest.mark.parametrize("scoring", ["dot", "additive"])
-def test_run_writes_output_weights_and_heatmap(tmp_path, scoring):
+def _reference(queries, keys, values, valid_lens, scale):
+    """Masked softmax(scale * q k^T) @ v in float64, the textbook's formulation."""
+    q, k, v = (torch.as_tensor(a, dtype=torch.float64) for a in (queries, keys, values))
+    scores = q @ k.transpose(-1, -2) * scale
+    m = scores.shape[-1]
+    lens = torch.as_tensor(valid_lens).reshape(-1, 1, 1)
+    scores = scores.masked_fill(torch.arange(m).reshape(1, 1, m) >= lens, -1e6)
+    weights = torch.softmax(scores, -1)
+    return (weights @ v).numpy(), weights.numpy()
+
+
+# --- one tree ---------------------------------------------------------------------------
+
+
+def test_one_tree_with_every_subcommand():
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    assert list(sub.choices) == ["demo", "run", "bench", "g2p"]
+    assert all(type(p) is type(parser) for p in sub.choices.values())
+    for argv in (["demo"], ["run", "--input", "x.npz"]):
+        assert callable(parser.parse_args(argv).handler)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "required"),
+        (["nope"], "invalid choice"),
+        (["run"], "--input"),
+        (["run", "--input", "x.npz", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "--no-such-option"], ""),
+        (["g2p", "--no-such-option"], ""),
+    ],
+)
+def test_usage_errors_while_parsing_are_one_line_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in _one_error_line(captured.err) and captured.out == ""
+
+
+def test_usage_error_raised_by_a_handler_is_one_line_exit_2(monkeypatch, capsys):
+    import attnscore.demo
+
+    def boom(args):
+        raise UsageError("--out: something the handler found")
+
+    real = attnscore.demo.add_parser
+
+    def add_parser(sub):
+        parser = real(sub)
+        parser.set_defaults(handler=boom)
+        return parser
+
+    monkeypatch.setattr(attnscore.demo, "add_parser", add_parser)
+    assert main(["demo"]) == 2
+    assert _one_error_line(capsys.readouterr().err).endswith("something the handler found\n")
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("demo", "run", "bench", "g2p"))
+
+
+def test_python_dash_m_usage_error(tmp_path):
+    proc = _python_m("run", "--input", tmp_path / "missing.npz")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--input: no such file" in _one_error_line(proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
+def test_num_hiddens_must_be_positive_one_line(tmp_path, value):
+    # This gave a traceback (exit 1) before.
     src = tmp_path / "in.npz"
     _write_inputs(src)
+    proc = _python_m("run", "--input", src, "--scoring", "additive", "--num-hiddens", value)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--num-hiddens: expected a positive integer" in _one_error_line(proc.stderr)
+
+
+# --- demo -------------------------------------------------------------------------------
+
+
+def test_demo_prints_book_outputs_and_writes_heatmaps(tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    assert main(["demo", "--out", str(out_dir), "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    # additive, dot, general: the toy example's [[2, 3, 4, 5]] and [[10, 11, 12, 13]]
+    assert out.count("[[[ 2.  3.  4.  5.]]") == 3
+    assert out.count("[[10. 11. 12. 13.]]]") == 3
+    assert "summation gives the same weights for every query: True" in out
+    gap = float(re.search(r"largest difference between the two: ([0-9]+\.[0-9]+)", out).group(1))
+    assert gap > 0.01  # exercise 1: distinct keys, different weights
+    pngs = sorted(p.name for p in out_dir.glob("*.png"))
+    assert len(pngs) == 6 and "additive_attention.png" in pngs
+    assert all(str(out_dir / p) in out for p in pngs)
+    assert all((out_dir / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert sorted(p.name for p in out_dir.iterdir()) == pngs  # no temporary files left
+
+
+def test_demo_svg_format(tmp_path):
+    assert main(["demo", "--out", str(tmp_path / "d"), "--format", "svg"]) == 0
+    svgs = list((tmp_path / "d").glob("*.svg"))
+    assert len(svgs) == 6 and all(b"<svg" in p.read_bytes()[:500] for p in svgs)
+
+
+def test_demo_refuses_a_missing_parent_and_creates_nothing(tmp_path, capsys):
+    out_dir = tmp_path / "no" / "such" / "demo"
+    assert main(["demo", "--out", str(out_dir)]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"folder {out_dir.parent} does not exist" in err
+    assert not (tmp_path / "no").exists()
+
+
+def test_demo_refuses_a_file_as_out(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["demo", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file; expected a folder" in _one_error_line(capsys.readouterr().err)
+
+
+# --- run: results -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scoring", ["scaled_dot", "additive", "general", "cosine"])
+def test_run_writes_output_weights_and_heatmap(tmp_path, capsys, scoring):
+    src = tmp_path / "in.npz"
+    arrays = _write_inputs(src)
     out, png = tmp_path / "out.npz", tmp_path / "w.png"
-    code = main(
-        [
-            "run",
-            "--input",
-            str(src),
-            "--scoring",
-            scoring,
-            "--output",
-            str(out),
-            "--heatmap",
-            str(png),
-        ]
-    )
-    assert code == 0 and png.stat().st_size > 1000
+    argv = ["run", "--input", str(src), "--scoring", scoring]
+    assert main([*argv, "--output", str(out), "--heatmap", str(png)]) == 0
+    assert capsys.readouterr().err == ""
+    assert png.read_bytes()[:4] == b"\x89PNG"
     with np.load(out) as data:
         weights, output = data["weights"], data["output"]
     assert output.shape == (2, 3, 6) and weights.shape == (2, 3, 5)
     assert np.all(weights[0, :, 2:] == 0)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
-    with np.load(src) as data:
-        np.testing.assert_allclose(output, weights @ data["values"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(output, weights @ arrays["values"], rtol=1e-5, atol=1e-6)
+    if scoring == "scaled_dot":
+        ref_out, ref_w = _reference(
+            arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 1 / math.sqrt(4)
+        )
+        np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(output, ref_out, rtol=1e-5, atol=1e-5)
 
 
-def test_run_accepts_pt(tmp_path):
-    src = tmp_path / "in.pt"
-    torch.save(
-        {
-            "queries": torch.randn(1, 2, 3),
-            "keys": torch.randn(1, 4, 3),
-            "values": torch.randn(1, 4, 2),
-        },
-        src,
+def test_run_default_is_scaled_dot_and_dot_is_deprecated_spelling(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    arrays = _write_inputs(src)
+    _, ref_w = _reference(
+        arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 1 / math.sqrt(4)
     )
+    for extra, warned in (([], False), (["--scoring", "dot"], True)):
+        out = tmp_path / f"out{len(extra)}.npz"
+        assert main(["run", "--input", str(src), "--output", str(out), *extra]) == 0
+        err = capsys.readouterr().err
+        if warned:
+            assert err.count("\n") == 1 and err.startswith("attnscore: warning: ")
+            assert "deprecated" in err and "--scoring scaled_dot" in err
+        else:
+            assert err == ""
+        with np.load(out) as data:
+            np.testing.assert_allclose(data["weights"], ref_w, rtol=1e-5, atol=1e-6)
+
+
+def test_run_pt_in_and_out(tmp_path):
+    src = tmp_path / "in.pt"
+    queries, keys, values = torch.randn(1, 2, 3), torch.randn(1, 4, 3), torch.randn(1, 4, 2)
+    torch.save({"queries": queries, "keys": keys, "values": values}, src)
+    out = tmp_path / "o.pt"
+    assert main(["run", "--input", str(src), "--output", str(out)]) == 0
+    saved = torch.load(out, weights_only=True)
+    assert set(saved) == {"output", "weights"}
+    ref_out, ref_w = _reference(queries, keys, values, [4], 1 / math.sqrt(3))
+    np.testing.assert_allclose(saved["weights"].numpy(), ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(saved["output"].numpy(), ref_out, rtol=1e-5, atol=1e-5)
+
+
+def test_run_float64_inputs_with_a_parametrised_scorer(tmp_path):
+    src = tmp_path / "in.npz"
+    _write_inputs(
+        src,
+        queries=np.random.default_rng(3).normal(size=(2, 3, 4)),
+        keys=np.random.default_rng(4).normal(size=(2, 5, 4)),
+        values=np.random.default_rng(5).normal(size=(2, 5, 6)),
+    )
+    out = tmp_path / "o.npz"
+    assert main(["run", "--input", str(src), "--scoring", "additive", "--output", str(out)]) == 0
+    with np.load(out) as data:
+        assert data["output"].dtype == np.float64
+
+
+def test_run_num_hiddens_sizes_the_additive_scorer(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    _write_inputs(src)
+    outs = []
+    for h in ("1", "16"):
+        out = tmp_path / f"o{h}.npz"
+        argv = ["run", "--input", str(src), "--scoring", "additive", "--num-hiddens", h]
+        assert main([*argv, "--output", str(out)]) == 0
+        with np.load(out) as data:
+            outs.append(data["weights"])
+    assert not np.allclose(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("scoring", ["scaled_dot", "cosine", "general"])
+def test_run_refuses_num_hiddens_without_a_hidden_layer(tmp_path, capsys, scoring):
+    src = tmp_path / "in.npz"
+    _write_inputs(src)
+    argv = ["run", "--input", str(src), "--scoring", scoring, "--num-hiddens", "4"]
+    assert main(argv) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"--num-hiddens: the {scoring} scorer has no hidden layer" in err
+    assert "applies to additive" in err
+
+
+def test_run_help_lists_scorers_default_and_shapes(capsys):
+    assert main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in scorer_names():
+        assert name in out
+    assert "default: scaled_dot" in out
+    for shape in ("(B, n, q)", "(B, m, k)", "(B, m, v)", "(B,) or (B, n)"):
+        assert shape in out
+
+
+def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
+    """Issue 9.4: registered in one place, usable by `attnscore run --scoring NAME`."""
+    from attnscore import Attention
+
+    def halved_dot(q, k):
+        return q @ k.transpose(-1, -2) / 2
+
+    name = "test_halved_dot"
+    register_scorer(
+        name,
+        lambda q, k, h, p: Attention(halved_dot, dropout=p),
+        formula="qᵀk / 2",
+        source="a test",
+        same_feature_size=True,
+    )
+    try:
+        src = tmp_path / "in.npz"
+        arrays = _write_inputs(src)
+        out = tmp_path / "o.npz"
+        assert main(["run", "--input", str(src), "--scoring", name, "--output", str(out)]) == 0
+        ref_out, ref_w = _reference(
+            arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 0.5
+        )
+        with np.load(out) as data:
+            np.testing.assert_allclose(data["weights"], ref_w, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(data["output"], ref_out, rtol=1e-5, atol=1e-5)
+    finally:
+        del SCORERS[name]
+    assert name not in scorer_names()
+
+
+def test_run_nan_input_warns_and_heatmap_shows_nan(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    keys = np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32)
+    keys[1, 0, 0] = np.nan  # an attended key of example 1
+    keys[0, 4, 0] = np.nan  # a masked key of example 0: harmless
+    _write_inputs(src, keys=keys)
+    out, svg = tmp_path / "o.npz", tmp_path / "w.svg"
+    assert main(["run", "--input", str(src), "--output", str(out), "--heatmap", str(svg)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnscore: warning: ")
+    assert "output holds 18 NaN, weights hold 15 NaN; --input's keys hold NaN or inf" in err
+    with np.load(out) as data:
+        assert np.isfinite(data["output"][0]).all() and np.isnan(data["output"][1]).all()
+    assert b"<!-- NaN -->" in svg.read_bytes()  # the legend entry for the NaN colour
+
+
+def test_run_finite_output_no_warning_despite_nan_in_padding(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    keys = np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32)
+    values = np.random.default_rng(2).normal(size=(2, 5, 6)).astype(np.float32)
+    keys[0, 3], values[0, 4] = np.nan, np.inf  # beyond valid_lens[0] = 2
+    _write_inputs(src, keys=keys, values=values)
     assert main(["run", "--input", str(src), "--output", str(tmp_path / "o.npz")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+# --- run: heatmap -----------------------------------------------------------------------
+
+
+def test_run_heatmap_titles_each_example(tmp_path, monkeypatch):
+    import attnscore._io
+
+    figures = []
+    real = attnscore._io.save_figure
+
+    def keep(fig, path, option, **kwargs):
+        figures.append(fig)
+        return real(fig, path, option, **kwargs)
+
+    monkeypatch.setattr("attnscore.cli.save_figure", keep)
+    src = tmp_path / "in.npz"
+    _write_inputs(
+        src,
+        queries=np.ones((11, 1, 4), np.float32),
+        keys=np.ones((11, 5, 4), np.float32),
+        values=np.ones((11, 5, 6), np.float32),
+        valid_lens=np.arange(11) % 5 + 1,
+    )
+    assert main(["run", "--input", str(src), "--heatmap", str(tmp_path / "w.pdf")]) == 0
+    assert (tmp_path / "w.pdf").read_bytes()[:5] == b"%PDF-"
+    (fig,) = figures
+    heatmaps = fig.axes[:-1]
+    assert [ax.get_title() for ax in heatmaps] == [
+        "example 0 (first 8 of 11)",
+        *[f"example {i}" for i in range(1, 8)],
+    ]
+    assert all(ax.get_ylabel() == "Queries" for ax in heatmaps)
+    ax = heatmaps[0]
+    low, high = sorted(ax.get_ylim())
+    assert [t for t in ax.get_yticks() if low <= t <= high] == [0.0]  # one query: one tick
+
+
+# --- run: files -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def umask():
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_umask(value):
+        os.umask(value)
+
+    yield set_umask
+    os.umask(old)
+
+
+@pytest.mark.parametrize(("mask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_run_file_modes_follow_the_umask(tmp_path, umask, mask, mode):
+    src = tmp_path / "in.npz"
+    _write_inputs(src)
+    umask(mask)
+    out, png = tmp_path / "o.npz", tmp_path / "w.png"
+    assert main(["run", "--input", str(src), "--output", str(out), "--heatmap", str(png)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == mode
+    assert stat.S_IMODE(png.stat().st_mode) == mode
 
 
 @pytest.mark.parametrize(
-    ("setup", "message"),
+    ("option", "name", "message"),
     [
-        (lambda p: None, "no such file"),
-        (lambda p: p.write_bytes(b"PK\x03\x04 truncated"), "cannot read"),
-        (lambda p: _write_inputs(p, keys=None), r"lacks array\(s\) \['keys'\]"),
-        (lambda p: _write_inputs(p, valid_lens=np.array([1, 2, 3])), "valid_lens"),
-        (lambda p: _write_inputs(p, valid_lens=np.array([1, -2])), "non-negative"),
-        (lambda p: _write_inputs(p, keys=np.zeros((2, 5, 3), np.float32)), "feature size"),
+        ("--heatmap", "w.jpg", "--heatmap: expected a file ending in .png, .pdf or .svg"),
+        ("--output", "out.txt", "--output: expected a file ending in .npz or .pt"),
+        ("--output", "nodir/o.npz", "--output: folder {tmp}/nodir does not exist"),
+        ("--heatmap", "nodir/w.png", "--heatmap: folder {tmp}/nodir does not exist"),
+        ("--output", ".", "is a folder"),
     ],
 )
-def test_run_bad_input_one_line_exit_2_no_output(tmp_path, capsys, setup, message):
+def test_run_refuses_output_paths_before_any_work(tmp_path, capsys, option, name, message):
     src = tmp_path / "in.npz"
+    _write_inputs(src)
+    before = sorted(tmp_path.iterdir())
+    other = ["--heatmap", str(tmp_path / "ok.png")] if option == "--output" else []
+    other = other or ["--output", str(tmp_path / "ok.npz")]
+    target = tmp_path / name if name != "." else tmp_path
+    assert main(["run", "--input", str(src), option, str(target), *other]) == 2
+    captured = capsys.readouterr()
+    assert message.format(tmp=tmp_path) in _one_error_line(captured.err)
+    assert captured.out == ""
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, no folder created
+
+
+def test_run_device_cpu(tmp_path):
+    src = tmp_path / "in.npz"
+    _write_inputs(src)
+    assert main(["run", "--input", str(src), "--device", "cpu"]) == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_run_device_cuda_without_gpu_one_line(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    _write_inputs(src)
+    assert main(["run", "--input", str(src), "--device", "cuda"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "--device: CUDA was asked for, but no GPU is available" in err
+
+
+def test_run_device_unknown(tmp_path, capsys):
+    assert main(["run", "--input", str(tmp_path / "x.npz"), "--device", "tpu"]) == 2
+    assert "--device: expected cpu, cuda or cuda:N" in _one_error_line(capsys.readouterr().err)
+
+
+# --- run: bad input files -----------------------------------------------------------------
+
+
+def _save_npy_as_npz(p):
+    with p.open("wb") as f:
+        np.save(f, np.ones(3))
+
+
+@pytest.mark.parametrize(
+    ("name", "setup", "message"),
+    [
+        ("in.npz", lambda p: None, "--input: no such file"),
+        ("in.npz", lambda p: p.write_text("hello, world\n"), "it is not an .npz archive"),
+        ("in.npz", lambda p: p.write_bytes(b"PK\x03\x04 truncated"), "not an .npz archive"),
+        ("in.npz", _save_npy_as_npz, "not an .npz archive"),
+        (
+            "in.npz",
+            lambda p: np.savez(p, queries=np.array(["a"]), keys=np.ones(2), values=np.ones(2)),
+            "expected `queries` in .* to be numeric, but got dtype <U1",
+        ),
+        ("in.pt", lambda p: p.write_text("hello, world\n"), "not a file written by torch.save"),
+        ("in.pt", lambda p: p.write_bytes(b"\x80\x02garbage"), "not a file written by torch.save"),
+        ("in.pt", lambda p: torch.save([torch.ones(2)], p), "but it holds a list"),
+        (
+            "in.pt",
+            lambda p: torch.save([np.ones(2)], p),
+            r"holds objects other than tensors \(numpy\S*\), which are never unpickled",
+        ),
+        (
+            "in.pt",
+            lambda p: torch.save({"queries": 1, "keys": 2, "values": 3}, p),
+            "expected `queries` in .* to be numeric, but got int",
+        ),
+        ("in.txt", lambda p: p.write_text("x"), "expected a .npz or .pt file, but got in.txt"),
+        ("in.npz", lambda p: _write_inputs(p, keys=None), r"lacks array\(s\) \['keys'\]"),
+        ("in.npz", lambda p: _write_inputs(p, valid_lens=np.array([1, 2, 3])), "valid_lens"),
+        ("in.npz", lambda p: _write_inputs(p, valid_lens=np.array([1, -2])), "non-negative"),
+        (
+            "in.npz",
+            lambda p: _write_inputs(p, keys=np.zeros((2, 5, 3), np.float32)),
+            "feature size",
+        ),
+        ("in.npz", lambda p: _write_inputs(p, queries=np.ones(4, np.float32)), r"\(B, n, q\)"),
+    ],
+)
+def test_run_bad_input_one_clear_line_exit_2_no_output(tmp_path, capsys, name, setup, message):
+    src = tmp_path / name
     setup(src)
     out = tmp_path / "out.npz"
     assert main(["run", "--input", str(src), "--output", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err
+    err = _one_error_line(capsys.readouterr().err)
+    assert re.search(message, err), err
+    assert "--input" in err
+    assert "allow_pickle" not in err and "KeyError" not in err and "trust" not in err
     assert not out.exists() and list(tmp_path.glob(".out*")) == []
 
 
@@ -110,17 +557,34 @@ def test_truncated_npz_file(tmp_path, capsys):
     cut = tmp_path / "cut.npz"
     cut.write_bytes(src.read_bytes()[:200])
     assert main(["run", "--input", str(cut)]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "not an .npz archive" in _one_error_line(capsys.readouterr().err)
 
 
-def test_python_dash_m(tmp_path):
-    # The package of this checkout, even when another copy is installed.
-    src = str(Path(attnscore.__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+# --- .gitignore ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_gitignore_covers_command_outputs():
+    paths = [
+        "demo/additive_attention.png",
+        "runs/additive/model.pt",
+        "attnscore-demo/exercise1_dot.png",
+        "weights.png",
+        "att.pdf",
+        "w.svg",
+        "out.npz",
+        "g2p_attention.png",
+    ]
     proc = subprocess.run(
-        [sys.executable, "-m", "attnscore", "run", "--input", str(tmp_path / "missing.npz")],
+        ["git", "check-ignore", "--no-index", *paths],
+        cwd=ROOT,
         capture_output=True,
         text=True,
-        env=env,
     )
-    assert proc.returncode == 2 and proc.stderr.startswith("attnscore: error: --input")
+    assert sorted(proc.stdout.split()) == sorted(paths)
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "docs/img/exercise1_additive.png"],
+        cwd=ROOT,
+        capture_output=True,
+    )
+    assert kept.returncode == 1  # the docs' own figures stay tracked

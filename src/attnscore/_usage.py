@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["ArgumentParser", "UsageError"]
+__all__ = ["ArgumentParser", "UsageError", "positive_int"]
 
 
 class UsageError(Exception):
@@ -34,3 +34,25 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for counts and sizes: an integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse reports it, naming the option).
+
+    >>> parser = ArgumentParser(prog="demo")
+    >>> _ = parser.add_argument("--num-hiddens", type=positive_int)
+    >>> parser.parse_args(["--num-hiddens", "0"])
+    Traceback (most recent call last):
+    ...
+    attnscore._usage.UsageError: argument --num-hiddens: expected a positive integer, but got '0'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, but got {text!r}")
+    return value

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,51 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ._io import FIGURE_FORMATS, save_figure
+from ._usage import ArgumentParser, UsageError
 from .masking import masked_softmax
 from .modules import AdditiveAttention, Attention, DotProductAttention, MultiplicativeAttention
 from .plotting import show_heatmaps
 
-__all__ = ["run_demo", "toy_inputs"]
+__all__ = ["add_parser", "run_demo", "toy_inputs"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
+    """Add ``attnscore demo`` to ``subparsers`` and return its parser.
+
+    >>> parser = ArgumentParser(prog="attnscore")
+    >>> demo = add_parser(parser.add_subparsers())
+    >>> parser.parse_args(["demo", "--out", "figures", "--format", "svg"]).format
+    'svg'
+    """
+    demo = subparsers.add_parser("demo", help="run the section's worked examples and draw heatmaps")
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("attnscore-demo"),
+        help="folder for the heatmaps, created if missing; its parent must exist "
+        "(default: ./attnscore-demo)",
+    )
+    demo.add_argument(
+        "--format",
+        choices=[f.lstrip(".") for f in FIGURE_FORMATS],
+        default="png",
+        help="figure format (default: %(default)s)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.set_defaults(handler=_command)
+    return demo
+
+
+def _command(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} is a file; expected a folder")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
+    written = run_demo(out, seed=args.seed, suffix=f".{args.format}")
+    print(f"\nwrote {len(written)} heatmaps into {out}/")
+    return 0
 
 
 def toy_inputs(
@@ -38,10 +79,25 @@ def _fmt(t: Tensor) -> str:
     return str(t.detach().numpy().round(4)).replace("\n", "\n    ")
 
 
-def run_demo(out_dir: Path, seed: int = 0, echo: Callable[[str], None] = print) -> list[Path]:
+def run_demo(
+    out_dir: Path,
+    seed: int = 0,
+    echo: Callable[[str], None] = print,
+    *,
+    suffix: str = ".png",
+) -> list[Path]:
     """Run every worked example; print results; write heatmaps into ``out_dir``.
 
-    Returns the paths of the PNG files written.
+    ``out_dir`` is created if missing, but not its parents. Figures are written in the
+    format ``suffix`` names (``.png``, ``.pdf`` or ``.svg``), each atomically, with the
+    umask's file mode.
+
+    Returns the paths of the files written.
+
+    Raises:
+        FileNotFoundError: the parent of ``out_dir`` does not exist.
+        attnscore._usage.UsageError: ``suffix`` is not a figure format, or a figure cannot
+            be written.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -49,7 +105,8 @@ def run_demo(out_dir: Path, seed: int = 0, echo: Callable[[str], None] = print) 
     >>> sorted(p.name for p in paths)[:2]
     ['additive_attention.png', 'dot_product_attention.png']
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(exist_ok=True)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     written: list[Path] = []
@@ -58,8 +115,8 @@ def run_demo(out_dir: Path, seed: int = 0, echo: Callable[[str], None] = print) 
         # As in the book: all (batch, query) rows stacked into one matrix.
         grid = weights.reshape(1, 1, -1, weights.shape[-1])
         fig = show_heatmaps(grid, "Keys", "Queries", titles=[title], figsize=(4.0, 2.5))
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        path = out_dir / f"{name}{suffix}"
+        save_figure(fig, path, "--out")
         written.append(path)
         echo(f"    heatmap: {path}")
 
