@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .._usage import UsageError
 from .scorers import SCORERS
 
 
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: the last checkpoint is kept; continue with --resume", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, ImportError, OSError) as exc:
+    except (UsageError, ValueError, FileNotFoundError, ImportError, OSError) as exc:
         print(f"attnscore g2p: error: {exc}", file=sys.stderr)
         return 2
 

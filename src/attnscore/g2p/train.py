@@ -196,7 +196,6 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
         opt.load_state_dict(ckpt["optimizer"])
         st = ckpt["state"]
         torch.set_rng_state(ckpt["rng"])
-        random.setstate(ckpt["py_rng"])
     wrapped: nn.Module = model
     if world_size > 1:
         wrapped = nn.parallel.DistributedDataParallel(model)
@@ -219,9 +218,7 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> dict[s
 
     def save(path: Path) -> None:
         if is_main:
-            save_checkpoint(
-                path, model, opt, cfg, data, st, torch.get_rng_state(), random.getstate()
-            )
+            save_checkpoint(path, model, opt, cfg, data, st, torch.get_rng_state())
 
     def periodic_eval() -> None:
         st["last_eval"] = st["step"]
