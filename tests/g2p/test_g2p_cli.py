@@ -16,7 +16,7 @@ def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
         "train", "--data", str(data), "--out", str(out), "--steps", "14", "--hidden", "16",
         "--emb", "8", "--batch-size", "32", "--eval-every", "0", "--no-progress",
-        "--threads", "1", "--device", "cpu", *extra,
+        "--threads", "1", "--nprocs", "1", "--device", "cpu", *extra,
     ]  # fmt: skip
 
 
@@ -138,7 +138,7 @@ def test_compare_and_table_report_mean_and_std_over_seeds(
     argv = [
         "compare", "--data", str(toy_dict), "--out", str(out), "--scorings", "dot", "cosine",
         "--seeds", "0", "1", "--steps", "10", "--hidden", "8", "--emb", "8", "--beam", "2",
-        "--eval-every", "0", "--no-progress", "--threads", "1", "--device", "cpu",
+        "--eval-every", "0", "--no-progress", "--threads", "1", "--nprocs", "1", "--device", "cpu",
         "--words", "abba", "xyz",
     ]  # fmt: skip
     assert main(argv) == 0
@@ -166,3 +166,19 @@ def test_compare_and_table_report_mean_and_std_over_seeds(
     row = md_file.read_text().splitlines()[2].split("|")
     assert row[1].strip() == "dot" and row[2].strip() == "2"
     assert row[7].strip() == f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnscore.g2p import config
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    args = cli.build_parser().parse_args(["train", "--device", "cpu"])
+    cfg = config.train_config_from_args(args)
+    assert (cfg.nprocs, cfg.threads) == (2, 1)  # two DDP processes, one thread each
+    assert cfg.steps == config.DEFAULT_STEPS and cfg.time_budget is None
+    monkeypatch.setattr(config, "usable_cores", lambda: 1)
+    cfg = config.train_config_from_args(cli.build_parser().parse_args(["train", "--device", "cpu"]))
+    assert (cfg.nprocs, cfg.threads) == (1, 1)
+    args = cli.build_parser().parse_args(["train", "--time-budget", "2", "--device", "cpu"])
+    cfg = config.train_config_from_args(args)
+    assert cfg.steps is None and cfg.time_budget == 2.0

@@ -21,9 +21,6 @@ from .commands import cmd_eval, cmd_predict, cmd_train
 from .compare import cmd_compare, cmd_table
 from .config import DEFAULT_STEPS
 
-DEFAULT_NPROCS = 1
-"""Training processes by default (each with cores // nprocs threads); see docs/g2p.md."""
-
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -150,8 +147,8 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nprocs",
         type=_positive_int,
-        default=DEFAULT_NPROCS,
-        help=f"training processes (DDP on gloo; default {DEFAULT_NPROCS})",
+        help="training processes, DDP on gloo (default on cpu: 2 when 2+ cores, else 1; "
+        "on cuda: 1)",
     )
     p.add_argument(
         "--threads", type=_positive_int, help="torch threads per process (default: cores // nprocs)"

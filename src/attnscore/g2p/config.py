@@ -18,6 +18,15 @@ DEFAULT_STEPS = 12_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
 
 
+def default_nprocs(device: str) -> int:
+    """Training processes by default: 2 DDP processes on a CPU with 2+ cores, else 1.
+
+    Two processes (one thread each on 2 cores) measured faster than one process with two
+    intra-op threads at the real model size (docs/g2p.md, "Using both cores").
+    """
+    return 1 if device != "cpu" else min(2, usable_cores())
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
     try:
@@ -114,8 +123,9 @@ def train_config_from_args(
     """
     if args.steps is not None and args.time_budget is not None:
         raise UsageError("expected --steps or --time-budget, but got both")
-    if args.nprocs > 1 and args.device != "cpu":
-        raise UsageError(f"--nprocs: expected 1 with --device {args.device}, but got {args.nprocs}")
+    nprocs = args.nprocs if args.nprocs is not None else default_nprocs(args.device)
+    if nprocs > 1 and args.device != "cpu":
+        raise UsageError(f"--nprocs: expected 1 with --device {args.device}, but got {nprocs}")
     model = ModelConfig(
         scoring=scoring if scoring is not None else args.scoring,
         emb=args.emb,
@@ -127,7 +137,7 @@ def train_config_from_args(
     steps = args.steps
     if steps is None and args.time_budget is None:
         steps = DEFAULT_STEPS
-    threads = args.threads if args.threads is not None else max(1, usable_cores() // args.nprocs)
+    threads = args.threads if args.threads is not None else max(1, usable_cores() // nprocs)
     return TrainConfig(
         model=model,
         out=args.out,
@@ -146,7 +156,7 @@ def train_config_from_args(
         eval_words=args.eval_words,
         max_train_words=args.max_train_words,
         threads=threads,
-        nprocs=args.nprocs,
+        nprocs=nprocs,
         device=args.device,
         progress=not args.no_progress,
     )
