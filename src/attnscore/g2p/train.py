@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing
 from torch import nn
 
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -410,9 +411,7 @@ def free_port() -> int:
 
 def spawn_training(cfg: TrainConfig, nprocs: int, port: int, resume: bool = False) -> None:
     """Run :func:`run_training` in ``nprocs`` processes on 127.0.0.1:``port`` (gloo)."""
-    import torch.multiprocessing as tmp
-
-    tmp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+    torch.multiprocessing.spawn(  # type: ignore[attr-defined,no-untyped-call]
         _spawn_worker, args=(cfg, nprocs, port, resume), nprocs=nprocs, join=True
     )
 
