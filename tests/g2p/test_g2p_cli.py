@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,40 @@ def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPat
     args = cli.build_parser().parse_args(["train", "--time-budget", "2", "--device", "cpu"])
     cfg = config.train_config_from_args(args)
     assert cfg.steps is None and cfg.time_budget == 2.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--eval-every", "-1", "integer >= 0"),
+        ("--eval-every", "x", "integer >= 0"),
+        ("--time-budget", "0", "positive number"),
+        ("--time-budget", "inf", "positive number"),
+        ("--lr", "abc", "positive number"),
+        ("--average-last", "1", "[0, 1)"),
+        ("--steps", "two", "positive integer"),
+    ],
+)
+def test_option_types_refuse_bad_values(option: str, value: str, expected: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        cli.build_parser().parse_args(["train", option, value])
+    with pytest.raises(UsageError, match="number >= 0"):
+        cli.build_parser().parse_args(["eval", "run", "--length-norm", "-1"])
+
+
+def test_nprocs_with_cuda_is_refused() -> None:
+    from attnscore.g2p import config
+
+    args = cli.build_parser().parse_args(["train", "--device", "cpu", "--nprocs", "2"])
+    args.device = "cuda"  # as if a GPU were visible
+    with pytest.raises(UsageError, match="--nprocs"):
+        config.train_config_from_args(args)
+
+
+def test_words_figure_checks_its_input() -> None:
+    from attnscore.g2p.plots import words_figure
+
+    with pytest.raises(ValueError, match="as many words"):
+        words_figure(["ab"], [], [])
+    with pytest.raises(ValueError, match="shape"):
+        words_figure(["ab"], [["A"]], [torch.zeros(3, 2)])

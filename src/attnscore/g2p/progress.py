@@ -58,7 +58,7 @@ class Progress:
 
     def update(self, n: int, **stats: float) -> None:
         """Move to step ``n`` and show ``stats`` (name -> value) next to it."""
-        shown = {k: f"{v:.4g}" for k, v in stats.items()}
+        shown = {k: f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}" for k, v in stats.items()}
         delta, self.n = n - self.n, n
         if self._bar is not None:
             self._bar.set_postfix(shown, refresh=False)
