@@ -1,91 +1,222 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from attnscore._usage import ArgumentParser, UsageError
+from attnscore.g2p import cli
 from attnscore.g2p.cli import main
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "train", "--data", str(data), "--out", str(out), "--epochs", "1", "--hidden", "16",
-        "--emb", "8", "--batch-size", "32", "--eval-every", "0", "--no-progress", *extra,
+        "train", "--data", str(data), "--out", str(out), "--steps", "14", "--hidden", "16",
+        "--emb", "8", "--batch-size", "32", "--eval-every", "0", "--no-progress",
+        "--threads", "1", "--nprocs", "1", "--device", "cpu", *extra,
     ]  # fmt: skip
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert "Traceback" not in err
-    return err.splitlines()[-1]
+    assert len(err.splitlines()) == 1, err
+    assert captured.out == ""
+    return err
+
+
+@pytest.fixture
+def trained(toy_dict: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    assert main(_train_args(toy_dict, out, "--scoring", "general")) == 0
+    return out
 
 
 def test_train_eval_predict(
-    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "run"
-    assert main(_train_args(toy_dict, out, "--scoring", "general")) == 0
-    assert (out / "last.pt").is_file() and (out / "summary.json").is_file()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["scoring"] == "general" and summary["peak_rss_mb"] > 0
+    assert (trained / "last.pt").is_file() and (trained / "summary.json").is_file()
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["scoring"] == "general" and summary["steps"] == 14
+    assert summary["peak_rss_mb"] > 0 and summary["budget"]["steps"] == 14
     capsys.readouterr()
 
     res_file = tmp_path / "res.json"
-    assert main(["eval", str(out), "--beam", "2", "--json", str(res_file)]) == 0
+    assert main(["eval", str(trained), "--beam", "2", "--json", str(res_file)]) == 0
     text = capsys.readouterr().out
     assert "test greedy: PER" in text and "test beam=2: PER" in text
     res = json.loads(res_file.read_text())
-    assert 0 <= res["greedy"]["wer"] <= 1
+    assert 0 <= res["greedy"]["wer"] <= 1 and res["beam_width"] == 2
 
-    fig = tmp_path / "att.png"
-    assert main(["predict", str(out), "abba", "Mosk", "--heatmap", str(fig)]) == 0
+
+def test_predict_writes_exactly_the_heatmap_asked_for(
+    trained: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    capsys.readouterr()
+    assert main(["predict", str(trained), "abba", "Mosk"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("abba\t") and "\nmosk\t" in text
-    assert (tmp_path / "att-abba.png").is_file() and (tmp_path / "att-mosk.png").is_file()
+    assert os.listdir(work) == []  # without --heatmap nothing is written
+
+    assert main(["predict", str(trained), "abba", "Mosk", "--heatmap", "att.png"]) == 0
+    capsys.readouterr()
+    assert os.listdir(work) == ["att.png"]  # one figure, one panel per word
+    assert (work / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main(["predict", str(trained), "abba", "--heatmap", "att.svg"]) == 0
+    capsys.readouterr()
+    assert b"<svg" in (work / "att.svg").read_bytes()[:500]
+
+    for bad in ("nodir/x.png", "x.txt", "."):
+        assert main(["predict", str(trained), "abba", "--heatmap", bad]) == 2
+        assert "--heatmap" in _one_line_error(capsys)
+    assert sorted(os.listdir(work)) == ["att.png", "att.svg"]
 
 
 def test_bad_input_is_one_line_and_exit_2(
-    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    toy_dict: Path, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(_train_args(tmp_path / "missing.dict", tmp_path / "r")) == 2
-    assert "Expected a cmudict-format file" in _one_line_error(capsys)
-
-    assert main(["eval", str(tmp_path / "nothing")]) == 2
-    assert "Expected a checkpoint file or run directory" in _one_line_error(capsys)
-
-    assert main(_train_args(toy_dict, tmp_path / "r", "--scoring", "bogus")) == 2
-    assert "invalid choice" in _one_line_error(capsys)
-
-    assert main(_train_args(toy_dict, tmp_path / "r", "--epochs", "0")) == 2
-    assert "Expected a positive integer" in _one_line_error(capsys)
-
+    capsys.readouterr()
+    cases = [
+        (_train_args(tmp_path / "missing.dict", tmp_path / "r"), "cmudict-format file"),
+        (["eval", str(tmp_path / "nothing")], "checkpoint file or run folder"),
+        (_train_args(toy_dict, tmp_path / "r", "--scoring", "bogus"), "invalid choice"),
+        (_train_args(toy_dict, tmp_path / "r", "--steps", "0"), "positive integer"),
+        (_train_args(toy_dict, tmp_path / "r", "--time-budget", "1"), "but got both"),
+        (_train_args(toy_dict, tmp_path / "r", "--dropout", "1.5"), "[0, 1)"),
+        (["predict", str(trained), "qu!z"], "training letters"),
+        (["eval", str(trained), "--json", str(tmp_path / "nodir" / "r.json")], "--json"),
+        (["table", str(tmp_path)], "summary.json"),
+    ]
     empty = tmp_path / "empty.dict"
     empty.write_text("only-a-word\n")
-    assert main(_train_args(empty, tmp_path / "r")) == 2
-    assert "Expected at least one valid entry" in _one_line_error(capsys)
+    cases.append((_train_args(empty, tmp_path / "r"), "at least one valid entry"))
+    for argv, expected in cases:
+        assert main(argv) == 2, argv
+        assert expected in _one_line_error(capsys), argv
 
-    assert main(_train_args(toy_dict, tmp_path / "r2")) == 0
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+@pytest.mark.parametrize("command", ["train", "eval", "predict", "compare", "table"])
+def test_device_cuda_without_gpu(
+    command: str, trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     capsys.readouterr()
-    assert main(["predict", str(tmp_path / "r2"), "qu!z", "--heatmap", ""]) == 2
-    assert "Expected words made of the training letters" in _one_line_error(capsys)
+    argv = {"train": ["train"], "compare": ["compare"], "eval": ["eval", str(trained)]}.get(
+        command,
+        [command, str(trained), "abba"] if command == "predict" else [command, str(trained)],
+    )
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert "--device" in _one_line_error(capsys)
 
 
-def test_compare_writes_table_and_figures(
+def test_add_parser_builds_one_tree() -> None:
+    root = ArgumentParser(prog="attnscore")
+    cli.add_parser(root.add_subparsers(dest="command", required=True))
+    args = root.parse_args(["g2p", "predict", "run", "abba", "--beam", "3"])
+    assert args.handler.__name__ == "cmd_predict" and args.beam == 3
+    with pytest.raises(UsageError, match="invalid choice"):
+        root.parse_args(["g2p", "train", "--scoring", "nope"])
+    with pytest.raises(UsageError):
+        root.parse_args(["g2p", "frobnicate"])
+
+
+def test_compare_and_table_report_mean_and_std_over_seeds(
     toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "cmp"
     argv = [
         "compare", "--data", str(toy_dict), "--out", str(out), "--scorings", "dot", "cosine",
-        "--epochs", "1", "--hidden", "8", "--emb", "8", "--beam", "2", "--eval-every", "0",
-        "--no-progress", "--words", "abba", "xyz",
+        "--seeds", "0", "1", "--steps", "10", "--hidden", "8", "--emb", "8", "--beam", "2",
+        "--eval-every", "0", "--no-progress", "--threads", "1", "--nprocs", "1", "--device", "cpu",
+        "--words", "abba", "xyz",
     ]  # fmt: skip
     assert main(argv) == 0
-    table = (out / "compare.md").read_text().splitlines()
-    assert table[0].startswith("| scoring | test PER greedy")
+    printed = capsys.readouterr().out
+    assert printed.startswith("budget: equal steps, 10 optimizer steps per run")
+    md = (out / "compare.md").read_text().splitlines()
+    assert md[0].startswith("budget: equal steps")
+    table = md[2:]
+    assert table[0].startswith("| scoring | seeds | steps | test PER greedy")
     assert [row.split("|")[1].strip() for row in table[2:]] == ["dot", "cosine"]
+    assert all(" ± " in row for row in table[2:])
     assert (out / "compare.png").is_file()
     assert (out / "alignment-abba.png").is_file()  # 'xyz' has unknown letters: skipped
     assert not (out / "alignment-xyz.png").exists()
     rows = json.loads((out / "compare.json").read_text())
-    assert rows[0]["parameters"] > 0 and rows[1]["train_seconds"] > 0
+    assert rows[0]["seeds"] == [0, 1] and rows[0]["parameters"] > 0
+
+    # the table from the run folders: mean and sample std, computed here independently
+    runs = [out / f"dot-seed{s}" for s in (0, 1)]
+    wers = [json.loads((r / "test-beam2-ln0.json").read_text())["beam"]["wer"] for r in runs]
+    mean = sum(wers) / 2
+    std = (sum((w - mean) ** 2 for w in wers) / 1) ** 0.5
+    md_file = tmp_path / "t.md"
+    assert main(["table", *map(str, runs), "--beam", "2", "--out", str(md_file)]) == 0
+    row = md_file.read_text().splitlines()[2].split("|")
+    assert row[1].strip() == "dot" and row[2].strip() == "2"
+    assert row[7].strip() == f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnscore.g2p import config
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    args = cli.build_parser().parse_args(["train", "--device", "cpu"])
+    cfg = config.train_config_from_args(args)
+    assert (cfg.nprocs, cfg.threads) == (2, 1)  # two DDP processes, one thread each
+    assert cfg.steps == config.DEFAULT_STEPS and cfg.time_budget is None
+    monkeypatch.setattr(config, "usable_cores", lambda: 1)
+    cfg = config.train_config_from_args(cli.build_parser().parse_args(["train", "--device", "cpu"]))
+    assert (cfg.nprocs, cfg.threads) == (1, 1)
+    args = cli.build_parser().parse_args(["train", "--time-budget", "2", "--device", "cpu"])
+    cfg = config.train_config_from_args(args)
+    assert cfg.steps is None and cfg.time_budget == 2.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--eval-every", "-1", "integer >= 0"),
+        ("--eval-every", "x", "integer >= 0"),
+        ("--time-budget", "0", "positive number"),
+        ("--time-budget", "inf", "positive number"),
+        ("--lr", "abc", "positive number"),
+        ("--average-last", "1", "[0, 1)"),
+        ("--steps", "two", "positive integer"),
+    ],
+)
+def test_option_types_refuse_bad_values(option: str, value: str, expected: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        cli.build_parser().parse_args(["train", option, value])
+    with pytest.raises(UsageError, match="number >= 0"):
+        cli.build_parser().parse_args(["eval", "run", "--length-norm", "-1"])
+
+
+def test_nprocs_with_cuda_is_refused() -> None:
+    from attnscore.g2p import config
+
+    args = cli.build_parser().parse_args(["train", "--device", "cpu", "--nprocs", "2"])
+    args.device = "cuda"  # as if a GPU were visible
+    with pytest.raises(UsageError, match="--nprocs"):
+        config.train_config_from_args(args)
+
+
+def test_words_figure_checks_its_input() -> None:
+    from attnscore.g2p.plots import words_figure
+
+    with pytest.raises(ValueError, match="as many words"):
+        words_figure(["ab"], [], [])
+    with pytest.raises(ValueError, match="shape"):
+        words_figure(["ab"], [["A"]], [torch.zeros(3, 2)])

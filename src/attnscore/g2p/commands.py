@@ -1,46 +1,37 @@
-"""The ``train``, ``eval`` and ``predict`` sub-commands (``compare`` lives in compare.py)."""
+"""The handlers of ``attnscore g2p train``, ``eval`` and ``predict``: ``handler(args) -> int``.
+
+Bad input raises :class:`~attnscore._usage.UsageError` (one line, exit 2, from the caller).
+``compare`` and ``table`` are in :mod:`attnscore.g2p.compare`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from .._io import check_output, save_figure, write_atomic
+from .._usage import UsageError
 from .checkpoint import load_model
-from .data import EOS, Vocab, load_lexicon, split_lexicon
-from .evaluate import evaluate, predict
-from .model import G2PModel
-
-
-def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint file, or ``best.pt`` (else ``last.pt``) inside a run directory."""
-    p = Path(path)
-    if p.is_dir():
-        for name in ("best.pt", "last.pt"):
-            if (p / name).is_file():
-                return p / name
-        raise FileNotFoundError(
-            f"Expected best.pt or last.pt in {str(p)!r}, but got neither instead"
-        )
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"Expected a checkpoint file or run directory, but got {path!r} instead"
-        )
-    return p
+from .config import train_config_from_args
+from .data import Vocab
+from .evaluate import EvalResult, evaluate_checkpoint, predict
+from .plots import words_figure
+from .train import train
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .cli import train_config
-    from .train import TrainConfig, distributed_env, run_training
-
-    rank, world_size = distributed_env()
-    cfg = train_config(args)
-    assert isinstance(cfg, TrainConfig)
-    summary = run_training(cfg, rank=rank, world_size=world_size, resume=args.resume)
-    if rank == 0:
+    """``g2p train``: train one model; prints its summary line."""
+    cfg = train_config_from_args(args)
+    try:
+        summary = train(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        print("interrupted: the last checkpoint is kept; continue with --resume", file=sys.stderr)
+        return 130
+    if summary is not None:
         last = summary["history"][-1] if summary["history"] else {}
         print(
             f"trained {summary['scoring']}: {summary['steps']} steps, "
@@ -51,104 +42,67 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_checkpoint(
-    path: str | Path,
-    split: str = "test",
-    beam: int = 5,
-    data: str | None = None,
-    max_words: int | None = None,
-) -> dict[str, Any]:
-    """PER/WER of a checkpoint on a split, greedy and (if ``beam > 1``) beam search."""
-    model, letters, phones, tcfg = load_model(resolve_checkpoint(str(path)))
-    parsed = load_lexicon(data if data is not None else tcfg["data"], tcfg["keep_stress"])
-    lexicon = split_lexicon(parsed.lexicon)[split]
-    results: dict[str, Any] = {"checkpoint": str(path), "split": split}
-    res = evaluate(model, lexicon, letters, phones, beam=1, max_words=max_words)
-    results["greedy"] = vars(res)
-    print(res.line(f"{split} greedy"))
-    if beam > 1:
-        res = evaluate(model, lexicon, letters, phones, beam=beam, max_words=max_words)
-        results[f"beam{beam}"] = vars(res)
-        results["beam"] = vars(res)
-        print(res.line(f"{split} beam={beam}"))
-    return results
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search)."""
+    if args.json is not None:
+        check_output(Path(args.json), "--json", (".json",))
     torch.set_num_threads(args.threads)
-    results = evaluate_checkpoint(args.checkpoint, args.split, args.beam, args.data, args.max_words)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    res = evaluate_checkpoint(
+        args.checkpoint,
+        args.split,
+        args.beam,
+        args.data,
+        args.max_words,
+        device=args.device,
+        length_norm=args.length_norm,
+    )
+    print(EvalResult(**res["greedy"]).line(f"{args.split} greedy"))
+    if "beam" in res:
+        print(EvalResult(**res["beam"]).line(f"{args.split} beam={args.beam}"))
+    if args.json is not None:
+        text = json.dumps(res, indent=2) + "\n"
+        write_atomic(Path(args.json), lambda f: f.write(text.encode()), "--json")
     return 0
 
 
 def check_words(words: list[str], letters: Vocab) -> list[str]:
-    """Lower-case ``words``; raise ValueError for a word with letters the model never saw."""
+    """Lower-case ``words``.
+
+    Raises:
+        UsageError: a word with letters the model never saw, or an empty word.
+    """
     out = []
     for w in words:
         lw = w.lower()
         unknown = sorted({c for c in lw if c not in letters.stoi})
         if not lw or unknown:
-            raise ValueError(
-                f"Expected words made of the training letters, but got {w!r} instead "
+            raise UsageError(
+                f"expected words made of the training letters, but got {w!r} "
                 f"(unknown: {''.join(unknown) or 'empty word'})"
             )
         out.append(lw)
     return out
 
 
-def plot_alignment(att: torch.Tensor, word: str, pron: list[str], title: str | None = None) -> Any:
-    """Heatmap figure of one word's attention: (phonemes + 1, letters) weights."""
-    import attnscore
-
-    return attnscore.show_heatmaps(
-        att[None, None],
-        xlabel="letters",
-        ylabel="phonemes",
-        titles=[title] if title else None,
-        figsize=(0.35 * len(word) + 1.5, 0.35 * (len(pron) + 1) + 1.2),
-        xticklabels=list(word),
-        yticklabels=[*pron, EOS],
-    )
-
-
-def heatmap_paths(base: str, words: list[str]) -> list[Path]:
-    """One figure file per word: ``base`` itself for one word, ``stem-WORD.suffix`` for more."""
-    p = Path(base)
-    if len(words) == 1:
-        return [p]
-    suffix = p.suffix or ".png"
-    return [p.with_name(f"{p.stem}-{w}{suffix}") for w in words]
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
+    """``g2p predict``: pronounce words; with ``--heatmap F`` also draw one figure ``F``.
+
+    The figure has one panel per word. Without ``--heatmap`` nothing is written. The output
+    path is checked before anything is printed.
+    """
+    if args.heatmap is not None:
+        check_output(Path(args.heatmap), "--heatmap", (".png", ".pdf", ".svg"))
     torch.set_num_threads(1)
-    model, letters, phones, _ = load_model(resolve_checkpoint(args.checkpoint))
+    model, letters, phones, _ = load_model(args.checkpoint, args.device)
     words = check_words(args.words, letters)
-    prons, atts = predict(model, words, letters, phones, beam=args.beam)
+    prons, atts = predict(
+        model, words, letters, phones, beam=args.beam, length_norm=args.length_norm
+    )
+    if args.heatmap is not None:
+        fig = words_figure(words, prons, atts, title=model.cfg.scoring)
+        save_figure(fig, Path(args.heatmap), "--heatmap")
     for w, p in zip(words, prons, strict=True):
         print(f"{w}\t{' '.join(p)}")
-    if args.heatmap:
-        import matplotlib.pyplot as plt
-
-        for w, p, a, path in zip(
-            words, prons, atts, heatmap_paths(args.heatmap, words), strict=True
-        ):
-            fig = plot_alignment(a, w, p, title=model.cfg.scoring)
-            fig.savefig(path, bbox_inches="tight", dpi=120)
-            plt.close(fig)
-            print(f"attention heatmap: {path}")
+    if args.heatmap is not None:
+        print(f"attention heatmap: {args.heatmap}", file=sys.stderr)
     return 0
-
-
-def forced_alignment(
-    model: G2PModel, word: str, pron: list[str], letters: Vocab, phones: Vocab
-) -> torch.Tensor:
-    """Teacher-forced attention of ``word`` on ``pron``: (len(pron) + 1, len(word)) float."""
-    from .data import make_batch
-
-    batch = make_batch([(word, tuple(pron))], letters, phones)
-    model.eval()
-    with torch.no_grad():
-        model(batch.src, batch.src_lens, batch.tgt_in)
-    return model.last_attention_weights()[0].cpu()

@@ -176,6 +176,23 @@ class Vocab:
         return out
 
     @classmethod
+    def from_itos(cls, itos: Sequence[str]) -> Vocab:
+        """The vocabulary whose id ``i`` is ``itos[i]`` (as stored in checkpoints).
+
+        Raises:
+            ValueError: ``itos`` does not start with the special tokens.
+        """
+        if list(itos[: len(SPECIALS)]) != list(SPECIALS):
+            raise ValueError(
+                f"Expected a token list starting with {list(SPECIALS)}, but got "
+                f"{list(itos[: len(SPECIALS)])} instead"
+            )
+        v = cls([])
+        v.itos = [str(t) for t in itos]
+        v.stoi = {t: i for i, t in enumerate(v.itos)}
+        return v
+
+    @classmethod
     def for_lexicon(cls, lexicon: Lexicon) -> tuple[Vocab, Vocab]:
         """The letter vocabulary and the phoneme vocabulary of a lexicon."""
         letters = {c for w in lexicon for c in w}

@@ -9,33 +9,15 @@ with ``input_feeding=True`` that attentional vector is also fed to the next step
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..registry import make_scorer
+from .config import ModelConfig
 from .data import BOS_ID, EOS_ID, PAD_ID
-from .scorers import make_scorer
-
-
-@dataclass
-class ModelConfig:
-    """Hyper-parameters of :class:`G2PModel` (stored in checkpoints)."""
-
-    n_letters: int
-    n_phones: int
-    scoring: str = "additive"
-    emb: int = 64
-    enc_hidden: int = 256
-    dec_hidden: int = 256
-    enc_layers: int = 1
-    dropout: float = 0.1
-    input_feeding: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -54,13 +36,20 @@ class Encoded:
 
 
 class G2PModel(nn.Module):
-    """Letters -> phonemes sequence-to-sequence model with a pluggable attention scorer."""
+    """Letters -> phonemes sequence-to-sequence model with a pluggable attention scorer.
 
-    def __init__(self, cfg: ModelConfig):
+    Args:
+        cfg: the hyper-parameters; ``cfg.scoring`` names a scorer of
+            :mod:`attnscore.registry`, built for queries and keys of size ``dec_hidden``.
+        n_letters: size of the letter vocabulary (specials included).
+        n_phones: size of the phoneme vocabulary (specials included).
+    """
+
+    def __init__(self, cfg: ModelConfig, n_letters: int, n_phones: int):
         super().__init__()
         self.cfg = cfg
         H = cfg.dec_hidden
-        self.src_emb = nn.Embedding(cfg.n_letters, cfg.emb, padding_idx=PAD_ID)
+        self.src_emb = nn.Embedding(n_letters, cfg.emb, padding_idx=PAD_ID)
         self.encoder = nn.GRU(
             cfg.emb,
             cfg.enc_hidden,
@@ -71,11 +60,11 @@ class G2PModel(nn.Module):
         )
         self.key_proj = nn.Linear(2 * cfg.enc_hidden, H)
         self.init_proj = nn.Linear(2 * cfg.enc_hidden, H)
-        self.tgt_emb = nn.Embedding(cfg.n_phones, cfg.emb, padding_idx=PAD_ID)
+        self.tgt_emb = nn.Embedding(n_phones, cfg.emb, padding_idx=PAD_ID)
         self.decoder = nn.GRU(cfg.emb + (H if cfg.input_feeding else 0), H, batch_first=True)
-        self.attention = make_scorer(cfg.scoring, H)
+        self.attention = make_scorer(cfg.scoring, H, H, num_hiddens=H, dropout=0.0)
         self.combine = nn.Linear(2 * H, H)
-        self.out = nn.Linear(H, cfg.n_phones)
+        self.out = nn.Linear(H, n_phones)
         self.drop = nn.Dropout(cfg.dropout)
 
     def encode(self, src: Tensor, src_lens: Tensor) -> Encoded:
@@ -184,16 +173,25 @@ class G2PModel(nn.Module):
 
     @torch.no_grad()
     def beam_search(
-        self, src: Tensor, src_lens: Tensor, beam: int = 5, max_len: int | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        beam: int = 5,
+        max_len: int | None = None,
+        length_norm: float = 0.0,
     ) -> tuple[list[list[int]], list[Tensor]]:
-        """Batched beam search (sum of log-probabilities, no length penalty).
+        """Batched beam search over sums of log-probabilities.
 
         A hypothesis that has emitted ``</s>`` stays in its beam with a frozen score, so it
-        competes with the live ones; a word is done when all its beams are finished.
+        competes with the live ones; a word is done when all its beams are finished. The
+        final choice among the K hypotheses ranks ``score / length ** length_norm``
+        (length counts ``</s>``; Wu et al. 2016 use a similar penalty): 0 is the plain sum.
 
         Args:
             src: (B, S) int64 letter ids padded with 0; src_lens: (B,) int64.
             beam: beam width K >= 1.
+            max_len: most decoder steps (default: longest word + 10).
+            length_norm: exponent alpha >= 0 of the length normalisation.
 
         Returns:
             Per word the best phoneme ids (without ``</s>``) and its attention weights as a
@@ -212,6 +210,7 @@ class G2PModel(nn.Module):
         scores[:, 0] = 0.0
         tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=src.device)
         finished = torch.zeros(B, K, dtype=torch.bool, device=src.device)
+        lengths = torch.zeros(B, K, device=src.device)
         base = torch.arange(B, device=src.device)[:, None] * K
         toks_hist, parents_hist, att_hist = [], [], []
         for _ in range(max_len or int(src_lens.max()) + 10):
@@ -229,13 +228,16 @@ class G2PModel(nn.Module):
             parent, tok = top // V, top % V
             rows = (base + parent).view(-1)
             state, feed = state[:, rows], feed[rows]
-            finished = finished.gather(1, parent) | (tok == EOS_ID)
+            was_done = finished.gather(1, parent)
+            lengths = lengths.gather(1, parent) + (~was_done).float()
+            finished = was_done | (tok == EOS_ID)
             toks_hist.append(tok)
             parents_hist.append(parent)
             tokens = tok.view(-1)
             if bool(finished.all()):
                 break
-        best = scores.argmax(dim=1).tolist()
+        ranked = scores / lengths.clamp(min=1.0) ** length_norm if length_norm else scores
+        best = ranked.argmax(dim=1).tolist()
         seqs, alignments = [], []
         for b in range(B):
             k, ids, rows_att = best[b], [], []

@@ -1,0 +1,108 @@
+"""Every figure of the G2P task, built as ``matplotlib.figure.Figure`` objects (no pyplot).
+
+Figures are returned, never shown; commands save them with :func:`attnscore._io.save_figure`.
+No backend is selected here: a bare ``Figure`` renders to files on any machine, headless
+included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..plotting import show_heatmaps
+from .data import EOS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def words_figure(
+    words: Sequence[str],
+    prons: Sequence[Sequence[str]],
+    atts: Sequence[torch.Tensor],
+    title: str | None = None,
+) -> Figure:
+    """One figure, one heatmap panel per word: phonemes (and ``</s>``) down, letters across.
+
+    Args:
+        words: the words (letters on the x axis).
+        prons: per word its decoded phonemes.
+        atts: per word its (len(pron) + 1, len(word)) float attention weights.
+        title: figure title (e.g. the scorer's name).
+
+    Raises:
+        ValueError: lists of different lengths, or weights of the wrong shape.
+    """
+    from matplotlib.figure import Figure
+
+    if not (len(words) == len(prons) == len(atts)) or not words:
+        raise ValueError(
+            f"Expected as many words, pronunciations and weights (at least one), but got "
+            f"{len(words)}, {len(prons)} and {len(atts)} instead"
+        )
+    for w, p, a in zip(words, prons, atts, strict=True):
+        if tuple(a.shape) != (len(p) + 1, len(w)):
+            raise ValueError(
+                f"Expected weights of shape {(len(p) + 1, len(w))} for {w!r}, but got "
+                f"{tuple(a.shape)} instead"
+            )
+    widths = [len(w) + 1.5 for w in words]
+    height = max(len(p) + 1 for p in prons)
+    fig = Figure(figsize=(0.35 * sum(widths) + 1.2, 0.35 * height + 1.4))
+    axes = fig.subplots(1, len(words), squeeze=False, gridspec_kw={"width_ratios": widths})[0]
+    image: Any = None
+    for ax, w, p, a in zip(axes, words, prons, atts, strict=True):
+        image = ax.imshow(a.float().cpu().numpy(), cmap="Reds", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(len(w)), list(w))
+        ax.set_yticks(range(len(p) + 1), [*p, EOS])
+        ax.set_xlabel("letters")
+        ax.set_title(w)
+    axes[0].set_ylabel("phonemes")
+    fig.colorbar(image, ax=list(axes), shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def alignments_figure(
+    mats: Sequence[torch.Tensor], titles: Sequence[str], word: str, pron: Sequence[str]
+) -> Figure:
+    """The attention of one word under several models side by side (one panel per title).
+
+    Args:
+        mats: per model the (len(pron) + 1, len(word)) float weights.
+        titles: per model its panel title (the scorer's name).
+    """
+    return show_heatmaps(
+        torch.stack([m.float().cpu() for m in mats])[None],
+        xlabel="letters",
+        ylabel="phonemes",
+        titles=list(titles),
+        figsize=(len(mats) * (0.3 * len(word) + 1.2), 0.3 * (len(pron) + 1) + 1.4),
+        xticklabels=list(word),
+        yticklabels=[*pron, EOS],
+    )
+
+
+def comparison_figure(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Bar chart of test PER and WER (beam search) per scorer: mean with ± std error bars.
+
+    Args:
+        rows: as made by :func:`attnscore.g2p.compare.summarize` (keys ``scoring``,
+            ``per_beam``/``wer_beam`` each with ``mean`` and ``std``).
+    """
+    from matplotlib.figure import Figure
+
+    names = [r["scoring"] for r in rows]
+    fig = Figure(figsize=(8, 3), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, key, label in zip(axes, ("per_beam", "wer_beam"), ("PER (%)", "WER (%)"), strict=True):
+        means = [100 * r[key]["mean"] for r in rows]
+        stds = [100 * r[key]["std"] for r in rows]
+        ax.bar(names, means, yerr=stds, capsize=4, color="tab:red")
+        ax.set_ylabel(f"test {label}")
+        ax.tick_params(axis="x", rotation=30)
+    return fig
