@@ -1,7 +1,9 @@
-"""The contributor's task runner: the same test / lint / bench commands CI runs.
+"""The contributor's task runner: the same commands CI (``.ci/run``) runs.
 
-    nox -s tests      # python -m pytest (coverage floor 90%, doctests included)
     nox -s lint       # ruff check, ruff format --check, mypy (strict)
+    nox -s tests      # python -m pytest (coverage floor, doctests included)
+    nox -s docs       # the documentation site, warnings as errors, notebook executed
+    nox -s dist       # sdist + wheel (python -m build), twine check
     nox -s bench      # attnscore bench --quick (a smoke run)
 
 Each session installs the package as the README says (CPU torch pinned). ``nox -R``
@@ -10,17 +12,21 @@ reuses existing session environments; ``nox --no-venv`` runs in the current one.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "docs"]
 TORCH = "torch==2.13.0"
+ROOT = Path(__file__).resolve().parent
 
 
-def _install(session: nox.Session) -> None:
+def _install(session: nox.Session, extras: str = "test") -> None:
     if session.venv_backend == "none":  # --no-venv: use what is installed
         return
     session.install(TORCH)
-    session.install("-e", ".[test]")
+    session.install("-e", f".[{extras}]")
 
 
 @nox.session
@@ -35,6 +41,26 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the site into docs/_build/html; any warning or notebook error fails it."""
+    _install(session, "docs")
+    session.run(
+        "python", "-m", "sphinx", "-W", "--keep-going", "-b", "html",
+        "docs", "docs/_build/html", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Build the sdist and the wheel into dist/ and check their metadata."""
+    if session.venv_backend != "none":
+        session.install("build>=1.2,<2", "twine>=5,<8")
+    shutil.rmtree(ROOT / "dist", ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", "dist")
+    session.run("twine", "check", "--strict", *map(str, sorted((ROOT / "dist").iterdir())))
 
 
 @nox.session

@@ -58,11 +58,14 @@ FusedPath = Callable[
 class MaskOptions(TypedDict, total=False):
     """Masks beyond ``valid_lens``, accepted by every attention function and module.
 
-    query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero output.
-    attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as in
-        ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s ``key_padding_mask``
-        means the opposite: True = ignore).
-    causal: query i attends keys j <= i only (top-left alignment, as SDPA's is_causal).
+    Attributes:
+        query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero
+            output.
+        attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as in
+            ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s
+            ``key_padding_mask`` means the opposite: True = ignore).
+        causal: query i attends keys j <= i only (top-left alignment, as SDPA's
+            ``is_causal``).
 
     >>> from attnscore import dot_product_attention
     >>> masks: MaskOptions = {"causal": True}

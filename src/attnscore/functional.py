@@ -273,7 +273,7 @@ def dot_product_attention(
 
     Raises:
         TypeError, ValueError: as :func:`attention`; also when queries and keys differ in
-        feature size d.
+            feature size d.
 
     >>> q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     >>> out, w = dot_product_attention(q, k, v, torch.tensor([2, 5]), return_weights=True)
@@ -364,7 +364,7 @@ def cosine_attention(
 
     Raises:
         TypeError, ValueError: as :func:`attention`; also when queries and keys differ in
-        feature size d.
+            feature size d.
 
     >>> q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     >>> cosine_attention(q, k, v, torch.tensor([2, 5]), scale=5.0).shape

@@ -78,7 +78,7 @@ class Attention(nn.Module):
 
     Raises:
         TypeError, ValueError: bad ``dropout`` or ``normalizer`` here; bad inputs or masks
-        in ``forward`` (see :func:`attnscore.functional.attention`).
+            in ``forward`` (see :func:`attnscore.functional.attention`).
 
     >>> attn = Attention(lambda q, k: -torch.cdist(q, k))   # a user's own scoring function
     >>> attn(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)).shape

@@ -47,7 +47,7 @@ class MultiHeadAttention(nn.Module):
 
     Raises:
         ValueError: ``num_hiddens`` not a multiple of ``num_heads``, unknown ``scoring``;
-        in ``forward``, as :class:`~attnscore.Attention`.
+            in ``forward``, as :class:`~attnscore.Attention`.
 
     >>> mha = MultiHeadAttention(num_hiddens=8, num_heads=2).eval()
     >>> x = torch.randn(3, 4, 5)
