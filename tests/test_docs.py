@@ -13,6 +13,7 @@ PUBLIC_MODULES = [
     "attnscore.normalizers",
     "attnscore.scoring",
     "attnscore.functional",
+    "attnscore.registry",
     "attnscore.modules",
     "attnscore.plotting",
     "attnscore.demo",
@@ -26,14 +27,7 @@ def _public_names():
         for name in module.__all__:
             obj = getattr(module, name)
             if inspect.isfunction(obj) or inspect.isclass(obj):
-                # registry.py is edited on main only (core branch does not own it): its
-                # examples live in the module docstring until the lead adds them per name.
-                marks = (
-                    pytest.mark.xfail(reason="registry examples are added on main", strict=False)
-                    if getattr(obj, "__module__", "") == "attnscore.registry"
-                    else ()
-                )
-                yield pytest.param(obj, id=f"{module_name}.{name}", marks=marks)
+                yield pytest.param(obj, id=f"{module_name}.{name}")
 
 
 @pytest.mark.parametrize("obj", list(_public_names()))

@@ -58,7 +58,12 @@ multi-head module passes the head size for all three sizes.
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    """A registered scorer: its name, how to build it, its formula and its source."""
+    """A registered scorer: its name, how to build it, its formula and its source.
+
+    >>> spec = get_scorer("scaled_dot")
+    >>> spec.formula, spec.same_feature_size
+    ('qᵀk / √d', True)
+    """
 
     name: str
     factory: ScorerFactory
@@ -92,6 +97,15 @@ def register_scorer(
 
     Raises:
         ValueError: ``name`` is not an identifier-like string or is already registered.
+
+    >>> from attnscore import Attention
+    >>> spec = register_scorer(
+    ...     "neg_distance", lambda q, k, h, p: Attention(lambda x, y: -torch.cdist(x, y)),
+    ...     formula="-‖q - k‖", source="an example", same_feature_size=True)
+    >>> make_scorer("neg_distance", 4)(torch.randn(2, 3, 4), torch.randn(2, 5, 4),
+    ...                                torch.randn(2, 5, 6)).shape
+    torch.Size([2, 3, 6])
+    >>> del SCORERS["neg_distance"]
     """
     if not isinstance(name, str) or not name.replace("_", "a").isalnum():
         raise ValueError(
@@ -108,7 +122,11 @@ def register_scorer(
 
 
 def scorer_names() -> list[str]:
-    """The registered scorer names, sorted."""
+    """The registered scorer names, sorted.
+
+    >>> "additive" in scorer_names()
+    True
+    """
     return sorted(SCORERS)
 
 
@@ -117,6 +135,9 @@ def get_scorer(name: str) -> ScorerSpec:
 
     Raises:
         ValueError: no scorer of that name, naming the registered ones.
+
+    >>> get_scorer("dot").source
+    'Luong et al. 2015, eq. 8 "dot"'
     """
     try:
         return SCORERS[name]
@@ -148,6 +169,10 @@ def make_scorer(
 
     Raises:
         ValueError: unknown name, or sizes the scorer rejects.
+
+    >>> make_scorer("additive", query_size=20, key_size=2, num_hiddens=8)(
+    ...     torch.randn(2, 1, 20), torch.randn(2, 10, 2), torch.randn(2, 10, 4)).shape
+    torch.Size([2, 1, 4])
     """
     spec = get_scorer(name)
     k = query_size if key_size is None else key_size
