@@ -175,7 +175,7 @@ def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(config, "usable_cores", lambda: 2)
     args = cli.build_parser().parse_args(["train", "--device", "cpu"])
     cfg = config.train_config_from_args(args)
-    assert (cfg.nprocs, cfg.threads) == (2, 1)  # two DDP processes, one thread each
+    assert (cfg.nprocs, cfg.threads) == (1, 2)  # one process, both cores as threads
     assert cfg.steps == config.DEFAULT_STEPS and cfg.time_budget is None
     monkeypatch.setattr(config, "usable_cores", lambda: 1)
     cfg = config.train_config_from_args(cli.build_parser().parse_args(["train", "--device", "cpu"]))

@@ -147,8 +147,7 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nprocs",
         type=_positive_int,
-        help="training processes, DDP on gloo (default on cpu: 2 when 2+ cores, else 1; "
-        "on cuda: 1)",
+        help="training processes, DDP on gloo (default 1: one process, every core as threads)",
     )
     p.add_argument(
         "--threads", type=_positive_int, help="torch threads per process (default: cores // nprocs)"
