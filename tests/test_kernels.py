@@ -324,3 +324,152 @@ def test_build_info_and_threads():
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)
+
+
+def test_available_only_for_float_cpu_tensors():
+    assert not K.available(torch.zeros(2, dtype=torch.int64))
+    assert not K.available(torch.zeros(2, device="meta"))
+
+
+def test_input_check_messages_name_the_argument():
+    q, k, v, lens = _dot_inputs()
+    with pytest.raises(ValueError, match=r"Expected `lengths` on cpu, but got meta instead"):
+        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64, device="meta"))
+    with pytest.raises(ValueError, match=r"Expected `q` with 3 dimensions, but got shape \(6, 5\)"):
+        K.dot_product_attention_by_lengths(q[0], k, v, lens, scale=1.0)
+    with pytest.raises(TypeError, match=r"Expected `k` of the dtype and device of `q`"):
+        K.dot_product_attention_by_lengths(q, k.float(), v, lens, scale=1.0)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+def test_dot_empty_batch(fast):
+    q, k, v = torch.zeros(0, 3, 2), torch.zeros(0, 4, 2), torch.zeros(0, 4, 5)
+    out = run(fast, K.dot_product_attention_by_lengths, q, k, v, torch.zeros(0, dtype=torch.long),
+              scale=1.0)  # fmt: skip
+    assert out.shape == (0, 3, 5) and out.dtype == q.dtype
+
+
+@needs_c
+def test_large_outputs_and_several_threads_match_the_reference():
+    """Outputs of 4 MiB and more take the huge-page hint; enough work splits the rows over
+    threads, whose partial key and w_v gradients are summed."""
+    from attnscore.kernels import _cpu
+
+    x = torch.randn(256, 4096)  # 4 MiB of float32
+    lens = torch.randint(0, 4097, (256,))
+    qh, kh, w, alens = _additive_inputs(B=2, n=64, m=64, h=16)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert len(_cpu._split(alens.reshape(-1) * 16 + 1, 2)) == 2
+        y = K.softmax_by_lengths(x, lens)
+        args = [t.clone().requires_grad_(True) for t in (qh, kh, w)]
+        g = torch.randn(2, 64, 64, dtype=torch.float64)
+        K.additive_scores_by_lengths(*args, alens).backward(g)
+        # a second multi-threaded call reuses the thread pool
+        again = K.additive_scores_by_lengths(qh, kh, w, alens)
+    finally:
+        torch.set_num_threads(old)
+    np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()), atol=1e-6)
+    expected = [t.clone().requires_grad_(True) for t in (qh, kh, w)]
+    ref_additive(*expected, alens).backward(g)
+    for got, want in zip(args, expected, strict=True):
+        torch.testing.assert_close(got.grad, want.grad)
+    torch.testing.assert_close(again, ref_additive(qh, kh, w, alens))
+
+
+# ---------------------------------------------------------------- building the C library
+_FAILING_CC = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "failing-cc 1.0"; exit 0; fi
+echo "failing-cc: error: something broke" >&2
+exit 1
+"""
+
+
+@pytest.fixture
+def first_load(monkeypatch, tmp_path):
+    """load_library as on its first call in a fresh process, with an empty cache; the loaded
+    library and its build info come back after the test."""
+    from attnscore.kernels import _build
+
+    monkeypatch.setattr(_build, "_tried", False)
+    monkeypatch.setattr(_build, "_lib", None)
+    monkeypatch.setattr(_build, "_info", _build.BuildInfo())
+    monkeypatch.setenv("ATTNSCORE_CACHE", str(tmp_path / "cache"))
+    return _build
+
+
+def test_build_compiles_into_an_empty_cache_once(first_load, tmp_path):
+    import ctypes
+
+    cc = first_load._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    path, compiled = first_load._build(cc)
+    assert compiled and path.suffix == ".so"
+    assert list((tmp_path / "cache").iterdir()) == [path]  # no temporary file left behind
+    assert ctypes.CDLL(str(path)).attnscore_kernels_abi() == 1
+    assert first_load._build(cc) == (path, False)  # cached: not compiled again
+
+
+def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path, monkeypatch):
+    import warnings
+
+    cc = tmp_path / "failing-cc"
+    cc.write_text(_FAILING_CC)
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    with pytest.raises(RuntimeError, match="failing-cc failed: failing-cc: error: something broke"):
+        first_load._build(str(cc))
+    assert list((tmp_path / "cache").iterdir()) == []  # the half-built file is removed
+
+    K.set_enabled(True)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    lens = torch.tensor([2, 0, 6])
+    with pytest.warns(RuntimeWarning, match=r"C kernels unavailable.*something broke"):
+        y = K.softmax_by_lengths(x, lens)
+    assert first_load.build_info().error.startswith("RuntimeError: ")
+    assert first_load.build_info().path is None and not K.available(x)
+    np.testing.assert_allclose(
+        y.detach().numpy(), ref_masked_softmax(x.detach().numpy(), lens.numpy()), atol=1e-12
+    )
+    qh, kh, w, alens = _additive_inputs(B=2, n=3, m=4, h=3)
+    args = [t.requires_grad_(True) for t in (qh, kh, w)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once, not on every call
+        torch.testing.assert_close(
+            K.additive_scores_by_lengths(*args, alens), ref_additive(qh, kh, w, alens)
+        )
+        assert torch.autograd.gradcheck(lambda t: K.softmax_by_lengths(t, lens), (x,))
+        assert torch.autograd.gradcheck(
+            lambda a, b, c: K.additive_scores_by_lengths(a, b, c, alens), args
+        )
+
+
+def test_no_compiler_leaves_the_kernels_unavailable(first_load, tmp_path, monkeypatch):
+    from attnscore.kernels import _cpu
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang on it
+    with pytest.warns(RuntimeWarning, match=r"no C compiler found"):
+        assert first_load.load_library() is None
+    with pytest.raises(RuntimeError, match="C kernels are not available"):
+        _cpu._lib()
+
+
+def test_cache_folder_and_cpu_flags(first_load, tmp_path, monkeypatch):
+    import platform
+
+    assert first_load._cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("ATTNSCORE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert first_load._cache_dir() == tmp_path / "xdg" / "attnscore"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert first_load._cache_dir() == tmp_path / "home" / ".cache" / "attnscore"
+
+    def no_proc(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(first_load, "open", no_proc, raising=False)
+    assert first_load._cpu_flags() == platform.processor()
