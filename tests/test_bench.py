@@ -4,7 +4,10 @@ smoke run gives no verdicts, the full run fails on a miss, bad options exit 2.""
 from __future__ import annotations
 
 import json
+import runpy
+import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,3 +179,137 @@ def test_cuda_case_names():
     names = bench.case_names("cuda")
     assert names[:2] == ["masked_softmax", "dot_fwd"] and "multihead_fwd_bwd" in names
     assert bench.case_names("cpu") == list(cpu.FULL)
+
+
+def _vmhwm_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def test_child_prints_its_peak_rss(capsys):
+    """``--child CASE IMPL``: what each peak-RSS subprocess runs, here in this process."""
+    old = torch.get_num_threads()
+    try:
+        assert (
+            bench.main(["--child", "masked_softmax", "attnscore", "--quick", "--threads", "1"]) == 0
+        )
+    finally:
+        torch.set_num_threads(old)
+    peak = float(capsys.readouterr().out)
+    assert 0 < peak <= _vmhwm_mib()
+
+
+@pytest.mark.parametrize(
+    ("stdout", "value"),
+    [
+        ("512.5\n", 512.5),
+        ("a warning\n12.25\n", 12.25),
+        ("", None),
+        ("oops\n", None),
+        ("nan", None),
+    ],
+)
+def test_last_float_of_a_child(stdout, value):
+    assert cpu._last_float(stdout) == value
+
+
+def test_compiled_rows_build_lazily_beside_an_eager_twin():
+    """Building a compiled row compiles nothing yet; its eager twin computes the masked
+    softmax (the compiled one runs only in the full bench, its build is slow here)."""
+    torch.manual_seed(3)
+    built = cpu.build("masked_softmax_compiled", {"B": 2, "n": 3, "m": 5})
+    assert list(built.forwards) == ["attnscore", "eager"] and built.same == ("eager",)
+    torch.manual_seed(3)  # the row's own inputs, drawn again
+    X, vl = torch.randn(2, 3, 5), _core.lengths(2, 5)
+    expected = np_masked_softmax(X.numpy(), broadcast_lengths(vl.numpy(), (2,), 3))
+    got = built.forwards["eager"]()
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-6)
+    small = {"B": 1, "n": 2, "m": 3, "h": 4, "d": 2}
+    additive = cpu.build("additive_fwd_bwd_compiled", small)
+    assert list(additive.forwards) == ["attnscore", "textbook"]
+    assert any("torch.compile" in note for note in additive.notes)
+
+
+class _FakeCudaMemory:
+    """torch.cuda's memory counters and device name, without a GPU: 1 MiB is allocated
+    before each step; the forward of ``run(mib)`` peaks ``mib`` MiB above that."""
+
+    def __init__(self, monkeypatch):
+        self.peak = self.allocated = 2**20
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU 80GB")
+
+    def reset(self, device=None):
+        self.peak = self.allocated
+
+    def run(self, mib):
+        def forward():
+            self.peak = max(self.peak, self.allocated + int(mib * 2**20))
+            return torch.ones(2)
+
+        return forward
+
+
+def test_measure_reads_cuda_peaks_and_judges_memory_targets(monkeypatch):
+    fake = _FakeCudaMemory(monkeypatch)
+    case = _core.Case(
+        "fake",
+        {"B": 1},
+        "float32",
+        lambda: _core.Built({"attnscore": fake.run(2), "textbook": fake.run(8)}),
+        [
+            _core.Target("peak", 0.5, "textbook"),
+            _core.Target("peak_mib", 1.0),
+            _core.Target("peak", 0.5, "missing"),
+        ],
+        timed=False,
+    )
+    row = _core.measure(case, torch.device("cuda"), threads=1, min_time=0.01, judge=True)
+    assert row["peak_mib"] == {"attnscore": 2.0, "textbook": 8.0} and row["median_s"] == {}
+    assert [(c["value"], c["met"]) for c in row["targets"]] == [
+        (0.25, True),
+        (2.0, False),
+        (None, None),
+    ]
+    assert _core.device_name(torch.device("cuda")) == "Fake GPU 80GB"
+
+
+def test_measure_leaves_out_an_implementation_that_fails():
+    def out_of_memory():
+        raise RuntimeError("out of memory\nwhile allocating 3 GiB")
+
+    case = _core.Case(
+        "flaky",
+        {"B": 1},
+        "float32",
+        lambda: _core.Built({"attnscore": lambda: torch.ones(2), "sdpa": out_of_memory}),
+        [_core.Target("time", 1.0, "sdpa")],
+    )
+    row = _core.measure(case, CPU, threads=1, min_time=0.001, judge=True)
+    assert list(row["median_s"]) == ["attnscore"]
+    assert row["notes"] == ["sdpa not measured: RuntimeError: out of memory"]
+    assert row["targets"][0]["met"] is None  # no baseline, no verdict
+
+
+def test_render_cuda_result_and_times():
+    text = bench.render(
+        {"device": "cuda", "device_name": "Fake GPU", "threads": 2, "quick": False, "rows": []}
+    )
+    assert text.startswith("attnscore bench on Fake GPU, 2 CPU threads")
+    assert "torch.cuda.max_memory_allocated" in text and "C kernels" not in text
+    assert [_core._ms(t) for t in (None, 0.0015, 0.25)] == ["-", "1.500", "250.0"]
+
+
+def test_python_dash_m_bench_in_process(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["attnscore.bench", "--threads", "0"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("attnscore.bench", run_name="__main__")
+    assert done.value.code == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == ""
+        and err == "attnscore bench: error: --threads: expected a positive integer, but got '0'\n"
+    )
