@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnscore._usage import UsageError
+from attnscore.g2p.checkpoint import (
+    load_checkpoint,
+    load_model,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from attnscore.g2p.cli import main
+from attnscore.g2p.config import ModelConfig, TrainConfig
+from attnscore.g2p.data import Vocab
+from attnscore.g2p.model import G2PModel
+from attnscore.g2p.state import TrainState
 
 
 class _WritesAFile:
@@ -89,7 +100,9 @@ def test_crafted_pickle_through_python_m(tmp_path: Path) -> None:
     assert not target.exists()
 
 
-@pytest.mark.parametrize("kind", ["text", "truncated", "list", "empty", "other-dict"])
+@pytest.mark.parametrize(
+    "kind", ["text", "truncated", "list", "empty", "other-dict", "old-format", "incomplete"]
+)
 def test_files_that_are_not_checkpoints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
@@ -103,8 +116,63 @@ def test_files_that_are_not_checkpoints(
         torch.save([1, 2, 3], path)
     elif kind == "empty":
         path.write_bytes(b"")
+    elif kind == "old-format":
+        torch.save({"format": "attnscore.g2p/1", "model": {}}, path)
+    elif kind == "incomplete":
+        torch.save({"format": "attnscore.g2p/2", "model": {}}, path)
     else:
         torch.save({"weights": torch.zeros(3)}, path)
     assert main(["predict", str(path), "abc"]) == 2
     err = _one_line(capsys)
     assert str(path) in err and "checkpoint" in err
+    if kind == "old-format":
+        assert "but got format 'attnscore.g2p/1'" in err
+    if kind == "incomplete":
+        assert "it lacks ['model_config', 'train_config', 'letters', 'phones', 'state']" in err
+
+
+def _save(path: Path, hidden: int = 4) -> None:
+    """An untrained checkpoint of a tiny model (letters a, b; phonemes AE, B)."""
+    cfg = TrainConfig(model=ModelConfig(emb=4, enc_hidden=hidden, dec_hidden=hidden))
+    letters, phones = Vocab("ab"), Vocab(["AE", "B"])
+    model = G2PModel(cfg.model, len(letters), len(phones))
+    save_checkpoint(
+        path,
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters()),
+        cfg=cfg,
+        letters=letters,
+        phones=phones,
+        state=TrainState(),
+        rng=torch.get_rng_state(),
+    )
+
+
+def test_load_checkpoint_of_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"expected a checkpoint file, but got '.*nothing\.pt'"):
+        load_checkpoint(tmp_path / "nothing.pt")
+
+
+def test_run_folder_evaluates_with_best_then_last(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"expected best\.pt or last\.pt in '.*', but got neither"):
+        resolve_checkpoint(tmp_path)
+    _save(tmp_path / "last.pt")
+    assert resolve_checkpoint(tmp_path) == tmp_path / "last.pt"
+    _save(tmp_path / "best.pt")
+    assert resolve_checkpoint(tmp_path) == tmp_path / "best.pt"
+    assert resolve_checkpoint(tmp_path / "last.pt") == tmp_path / "last.pt"
+    model, letters, phones, cfg = load_model(tmp_path)
+    assert letters.itos[4:] == ["a", "b"] and phones.itos[4:] == ["AE", "B"]
+    assert cfg.model.enc_hidden == 4 and not model.training
+
+
+def test_weights_that_do_not_fit_the_stored_config_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "x.pt"
+    _save(path, hidden=4)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model_config"]["enc_hidden"] = 6  # as if edited by hand
+    torch.save(ckpt, path)
+    assert main(["predict", str(path), "ab"]) == 2
+    assert _one_line(capsys).endswith(f"{path}: expected weights that fit its model config")

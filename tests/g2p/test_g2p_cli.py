@@ -194,6 +194,7 @@ def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPat
         ("--time-budget", "inf", "positive number"),
         ("--lr", "abc", "positive number"),
         ("--average-last", "1", "[0, 1)"),
+        ("--dropout", "x", "[0, 1)"),
         ("--steps", "two", "positive integer"),
     ],
 )
@@ -202,6 +203,31 @@ def test_option_types_refuse_bad_values(option: str, value: str, expected: str) 
         cli.build_parser().parse_args(["train", option, value])
     with pytest.raises(UsageError, match="number >= 0"):
         cli.build_parser().parse_args(["eval", "run", "--length-norm", "-1"])
+
+
+def test_option_types_accept_good_values() -> None:
+    args = cli.build_parser().parse_args(
+        ["train", "--dropout", "0.25", "--label-smoothing", "0", "--time-budget", "1.5"]
+    )
+    assert (args.dropout, args.label_smoothing, args.time_budget) == (0.25, 0.0, 1.5)
+    assert cli.build_parser().parse_args(["eval", "run", "--length-norm", "0.6"]).length_norm == 0.6
+    with pytest.raises(UsageError, match=re.escape("number >= 0, but got 'x'")):
+        cli.build_parser().parse_args(["eval", "run", "--length-norm", "x"])
+
+
+def test_python_dash_m_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m attnscore.g2p`` exits with main()'s code."""
+    import runpy
+    import sys
+
+    missing = tmp_path / "missing.pt"
+    monkeypatch.setattr(sys, "argv", ["attnscore.g2p", "predict", str(missing), "abc"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("attnscore.g2p", run_name="__main__")
+    assert done.value.code == 2
+    assert _one_line_error(capsys).startswith("attnscore g2p: error: ")
 
 
 def test_nprocs_with_cuda_is_refused() -> None:

@@ -11,9 +11,10 @@ from torch import nn
 from attnscore.g2p import train as train_mod
 from attnscore.g2p.checkpoint import load_checkpoint, load_model
 from attnscore.g2p.config import ModelConfig, TrainConfig
-from attnscore.g2p.data import PAD_ID, encode_words, make_batch
+from attnscore.g2p.data import BOS_ID, EOS_ID, PAD_ID, encode_words, make_batch, split_of
 from attnscore.g2p.evaluate import evaluate, predict
-from attnscore.g2p.train import build_model, free_port, prepare_data, run_training
+from attnscore.g2p.model import G2PModel
+from attnscore.g2p.train import build_model, prepare_data, run_training
 from attnscore.registry import scorer_names
 
 STEPS_PER_EPOCH = 14  # 216 toy training pairs in batches of 16
@@ -157,8 +158,9 @@ def test_two_process_ddp_equals_one_process(toy_dict: Path, tmp_path: Path) -> N
         toy_dict, tmp_path / "one", dropout=0.0, batch_size=15, steps=15, ckpt_every=0
     )
     run_training(one)
-    two = replace(one, out=str(tmp_path / "two"))
-    train_mod.spawn_training(two, nprocs=2, port=free_port())
+    # train() with nprocs=2 spawns the processes and returns rank 0's summary
+    summary = train_mod.train(replace(one, out=str(tmp_path / "two"), nprocs=2))
+    assert summary is not None and summary["world_size"] == 2 and summary["steps"] == 15
     assert (
         load_checkpoint(tmp_path / "two" / "last.pt")["state"]["step"]
         == load_checkpoint(tmp_path / "one" / "last.pt")["state"]["step"]
@@ -230,3 +232,101 @@ def test_weight_averaging_is_the_mean_of_the_last_steps(toy_dict: Path, tmp_path
     model, *_ = load_model(tmp_path / "avg" / "last.pt")
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, ckpt["averaged"][k])
+
+
+@pytest.mark.parametrize("input_feeding", [False, True], ids=["plain", "input-feeding"])
+def test_teacher_forcing_equals_step_by_step_decoding(input_feeding: bool) -> None:
+    """The teacher-forced forward (what training optimises) gives the logits that decoding
+    computes one step at a time, and greedy decoding follows their argmax."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(emb=6, enc_hidden=5, dec_hidden=7, dropout=0.0, input_feeding=input_feeding)
+    model = G2PModel(cfg, n_letters=9, n_phones=11).eval()
+    src = torch.tensor([[4, 5, 6, 7], [8, 4, 0, 0], [5, 0, 0, 0]])
+    lens = torch.tensor([4, 2, 1])
+    tgt_in = torch.tensor([[BOS_ID, 4, 5, 9], [BOS_ID, 10, 6, 6], [BOS_ID, 7, 8, 4]])
+    with torch.no_grad():
+        logits = model(src, lens, tgt_in)
+        enc = model.encode(src, lens)
+        state, feed = enc.state, enc.state.new_zeros(3, cfg.dec_hidden)
+        steps = []
+        for t in range(tgt_in.shape[1]):
+            step_logits, state, feed = model.step(tgt_in[:, t], state, feed, enc)
+            steps.append(step_logits)
+    assert logits.shape == (3, 4, 11)
+    torch.testing.assert_close(logits, torch.stack(steps, 1), atol=1e-6, rtol=1e-5)
+
+    ids, _ = model.greedy(src, lens, max_len=4)
+    for b, seq in enumerate(ids):  # fed its own output, each step's argmax is what it emitted
+        fed = torch.tensor([[BOS_ID, *seq]])
+        with torch.no_grad():
+            again = model(src[b : b + 1, : int(lens[b])], lens[b : b + 1], fed)
+        emitted = again[0].argmax(-1).tolist()
+        assert emitted[: len(seq)] == seq and (len(seq) == 4 or emitted[len(seq)] == EOS_ID)
+
+
+def test_model_input_checks() -> None:
+    model = G2PModel(ModelConfig(emb=4, enc_hidden=4, dec_hidden=4), 6, 6)
+    with pytest.raises(
+        ValueError, match=r"Expected src \(B, S\) and src_lens \(B,\), but got \(3,\)"
+    ):
+        model.encode(torch.tensor([4, 5, 4]), torch.tensor([3]))
+    with pytest.raises(ValueError, match=r"Expected beam >= 1, but got 0"):
+        model.beam_search(torch.tensor([[4, 5]]), torch.tensor([2]), beam=0)
+
+
+def _lexicon_with_malformed_lines(path: Path, bad: int) -> None:
+    good = ["abba AE1 B B AE1", "mosk M OW1 S K", "sade S AE1 D IY0", "boa B OW1 AE1"]
+    path.write_text("\n".join([*good, *(f"word{i}" for i in range(bad))]) + "\n")
+
+
+def test_prepare_data_reports_malformed_lines_and_trims_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "lex.dict"
+    _lexicon_with_malformed_lines(data, bad=23)
+    cfg = tiny_config(data, tmp_path / "out")
+    full = prepare_data(cfg)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 21 and err[0].startswith("warning: line 5 skipped: Expected a word and")
+    assert err[19].startswith("warning: line 24 skipped") and err[20] == (
+        "warning: 3 more malformed lines"
+    )
+    assert prepare_data(cfg, report=False) and capsys.readouterr().err == ""
+    trimmed = prepare_data(replace(cfg, max_train_words=2), report=False)
+    assert sorted(trimmed.splits["train"]) == sorted(full.splits["train"])[:2]
+    assert [w for w, _ in trimmed.train_pairs] == sorted(full.splits["train"])[:2]
+
+
+def test_data_and_budget_that_cannot_be_trained_on(tmp_path: Path) -> None:
+    held_out = next(w for w in (f"word{i}" for i in itertools.count()) if split_of(w) != "train")
+    data = tmp_path / "one.dict"
+    data.write_text(f"{held_out} W ER1 D\n")
+    with pytest.raises(ValueError, match="Expected a non-empty training split"):
+        prepare_data(tiny_config(data, tmp_path / "out"))
+    with pytest.raises(ValueError, match="Expected a budget"):
+        run_training(tiny_config(data, tmp_path / "out", steps=None))
+
+
+def test_clip_zero_means_no_clipping(toy_dict: Path, tmp_path: Path) -> None:
+    def trained(clip: float) -> dict[str, torch.Tensor]:
+        cfg = tiny_config(toy_dict, tmp_path, clip=clip, dropout=0.0)
+        data = prepare_data(cfg, report=False)
+        torch.manual_seed(0)
+        run = train_mod._Run(cfg, data, 0, 1)
+        for idx in ([0, 5, 9, 20], [1, 2, 3]):
+            run.step(idx, lr=0.1)
+        return run.model.state_dict()
+
+    free, loose, tight = trained(0.0), trained(1e9), trained(1e-3)
+    for k in free:
+        torch.testing.assert_close(free[k], loose[k], rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(free[k], tight[k]) for k in free)
+
+
+def test_time_budget_without_validation_times_steps_only(toy_dict: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(toy_dict, tmp_path, steps=None, time_budget=0.01, eval_every=0)
+    data = prepare_data(cfg, report=False)
+    rng = torch.get_rng_state()
+    steps, record = train_mod.steps_for_time_budget(cfg, data)
+    assert record["seconds_per_validation"] == 0.0 and record["seconds_per_step"] > 0
+    assert steps >= 1 and torch.equal(torch.get_rng_state(), rng)
