@@ -253,6 +253,37 @@ def test_general_and_cosine_match_numpy():
     )
 
 
+def test_additive_scores_with_a_bias_match_numpy():
+    q, k, _ = _random_case(d_q=5, d_k=3)
+    W_q, W_k = torch.randn(7, 5, dtype=q.dtype), torch.randn(7, 3, dtype=q.dtype)
+    w_v, bias = torch.randn(7, dtype=q.dtype), torch.randn(7, dtype=q.dtype)
+    got = attnscore.scoring.additive_scores(q, k, W_q, W_k, w_v, bias=bias)
+    expected = np_additive_scores(q, k, W_q, W_k, w_v, bias)
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
+    assert not np.allclose(expected, np_additive_scores(q, k, W_q, W_k, w_v))
+
+
+def test_general_infers_the_key_size_on_its_first_call():
+    q, k, v = _random_case(d_q=5, d_k=3)
+    lens = torch.tensor([1, 6, 3])
+    general = MultiplicativeAttention(5).double()  # key_size=None: W_a is lazy
+    out = general(q, k, v, lens)
+    W = general.W_a.weight.detach().numpy()
+    assert W.shape == (5, 3)
+    scores = q.numpy() @ W @ np.swapaxes(k.numpy(), -1, -2)
+    L = broadcast_lengths(lens.numpy(), (3,), 4)
+    np.testing.assert_allclose(
+        out.detach().numpy(), np_attention(np_masked_softmax(scores, L), v), atol=1e-12
+    )
+    with pytest.raises(ValueError, match=r"keys.*key_size=3"):
+        general(q, torch.randn(3, 6, 4, dtype=torch.float64), v, lens)
+
+
+def test_dot_product_repr_shows_scale_and_normalizer():
+    assert "scale=1.0\n" in repr(DotProductAttention(scale=1.0))
+    assert "scale=None, normalizer='hardmax'" in repr(DotProductAttention(normalizer="hardmax"))
+
+
 def test_generic_attention_with_user_scorer_module():
     class Negdist(torch.nn.Module):
         def __init__(self):
@@ -449,9 +480,21 @@ def test_state_and_copies():
             ValueError,
             r"keys.*key_size=2",
         ),
+        (
+            lambda: MultiplicativeAttention(20, 2)(
+                torch.randn(2, 1, 19), torch.randn(2, 5, 2), torch.randn(2, 5, 2)
+            ),
+            ValueError,
+            r"queries.*query_size=20.*\(2, 1, 19\)",
+        ),
+        (lambda: DotProductAttention(scale="0.5"), TypeError, r"`scale`.*float or None.*'0.5'"),
+        (lambda: DotProductAttention(scale=True), TypeError, r"`scale`.*float or None.*True"),
+        (lambda: CosineAttention(scale=0.0), ValueError, r"`scale`.*positive float.*0.0"),
+        (lambda: CosineAttention(scale=True), ValueError, r"`scale`.*positive float.*True"),
         (lambda: AdditiveAttention(2, 20), TypeError, "num_hiddens"),
         (lambda: AdditiveAttention(2, 20, 0), ValueError, "num_hiddens.*0"),
         (lambda: DotProductAttention(dropout=1.5), ValueError, r"dropout.*\[0, 1\).*1.5"),
+        (lambda: DotProductAttention(dropout="0.1"), TypeError, r"`dropout`.*float.*'0.1'"),
         (lambda: DotProductAttention(normalizer="nope"), ValueError, "normalizer"),
         (lambda: Attention(scoring=3), TypeError, "scoring"),
         (

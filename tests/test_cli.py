@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
+import runpy
 import stat
 import subprocess
 import sys
 import textwrap
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +171,38 @@ def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("demo", "run", "bench", "g2p"))
+
+
+def test_a_handler_exiting_with_a_message_exits_1(monkeypatch, capsys):
+    import attnscore.demo
+
+    def give_up(args):
+        raise SystemExit("attnscore: demo gave up")
+
+    real = attnscore.demo.add_parser
+
+    def add_parser(sub):
+        parser = real(sub)
+        parser.set_defaults(handler=give_up)
+        return parser
+
+    monkeypatch.setattr(attnscore.demo, "add_parser", add_parser)
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err == "attnscore: demo gave up\n"
+
+
+@pytest.mark.parametrize("module", ["attnscore", "attnscore.cli"])
+def test_python_dash_m_in_process(module, tmp_path, monkeypatch, capsys):
+    """``python -m attnscore`` and ``python -m attnscore.cli`` exit with main()'s code."""
+    monkeypatch.setattr(sys, "argv", [module, "run", "--input", str(tmp_path / "missing.npz")])
+    with warnings.catch_warnings():
+        # attnscore.cli is imported already; -m runs it again as __main__, which runpy notes
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(SystemExit) as done:
+            runpy.run_module(module, run_name="__main__")
+    assert done.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--input: no such file" in _one_error_line(captured.err)
 
 
 def test_python_dash_m_usage_error(tmp_path):
@@ -502,6 +538,14 @@ def _save_npy_as_npz(p):
         np.save(f, np.ones(3))
 
 
+def _truncated_member(p):
+    """A readable zip whose queries.npy member ends before its data does."""
+    buf = io.BytesIO()
+    np.save(buf, np.ones((2, 3, 4), np.float32))
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("queries.npy", buf.getvalue()[:-8])
+
+
 @pytest.mark.parametrize(
     ("name", "setup", "message"),
     [
@@ -509,6 +553,7 @@ def _save_npy_as_npz(p):
         ("in.npz", lambda p: p.write_text("hello, world\n"), "it is not an .npz archive"),
         ("in.npz", lambda p: p.write_bytes(b"PK\x03\x04 truncated"), "not an .npz archive"),
         ("in.npz", _save_npy_as_npz, "not an .npz archive"),
+        ("in.npz", _truncated_member, "a damaged .npz archive"),
         (
             "in.npz",
             lambda p: np.savez(p, queries=np.array(["a"]), keys=np.ones(2), values=np.ones(2)),
@@ -549,6 +594,17 @@ def test_run_bad_input_one_clear_line_exit_2_no_output(tmp_path, capsys, name, s
     assert "--input" in err
     assert "allow_pickle" not in err and "KeyError" not in err and "trust" not in err
     assert not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+@pytest.mark.parametrize("scoring", ["additive", "general"])
+def test_run_zero_feature_queries_with_a_sized_scorer(tmp_path, capsys, scoring):
+    src = tmp_path / "in.npz"
+    _write_inputs(src, queries=np.ones((2, 3, 0), np.float32))
+    out = tmp_path / "out.npz"
+    assert main(["run", "--input", str(src), "--scoring", scoring, "--output", str(out)]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"--scoring {scoring}: Expected `query_size` to be a positive int, but got 0" in err
+    assert not out.exists()
 
 
 def test_truncated_npz_file(tmp_path, capsys):

@@ -180,6 +180,12 @@ def test_leading_dimensions_broadcast_lengths():
             r"valid_lens.*\(2,\) or \(2, 3\)",
         ),
         (torch.randn(2, 3, 4), torch.tensor([[1, 2], [3, 4]]), ValueError, "shape"),
+        (
+            torch.randn(2, 5, 3, 4),
+            torch.ones(2, 4, dtype=torch.long),
+            ValueError,
+            r"valid_lens.*\(2,\) or \(2, 3\) or \(2, 5, 3\).*\(2, 5, 3, 4\)",
+        ),
         (torch.randn(2, 3, 4), torch.tensor([1, -1]), ValueError, "non-negative.*-1"),
         (torch.randn(2, 3, 4), torch.tensor([1.5, 2.0]), ValueError, "whole numbers.*1.5"),
         (torch.randn(2, 3, 4), torch.tensor([float("nan"), 2.0]), ValueError, "whole numbers"),

@@ -106,3 +106,10 @@ def test_custom_inner_attention_and_masks():
 def test_bad_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiHeadAttention(**kwargs)
+
+
+def test_queries_must_be_3d():
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 3, 8)
+    with pytest.raises(ValueError, match=r"`queries` of shape \(B, n, q\).*\(2, 1, 3, 8\)"):
+        mha(x, x, x)

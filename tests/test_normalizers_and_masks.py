@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -62,6 +64,7 @@ def np_normalize(name, scores, allowed):
 
 
 MASK_KINDS = {
+    "none": lambda B, n, m: {},
     "valid_lens_1d": lambda B, n, m: {"valid_lens": torch.tensor([3, 0, m])},
     "valid_lens_2d": lambda B, n, m: {
         "valid_lens": torch.tensor([[1, 2, 0, 5], [5, 4, 3, 2], [0, 0, 1, 1]])
@@ -177,3 +180,13 @@ def test_dense_reference_helper_sanity():
         np_masked_softmax_dense(s, np.array([True, True, False])),
         np_masked_softmax_dense(s, np.array([True, False, True])),
     )
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_sparse_normalizers_name_their_missing_package(name, monkeypatch):
+    monkeypatch.setitem(sys.modules, "entmax", None)  # as if it were not installed
+    q = torch.randn(1, 2, 3)
+    with pytest.raises(
+        ImportError, match=rf"normalizer='{name}' needs .*`entmax`.*attnscore\[entmax\]"
+    ):
+        attnscore.dot_product_attention(q, q, q, normalizer=name)

@@ -104,3 +104,21 @@ def test_multihead_default_is_scaled_dot_and_dot_warns():
     old(x, x, x)  # materialise the lazy projections, then take the same parameters
     old.load_state_dict(default.state_dict(), strict=True)
     torch.testing.assert_close(old(x, x, x), expected)
+
+
+@pytest.mark.parametrize("name", ["two words", "", "dash-name", 3])
+def test_register_scorer_refuses_names_that_are_not_words(name):
+    with pytest.raises(ValueError, match=r"Expected `name` to be a word like 'my_scorer'"):
+        attnscore.register_scorer(name, lambda q, k, h, p: None, formula="-", source="-")
+    assert name not in registry.SCORERS
+
+
+def test_register_scorer_refuses_a_taken_name_unless_replacing(registered):
+    spec = registry.SCORERS[registered]
+    with pytest.raises(ValueError, match=rf"`name`.*'{registered}', which is registered already"):
+        attnscore.register_scorer(registered, spec.factory, formula="other", source="-")
+    assert registry.SCORERS[registered] is spec
+    new = attnscore.register_scorer(
+        registered, spec.factory, formula="other", source="-", replace=True
+    )
+    assert registry.SCORERS[registered] is new and new.formula == "other"
