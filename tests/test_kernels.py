@@ -4,6 +4,9 @@ here, gradcheck of every autograd Function, masked rows, dtypes and padded garba
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -324,3 +327,55 @@ def test_build_info_and_threads():
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)
+
+
+@needs_c
+@pytest.mark.parametrize("openmp", [True, False], ids=["openmp-drivers", "python-threads"])
+def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
+    """The row ranges run on torch's OpenMP threads (C drivers) or on Python threads; both
+    must give the float64 reference, forward and backward, with two ranges or more."""
+    from attnscore.kernels import _build, _cpu
+
+    if openmp and not _build.parallel_in_c():
+        pytest.skip("the kernels were not built with torch's OpenMP runtime here")
+    monkeypatch.setattr(_cpu, "parallel_in_c", lambda: openmp)
+    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)  # always split
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(5, 7, 33, dtype=torch.float64)
+        lens = torch.randint(0, 34, (5, 7))
+        y = _cpu.masked_softmax_forward(x, lens)
+        np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()))
+        g = torch.randn_like(x)
+        dx = _cpu.masked_softmax_backward(g, y, lens)
+        yr = torch.tensor(ref_masked_softmax(x.numpy(), lens.numpy()))
+        np.testing.assert_allclose(dx, yr * (g - (g * yr).sum(-1, keepdim=True)), atol=1e-12)
+
+        qh, kh, w = (torch.randn(3, 6, 4), torch.randn(3, 9, 4), torch.randn(4))
+        qh, kh, w = (t.double().requires_grad_() for t in (qh, kh, w))
+        alens = torch.randint(0, 10, (3, 6))
+        s = _cpu.additive_scores_forward(qh.detach(), kh.detach(), w.detach(), alens)
+        ref = ref_additive(qh, kh, w, alens)
+        torch.testing.assert_close(s, ref.detach())
+        gs = torch.randn_like(s)
+        got = _cpu.additive_scores_backward(gs, qh.detach(), kh.detach(), w.detach(), alens)
+        want = torch.autograd.grad(ref, (qh, kh, w), gs)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_c
+def test_openmp_can_be_switched_off(tmp_path):
+    """ATTNSCORE_OPENMP=0 builds without an OpenMP runtime: the kernels run on Python threads."""
+    code = (
+        "import torch; from attnscore.kernels import _build; _build.load_library(); "
+        "i = _build.build_info(); print(i.openmp, _build.parallel_in_c(), i.error)"
+    )
+    env = {**os.environ, "ATTNSCORE_OPENMP": "0", "ATTNSCORE_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "False", "None"]
