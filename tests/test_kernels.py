@@ -4,6 +4,9 @@ here, gradcheck of every autograd Function, masked rows, dtypes and padded garba
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -326,6 +329,58 @@ def test_build_info_and_threads():
     assert torch.equal(one, two)
 
 
+@needs_c
+@pytest.mark.parametrize("openmp", [True, False], ids=["openmp-drivers", "python-threads"])
+def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
+    """The row ranges run on torch's OpenMP threads (C drivers) or on Python threads; both
+    must give the float64 reference, forward and backward, with two ranges or more."""
+    from attnscore.kernels import _build, _cpu
+
+    if openmp and not _build.parallel_in_c():
+        pytest.skip("the kernels were not built with torch's OpenMP runtime here")
+    monkeypatch.setattr(_cpu, "parallel_in_c", lambda: openmp)
+    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)  # always split
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(5, 7, 33, dtype=torch.float64)
+        lens = torch.randint(0, 34, (5, 7))
+        y = _cpu.masked_softmax_forward(x, lens)
+        np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()))
+        g = torch.randn_like(x)
+        dx = _cpu.masked_softmax_backward(g, y, lens)
+        yr = torch.tensor(ref_masked_softmax(x.numpy(), lens.numpy()))
+        np.testing.assert_allclose(dx, yr * (g - (g * yr).sum(-1, keepdim=True)), atol=1e-12)
+
+        qh, kh, w = (torch.randn(3, 6, 4), torch.randn(3, 9, 4), torch.randn(4))
+        qh, kh, w = (t.double().requires_grad_() for t in (qh, kh, w))
+        alens = torch.randint(0, 10, (3, 6))
+        s = _cpu.additive_scores_forward(qh.detach(), kh.detach(), w.detach(), alens)
+        ref = ref_additive(qh, kh, w, alens)
+        torch.testing.assert_close(s, ref.detach())
+        gs = torch.randn_like(s)
+        got = _cpu.additive_scores_backward(gs, qh.detach(), kh.detach(), w.detach(), alens)
+        want = torch.autograd.grad(ref, (qh, kh, w), gs)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_c
+def test_openmp_can_be_switched_off(tmp_path):
+    """ATTNSCORE_OPENMP=0 builds without an OpenMP runtime: the kernels run on Python threads."""
+    code = (
+        "import torch; from attnscore.kernels import _build; _build.load_library(); "
+        "i = _build.build_info(); print(i.openmp, _build.parallel_in_c(), i.error)"
+    )
+    env = {**os.environ, "ATTNSCORE_OPENMP": "0", "ATTNSCORE_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "False", "None"]
+
+
 def test_available_only_for_float_cpu_tensors():
     assert not K.available(torch.zeros(2, dtype=torch.int64))
     assert not K.available(torch.zeros(2, device="meta"))
@@ -405,11 +460,11 @@ def test_build_compiles_into_an_empty_cache_once(first_load, tmp_path):
     cc = first_load._compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    path, compiled = first_load._build(cc)
+    path, compiled = first_load._build(cc, first_load.CFLAGS)
     assert compiled and path.suffix == ".so"
     assert list((tmp_path / "cache").iterdir()) == [path]  # no temporary file left behind
-    assert ctypes.CDLL(str(path)).attnscore_kernels_abi() == 1
-    assert first_load._build(cc) == (path, False)  # cached: not compiled again
+    assert hasattr(ctypes.CDLL(str(path)), "ms_fwd_f32")
+    assert first_load._build(cc, first_load.CFLAGS) == (path, False)  # cached: not compiled again
 
 
 def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path, monkeypatch):
@@ -420,7 +475,7 @@ def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path,
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
     with pytest.raises(RuntimeError, match="failing-cc failed: failing-cc: error: something broke"):
-        first_load._build(str(cc))
+        first_load._build(str(cc), first_load.CFLAGS)
     assert list((tmp_path / "cache").iterdir()) == []  # the half-built file is removed
 
     K.set_enabled(True)
@@ -473,3 +528,9 @@ def test_cache_folder_and_cpu_flags(first_load, tmp_path, monkeypatch):
 
     monkeypatch.setattr(first_load, "open", no_proc, raising=False)
     assert first_load._cpu_flags() == platform.processor()
+
+
+@pytest.mark.parametrize("value", ["0", "false", "no"])
+def test_openmp_switch_values_turn_the_openmp_build_off(first_load, monkeypatch, value):
+    monkeypatch.setenv("ATTNSCORE_OPENMP", value)
+    assert not first_load._want_openmp()

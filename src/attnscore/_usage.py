@@ -9,9 +9,21 @@ traceback, no partial output file.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
-__all__ = ["ArgumentParser", "UsageError", "positive_int"]
+__all__ = [
+    "ArgumentParser",
+    "UsageError",
+    "argument_type",
+    "fraction",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+]
+
+T = TypeVar("T", int, float)
 
 
 class UsageError(Exception):
@@ -36,11 +48,19 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=`` for counts and sizes: an integer >= 1.
+def argument_type(
+    convert: Callable[[str], T], accept: Callable[[T], bool], expected: str
+) -> Callable[[str], T]:
+    """An argparse ``type=`` that converts the text and accepts only some values.
 
-    Raises:
-        argparse.ArgumentTypeError: anything else (argparse reports it, naming the option).
+    Args:
+        convert: ``int`` or ``float`` (any callable raising ``ValueError`` on bad text).
+        accept: whether a converted value is allowed.
+        expected: what is allowed, for the message ("a positive integer").
+
+    Returns:
+        The type function; it raises ``argparse.ArgumentTypeError("expected <expected>, but
+        got '<text>'")``, which argparse reports naming the option.
 
     >>> parser = ArgumentParser(prog="demo")
     >>> _ = parser.add_argument("--num-hiddens", type=positive_int)
@@ -49,10 +69,23 @@ def positive_int(text: str) -> int:
     ...
     attnscore._usage.UsageError: argument --num-hiddens: expected a positive integer, but got '0'
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, but got {text!r}")
-    return value
+
+    def parse(text: str) -> T:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, but got {text!r}")
+        return value
+
+    return parse
+
+
+_INF = float("inf")
+positive_int = argument_type(int, lambda v: v >= 1, "a positive integer")
+"""Counts and sizes: an integer >= 1."""
+non_negative_int = argument_type(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = argument_type(float, lambda v: 0 < v < _INF, "a positive number")
+non_negative_float = argument_type(float, lambda v: 0 <= v < _INF, "a number >= 0")
+fraction = argument_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")

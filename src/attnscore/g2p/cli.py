@@ -15,63 +15,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._io import default_device, device_arg
-from .._usage import ArgumentParser, UsageError
+from .._usage import (
+    ArgumentParser,
+    UsageError,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from ..registry import scorer_names
 from .commands import cmd_eval, cmd_predict, cmd_train
 from .compare import cmd_compare, cmd_table
 from .config import DEFAULT_STEPS
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, but got {text!r}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, but got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, but got {text!r}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), but got {text!r}")
-    return v
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, but got {text!r}")
-    return v
 
 
 def _usage_errors(fn: Handler) -> Handler:
@@ -97,10 +55,10 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam", type=_positive_int, default=5, help="beam width (1: greedy only)")
+    p.add_argument("--beam", type=positive_int, default=5, help="beam width (1: greedy only)")
     p.add_argument(
         "--length-norm",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         metavar="ALPHA",
         help="rank finished beams by score / length**ALPHA (default 0: plain sum)",
@@ -112,45 +70,45 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-stress", action="store_true", help="keep stress digits 0/1/2")
     p.add_argument(
         "--steps",
-        type=_positive_int,
+        type=positive_int,
         help=f"budget in optimizer steps; the LR schedule spans it (default {DEFAULT_STEPS})",
     )
     p.add_argument(
         "--time-budget",
-        type=_positive_float,
+        type=positive_float,
         metavar="MIN",
         help="budget in minutes, turned once into steps by a timed warm-up (recorded)",
     )
-    p.add_argument("--batch-size", type=_positive_int, default=64)
-    p.add_argument("--lr", type=_positive_float, default=3e-3)
-    p.add_argument("--warmup-steps", type=_non_negative_int, default=0, help="linear LR warm-up")
-    p.add_argument("--emb", type=_positive_int, default=64)
-    p.add_argument("--hidden", type=_positive_int, default=256, help="encoder/decoder GRU size")
-    p.add_argument("--dropout", type=_fraction, default=0.1)
-    p.add_argument("--label-smoothing", type=_fraction, default=0.1)
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--lr", type=positive_float, default=3e-3)
+    p.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear LR warm-up")
+    p.add_argument("--emb", type=positive_int, default=64)
+    p.add_argument("--hidden", type=positive_int, default=256, help="encoder/decoder GRU size")
+    p.add_argument("--dropout", type=fraction, default=0.1)
+    p.add_argument("--label-smoothing", type=fraction, default=0.1)
     p.add_argument("--input-feeding", action="store_true")
     p.add_argument(
         "--average-last",
-        type=_fraction,
+        type=fraction,
         default=0.0,
         metavar="FRAC",
         help="evaluate with the weights averaged over this final fraction of steps",
     )
     p.add_argument(
-        "--eval-every", type=_non_negative_int, default=1000, help="steps between validations"
+        "--eval-every", type=non_negative_int, default=1000, help="steps between validations"
     )
     p.add_argument(
-        "--ckpt-every", type=_non_negative_int, default=200, help="steps between checkpoints"
+        "--ckpt-every", type=non_negative_int, default=200, help="steps between checkpoints"
     )
-    p.add_argument("--eval-words", type=_positive_int, help="validate on this many words only")
-    p.add_argument("--max-train-words", type=_positive_int, help="train on a subset (tests)")
+    p.add_argument("--eval-words", type=positive_int, help="validate on this many words only")
+    p.add_argument("--max-train-words", type=positive_int, help="train on a subset (tests)")
     p.add_argument(
         "--nprocs",
-        type=_positive_int,
+        type=positive_int,
         help="training processes, DDP on gloo (default 1: one process, every core as threads)",
     )
     p.add_argument(
-        "--threads", type=_positive_int, help="torch threads per process (default: cores // nprocs)"
+        "--threads", type=positive_int, help="torch threads per process (default: cores // nprocs)"
     )
     _add_device(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -173,8 +131,8 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
     _add_decoding(p)
     p.add_argument("--data", help="cmudict-format file (default: the one used for training)")
-    p.add_argument("--max-words", type=_positive_int)
-    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--max-words", type=positive_int)
+    p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--json", help="also write the results to this .json file")
     p.set_defaults(handler=_usage_errors(cmd_eval))
@@ -204,7 +162,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p = sub.add_parser("table", help="mean ± std table of finished run folders, by scorer")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (with summary.json)")
     _add_decoding(p)
-    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--out", help="also write the table to this .md file")
     p.set_defaults(handler=_usage_errors(cmd_table))

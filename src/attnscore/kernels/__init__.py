@@ -3,13 +3,14 @@
 Three ops, each with one entry point here; the rest of the library calls these and never
 tests devices, dtypes or transforms itself:
 
-================================== ========================== ====================== =========
-entry point                        cpu                        cuda                   other
-================================== ========================== ====================== =========
-:func:`softmax_by_lengths`         C kernel (``_cpu``)        ``_cuda`` (Triton)     plain
-:func:`additive_scores_by_lengths` C kernel (``_cpu``)        ``_cuda`` (Triton)     plain
-:func:`dot_product_attention_by_lengths` flash SDPA per element ``_cuda``            plain
-================================== ========================== ====================== =========
+=========================================== ===================== ================== =====
+entry point                                 cpu                   cuda               other
+=========================================== ===================== ================== =====
+:func:`softmax_by_lengths`                  C kernel (``_cpu``)   Triton (``_cuda``) plain
+:func:`additive_scores_by_lengths`          C kernel (``_cpu``)   Triton (``_cuda``) plain
+:func:`dot_product_attention_by_lengths`    flash SDPA per batch  SDPA + bool mask   plain
+                                            element
+=========================================== ===================== ================== =====
 
 The first two are registered ``torch.library`` ops (``attnscore::softmax_by_lengths``,
 ``attnscore::additive_scores_by_lengths``, each with a backward op), so ``torch.compile``,

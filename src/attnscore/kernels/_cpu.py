@@ -4,8 +4,10 @@ It implements the backend contract of :mod:`attnscore.kernels._dispatch`; when t
 cannot be built or loaded, the C-backed functions hand over to the plain backend.
 
 Threads: the C functions take a row range; Python splits rows over ``torch.get_num_threads()``
-ranges of equal *work* (rows have different valid lengths) and runs them on a small thread pool.
-ctypes releases the GIL, so the ranges run in parallel without an OpenMP runtime.
+ranges of equal *work* (rows have different valid lengths). The ranges run on torch's own
+OpenMP threads through the C drivers when the library shares torch's libgomp
+(:func:`~attnscore.kernels._build.parallel_in_c`), else on a small Python thread pool (ctypes
+releases the GIL).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from .._checks import compute_dtype
 from . import _plain
-from ._build import load_library
+from ._build import load_library, parallel_in_c
 
 __all__ = [
     "additive_scores_backward",
@@ -71,21 +73,53 @@ def _split(work: Tensor, threads: int) -> list[tuple[int, int]]:
     return ranges or [(0, R)]
 
 
+Args = tuple[Sequence[Any], Sequence[Any]]
+
+
 def _run(
-    fn: Callable[..., None],
+    lib: ctypes.CDLL,
+    kernel: str,
     ranges: Sequence[tuple[int, int]],
-    args: Callable[[int, int, int], Sequence[Any]],
+    args: Callable[[int], Args],
+    driver_tail: Sequence[Any] = (),
 ) -> None:
-    """Call fn(*args(index, r0, r1)) for every range, in parallel when there are several."""
-    global _pool, _pool_size
+    """Run C ``kernel`` (e.g. ``"ms_fwd_f32"``) over contiguous row ``ranges``.
+
+    ``args(i)`` gives (head, tail) for range i: the kernel is called as
+    ``kernel(*head, r0, r1, *tail)``. With several ranges, either the C driver
+    ``<op>_par_<suffix>(*head_0, cuts, parts, *tail, *driver_tail)`` runs them on torch's
+    OpenMP threads, or a Python thread pool calls the kernel once per range.
+    """
+    fn: Callable[..., None] = getattr(lib, kernel)
     if len(ranges) == 1:
-        fn(*args(0, *ranges[0]))
+        head, tail = args(0)
+        fn(*head, *ranges[0], *tail)
         return
+    if parallel_in_c():
+        op, suffix = kernel.rsplit("_", 1)
+        cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
+        head, tail = args(0)
+        driver = getattr(lib, f"{op}_par_{suffix}")
+        driver(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
+        return
+    _run_threads(fn, ranges, args)
+
+
+def _run_threads(
+    fn: Callable[..., None], ranges: Sequence[tuple[int, int]], args: Callable[[int], Args]
+) -> None:
+    """Call the kernel once per range on a Python thread pool (this thread takes range 0)."""
+    global _pool, _pool_size
+
+    def call(i: int) -> None:
+        head, tail = args(i)
+        fn(*head, *ranges[i], *tail)
+
     if _pool is None or _pool_size < len(ranges) - 1:
         _pool = ThreadPoolExecutor(max_workers=len(ranges) - 1, thread_name_prefix="attnscore")
         _pool_size = len(ranges) - 1
-    futures = [_pool.submit(fn, *args(i, r0, r1)) for i, (r0, r1) in enumerate(ranges) if i]
-    fn(*args(0, *ranges[0]))
+    futures = [_pool.submit(call, i) for i in range(1, len(ranges))]
+    call(0)
     for f in futures:
         f.result()
 
@@ -106,12 +140,10 @@ def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
     rows = lengths.reshape(-1).contiguous()
     y = _empty(x.shape, cdt)
     if rows.numel() and m:
-        fn = getattr(lib, f"ms_fwd_{_suffix(cdt)}")
         # exps cost per valid entry, writing zeros a little per padded one
         ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads())
-        _run(
-            fn, ranges, lambda _i, r0, r1: (xc.data_ptr(), rows.data_ptr(), y.data_ptr(), r0, r1, m)
-        )
+        head = (xc.data_ptr(), rows.data_ptr(), y.data_ptr())
+        _run(lib, f"ms_fwd_{_suffix(cdt)}", ranges, lambda _i: (head, (m,)))
     return y if x.dtype == cdt else y.to(x.dtype)
 
 
@@ -127,21 +159,9 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     rows = lengths.reshape(-1).contiguous()
     dx = _empty(y.shape, cdt)
     if rows.numel() and m:
-        fn = getattr(lib, f"ms_bwd_{_suffix(cdt)}")
         ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads())
-        _run(
-            fn,
-            ranges,
-            lambda _i, r0, r1: (
-                yc.data_ptr(),
-                g.data_ptr(),
-                rows.data_ptr(),
-                dx.data_ptr(),
-                r0,
-                r1,
-                m,
-            ),
-        )
+        head = (yc.data_ptr(), g.data_ptr(), rows.data_ptr(), dx.data_ptr())
+        _run(lib, f"ms_bwd_{_suffix(cdt)}", ranges, lambda _i: (head, (m,)))
     return dx if y.dtype == cdt else dx.to(y.dtype)
 
 
@@ -157,24 +177,9 @@ def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
     m = k.shape[1]
     s = _empty((B, n, m), cdt)
     if B * n and m:
-        fn = getattr(lib, f"add_fwd_{_suffix(cdt)}")
         ranges = _split(lengths.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads())
-        _run(
-            fn,
-            ranges,
-            lambda _i, r0, r1: (
-                q.data_ptr(),
-                k.data_ptr(),
-                w.data_ptr(),
-                lengths.data_ptr(),
-                s.data_ptr(),
-                r0,
-                r1,
-                n,
-                m,
-                h,
-            ),
-        )
+        head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
+        _run(lib, f"add_fwd_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
 
 
@@ -196,33 +201,17 @@ def additive_scores_backward(
     g = grad_scores.to(cdt).contiguous()
     dq = torch.zeros_like(q)
     ranges = _split(lengths.reshape(-1).clamp(0, m) * h + 1, torch.get_num_threads())
-    dks = [torch.zeros_like(k) for _ in ranges]
-    dws = [torch.zeros_like(w) for _ in ranges]
+    # one (B, m, h) and one (h,) accumulator per range, summed below
+    dks = k.new_zeros((len(ranges), *k.shape))
+    dws = w.new_zeros((len(ranges), h))
     if B * n and m:
-        fn = getattr(lib, f"add_bwd_{_suffix(cdt)}")
-        _run(
-            fn,
-            ranges,
-            lambda i, r0, r1: (
-                q.data_ptr(),
-                k.data_ptr(),
-                w.data_ptr(),
-                lengths.data_ptr(),
-                g.data_ptr(),
-                dq.data_ptr(),
-                dks[i].data_ptr(),
-                dws[i].data_ptr(),
-                r0,
-                r1,
-                n,
-                m,
-                h,
-            ),
-        )
-    dk, dw = dks[0], dws[0]
-    for extra_k, extra_w in zip(dks[1:], dws[1:], strict=True):
-        dk += extra_k
-        dw += extra_w
+        inputs = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), g.data_ptr())
+
+        def args(i: int) -> Args:
+            return (*inputs, dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr()), (n, m, h)
+
+        _run(lib, f"add_bwd_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
+    dk, dw = dks.sum(0) if len(ranges) > 1 else dks[0], dws.sum(0)
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 

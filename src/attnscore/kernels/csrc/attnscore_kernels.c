@@ -1,10 +1,15 @@
 /* Fused CPU kernels for attnscore (masked softmax, additive scores).
  *
- * Every function works on a half-open range of rows [r0, r1) so that Python can split the
- * work over threads (ctypes releases the GIL); no OpenMP runtime is linked, which avoids any
- * clash with the libgomp that torch bundles. `#pragma omp simd` (-fopenmp-simd) plus
- * -ffast-math lets gcc call glibc's libmvec vector expf/tanhf. Padded positions are never
- * read, so NaN/inf garbage there cannot leak into results. */
+ * Every kernel works on a half-open range of rows [r0, r1); Python splits the rows into
+ * ranges of equal work. Two ways to run the ranges in parallel:
+ *   - built with -fopenmp (only when torch's own OpenMP runtime is libgomp, so that loading
+ *     this library reuses the copy torch loaded): the *_par drivers below run one range per
+ *     thread of torch's OpenMP pool, the threads torch.compile's kernels also use, so no
+ *     second set of threads competes with them for the cores;
+ *   - otherwise (-fopenmp-simd, no runtime linked): Python threads call the kernels (ctypes
+ *     releases the GIL), and the drivers' pragma is ignored (a serial loop).
+ * `#pragma omp simd` plus -ffast-math lets gcc call glibc's libmvec vector expf/tanhf.
+ * Padded positions are never read, so NaN/inf garbage there cannot leak into results. */
 #include <math.h>
 #include <sys/mman.h>
 #include <stdint.h>
@@ -114,6 +119,49 @@
 DEFINE_KERNELS(float, f32, expf, tanhf)
 DEFINE_KERNELS(double, f64, exp, tanh)
 
+/* Range t of `parts` is [cuts[t], cuts[t + 1]); one range per OpenMP thread. */
+#define EACH_RANGE(CALL)                                                                    \
+  _Pragma("omp parallel for num_threads((int)parts) schedule(static, 1)")                    \
+  for (int64_t t = 0; t < parts; ++t) {                                                     \
+    const int64_t r0 = cuts[t], r1 = cuts[t + 1];                                           \
+    CALL;                                                                                   \
+  }
+
+#define DEFINE_DRIVERS(T, SUF)                                                              \
+  void ms_fwd_par_##SUF(const T *x, const int64_t *lengths, T *y, const int64_t *cuts,      \
+                        int64_t parts, int64_t m) {                                         \
+    EACH_RANGE(ms_fwd_##SUF(x, lengths, y, r0, r1, m))                                      \
+  }                                                                                         \
+  void ms_bwd_par_##SUF(const T *y, const T *g, const int64_t *lengths, T *dx,              \
+                        const int64_t *cuts, int64_t parts, int64_t m) {                    \
+    EACH_RANGE(ms_bwd_##SUF(y, g, lengths, dx, r0, r1, m))                                  \
+  }                                                                                         \
+  void add_fwd_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths,      \
+                         T *s, const int64_t *cuts, int64_t parts, int64_t n, int64_t m,    \
+                         int64_t h) {                                                       \
+    EACH_RANGE(add_fwd_##SUF(qh, kh, w, lengths, s, r0, r1, n, m, h))                       \
+  }                                                                                         \
+  /* dk holds `parts` (B, m, h) accumulators and dw `parts` (h,) ones, range t owns the     \
+   * t-th of each. */                                                                       \
+  void add_bwd_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths,      \
+                         const T *g, T *dq, T *dk, T *dw, const int64_t *cuts, int64_t parts, \
+                         int64_t n, int64_t m, int64_t h, int64_t batch) {                  \
+    EACH_RANGE(add_bwd_##SUF(qh, kh, w, lengths, g, dq, dk + t * batch * m * h, dw + t * h,  \
+                             r0, r1, n, m, h))                                              \
+  }
+
+DEFINE_DRIVERS(float, f32)
+DEFINE_DRIVERS(double, f64)
+
+/* 1 when built with an OpenMP runtime (-fopenmp), 0 with -fopenmp-simd only. */
+int attnscore_openmp(void) {
+#ifdef _OPENMP
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 /* Fresh outputs of many MiB are mmap'ed and untouched: with 4 KiB pages the first write faults
  * once per page, which costs several times more than the kernel itself (64 MiB: ~40 ms against
  * ~9 ms). Asking for transparent huge pages on the 2 MiB-aligned interior cuts the faults 512x.
@@ -131,4 +179,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 1; }
+int attnscore_kernels_abi(void) { return 2; }
