@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import attnscore
 from attnscore import registry
+from attnscore.cli import main
 from paths import REFERENCES
 
 
@@ -122,3 +124,18 @@ def test_register_scorer_refuses_a_taken_name_unless_replacing(registered):
         registered, spec.factory, formula="other", source="-", replace=True
     )
     assert registry.SCORERS[registered] is new and new.formula == "other"
+
+
+def test_a_registered_scorer_works_through_the_cli(registered, tmp_path, capsys):
+    """`attnscore run --scoring NAME` runs a scorer registered at run time."""
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, s, d, generator=gen) for s, d in ((3, 4), (5, 4), (5, 6)))
+    lengths = torch.tensor([2, 5])
+    src, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(src, queries=q.numpy(), keys=k.numpy(), values=v.numpy(), valid_lens=lengths)
+    argv = ["run", "--input", str(src), "--scoring", registered, "--output", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    with np.load(out, allow_pickle=False) as data:
+        got = torch.from_numpy(data["output"])
+    torch.testing.assert_close(got, ref_attention(q, k, v, lengths).float())
