@@ -216,10 +216,9 @@ def test_last_float_of_a_child(stdout, value):
 def test_compiled_rows_build_lazily_beside_an_eager_twin():
     """Building a compiled row compiles nothing yet; its eager twin computes the masked
     softmax (the compiled one runs only in the full bench, its build is slow here)."""
-    torch.manual_seed(3)
     built = cpu.build("masked_softmax_compiled", {"B": 2, "n": 3, "m": 5})
     assert list(built.forwards) == ["attnscore", "eager"] and built.same == ("eager",)
-    torch.manual_seed(3)  # the row's own inputs, drawn again
+    torch.manual_seed(0)  # the row's own inputs (it seeds itself, as every row), drawn again
     X, vl = torch.randn(2, 3, 5), _core.lengths(2, 5)
     expected = np_masked_softmax(X.numpy(), broadcast_lengths(vl.numpy(), (2,), 3))
     got = built.forwards["eager"]()
