@@ -330,3 +330,21 @@ def test_time_budget_without_validation_times_steps_only(toy_dict: Path, tmp_pat
     steps, record = train_mod.steps_for_time_budget(cfg, data)
     assert record["seconds_per_validation"] == 0.0 and record["seconds_per_step"] > 0
     assert steps >= 1 and torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("scoring", ["additive", "cosine"])
+def test_attention_weights_get_the_model_dropout(scoring):
+    """The model's dropout applies to the attention weights too (as before the registry):
+    in training mode the pooled output is random (and scaled up where kept), in eval mode
+    it is the plain weighted average of the values."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(scoring=scoring, emb=6, enc_hidden=8, dec_hidden=8, dropout=0.5)
+    model = G2PModel(cfg, n_letters=9, n_phones=11)
+    q, k, v = torch.randn(4, 3, 8), torch.randn(4, 20, 8), torch.randn(4, 20, 8)
+    lens = torch.full((4,), 20)
+    model.attention.eval()
+    plain = model.attention(q, k, v, lens)
+    torch.testing.assert_close(plain, model.attention.attention_weights @ v)
+    model.attention.train()
+    first, second = model.attention(q, k, v, lens), model.attention(q, k, v, lens)
+    assert not torch.allclose(first, plain) and not torch.allclose(first, second)

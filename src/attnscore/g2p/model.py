@@ -62,7 +62,7 @@ class G2PModel(nn.Module):
         self.init_proj = nn.Linear(2 * cfg.enc_hidden, H)
         self.tgt_emb = nn.Embedding(n_phones, cfg.emb, padding_idx=PAD_ID)
         self.decoder = nn.GRU(cfg.emb + (H if cfg.input_feeding else 0), H, batch_first=True)
-        self.attention = make_scorer(cfg.scoring, H, H, num_hiddens=H, dropout=0.0)
+        self.attention = make_scorer(cfg.scoring, H, H, num_hiddens=H, dropout=cfg.dropout)
         self.combine = nn.Linear(2 * H, H)
         self.out = nn.Linear(H, n_phones)
         self.drop = nn.Dropout(cfg.dropout)
