@@ -18,17 +18,6 @@ DEFAULT_STEPS = 12_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
 
 
-def default_nprocs(device: str) -> int:
-    """Training processes by default: 1, using every usable core as intra-op threads.
-
-    On two quiet cores, one process with two threads measured faster (37-39 ms per step)
-    than two DDP processes of one thread (46-50 ms) or one thread alone (58-59 ms) at the
-    real model size (docs/g2p.md, "Using both cores"); ``--nprocs`` picks DDP.
-    """
-    del device  # the same on every device: one process (DDP is opt-in)
-    return 1
-
-
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
     try:
@@ -125,7 +114,7 @@ def train_config_from_args(
     """
     if args.steps is not None and args.time_budget is not None:
         raise UsageError("expected --steps or --time-budget, but got both")
-    nprocs = args.nprocs if args.nprocs is not None else default_nprocs(args.device)
+    nprocs = args.nprocs
     if nprocs > 1 and args.device != "cpu":
         raise UsageError(f"--nprocs: expected 1 with --device {args.device}, but got {nprocs}")
     model = ModelConfig(

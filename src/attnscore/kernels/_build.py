@@ -198,19 +198,20 @@ def load_library() -> ctypes.CDLL | None:
 def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
     """Build (or find cached) and load the library: with -fopenmp when wanted, falling back
     to the build without an OpenMP runtime if that fails."""
-    attempts = [OPENMP_CFLAGS, CFLAGS] if _want_openmp() else [CFLAGS]
-    for i, flags in enumerate(attempts):
+    if _want_openmp():
         try:
-            path, compiled = _build(cc, flags)
-            lib = ctypes.CDLL(str(path))
+            return _load(cc, OPENMP_CFLAGS)
         except (RuntimeError, OSError, subprocess.SubprocessError):
-            if i + 1 == len(attempts):
-                raise
-            continue
-        if lib.attnscore_kernels_abi() != 2:
-            raise RuntimeError(f"unexpected kernel ABI in {path}")
-        return lib, path, compiled
-    raise AssertionError("unreachable")
+            pass  # e.g. no libgomp to link against: build without an OpenMP runtime
+    return _load(cc, CFLAGS)
+
+
+def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
+    path, compiled = _build(cc, flags)
+    lib = ctypes.CDLL(str(path))
+    if lib.attnscore_kernels_abi() != 2:
+        raise RuntimeError(f"unexpected kernel ABI in {path}")
+    return lib, path, compiled
 
 
 def _declare(lib: ctypes.CDLL) -> None:

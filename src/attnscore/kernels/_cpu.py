@@ -211,7 +211,8 @@ def additive_scores_backward(
             return (*inputs, dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr()), (n, m, h)
 
         _run(lib, f"add_bwd_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
-    dk, dw = dks.sum(0) if len(ranges) > 1 else dks[0], dws.sum(0)
+    dk = dks[0] if len(ranges) == 1 else dks.sum(0)
+    dw = dws[0] if len(ranges) == 1 else dws.sum(0)
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 
