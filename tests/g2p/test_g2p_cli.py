@@ -246,3 +246,19 @@ def test_words_figure_checks_its_input() -> None:
         words_figure(["ab"], [], [])
     with pytest.raises(ValueError, match="shape"):
         words_figure(["ab"], [["A"]], [torch.zeros(3, 2)])
+
+
+def test_defaults_are_the_documented_recipe() -> None:
+    """`g2p train` with no options trains docs/g2p.md's recipe, and the command line and
+    the configuration dataclasses agree on every default."""
+    from attnscore.g2p import config
+
+    args = cli.build_parser().parse_args(["train", "--device", "cpu"])
+    cfg = config.train_config_from_args(args)
+    recipe = (cfg.model.scoring, cfg.batch_size, cfg.lr, cfg.warmup_steps, cfg.average_last)
+    assert recipe == ("cosine", 128, 2e-3, 200, 0.2)
+    assert (cfg.model.dropout, cfg.label_smoothing, cfg.model.enc_layers) == (0.1, 0.1, 1)
+    plain = config.TrainConfig()
+    for name in ("batch_size", "lr", "warmup_steps", "average_last", "label_smoothing"):
+        assert getattr(cfg, name) == getattr(plain, name), name
+    assert cfg.model == config.ModelConfig()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -348,3 +349,47 @@ def test_attention_weights_get_the_model_dropout(scoring):
     model.attention.train()
     first, second = model.attention(q, k, v, lens), model.attention(q, k, v, lens)
     assert not torch.allclose(first, plain) and not torch.allclose(first, second)
+
+
+def test_keep_freed_memory_reuses_freed_blocks() -> None:
+    """With the thresholds raised, a freed 4 MiB block comes back at the same address;
+    glibc's default unmaps it on free and serves the next one elsewhere. In a fresh
+    process, so that nothing before has moved glibc's own dynamic threshold."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import ctypes, sys
+        from attnscore.g2p.train import keep_freed_memory
+        if sys.argv[1] == "keep" and not keep_freed_memory():
+            print("not glibc"); raise SystemExit
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        first = libc.malloc(4 << 20); libc.free(first)
+        second = libc.malloc(4 << 20); libc.free(second)
+        print(first == second)
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(train_mod.__file__).parents[2])}
+    runs = {
+        mode: subprocess.run(
+            [sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, check=True
+        ).stdout.split()[-1]
+        for mode in ("keep", "default")
+    }
+    if runs["keep"] == "glibc":  # "not glibc"
+        pytest.skip("not glibc")
+    assert runs == {"keep": "True", "default": "False"}
+
+
+def test_enc_layers_option_builds_a_deeper_encoder(toy_dict: Path, tmp_path: Path) -> None:
+    from attnscore.g2p.cli import build_parser
+    from attnscore.g2p.config import train_config_from_args
+
+    args = build_parser().parse_args(
+        ["train", "--data", str(toy_dict), "--out", str(tmp_path), "--enc-layers", "2"]
+    )
+    cfg = train_config_from_args(args)
+    assert cfg.model.enc_layers == 2
+    model = G2PModel(cfg.model, n_letters=9, n_phones=11)
+    assert model.encoder.num_layers == 2 and model.encoder.bidirectional

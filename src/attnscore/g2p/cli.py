@@ -27,7 +27,7 @@ from .._usage import (
 from ..registry import scorer_names
 from .commands import cmd_eval, cmd_predict, cmd_train
 from .compare import cmd_compare, cmd_table
-from .config import DEFAULT_STEPS
+from .config import DEFAULT_STEPS, ModelConfig, TrainConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -79,18 +79,30 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="budget in minutes, turned once into steps by a timed warm-up (recorded)",
     )
-    p.add_argument("--batch-size", type=positive_int, default=64)
-    p.add_argument("--lr", type=positive_float, default=3e-3)
-    p.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear LR warm-up")
-    p.add_argument("--emb", type=positive_int, default=64)
-    p.add_argument("--hidden", type=positive_int, default=256, help="encoder/decoder GRU size")
-    p.add_argument("--dropout", type=fraction, default=0.1)
-    p.add_argument("--label-smoothing", type=fraction, default=0.1)
+    # The defaults are the dataclasses' (one source): the recipe of docs/g2p.md's results.
+    t, m = TrainConfig, ModelConfig
+    p.add_argument("--batch-size", type=positive_int, default=t.batch_size)
+    p.add_argument("--lr", type=positive_float, default=t.lr, help="peak learning rate")
+    p.add_argument(
+        "--warmup-steps", type=non_negative_int, default=t.warmup_steps, help="linear LR warm-up"
+    )
+    p.add_argument("--emb", type=positive_int, default=m.emb)
+    p.add_argument(
+        "--hidden", type=positive_int, default=m.enc_hidden, help="encoder/decoder GRU size"
+    )
+    p.add_argument(
+        "--enc-layers",
+        type=positive_int,
+        default=m.enc_layers,
+        help="bidirectional GRU layers over letters",
+    )
+    p.add_argument("--dropout", type=fraction, default=m.dropout)
+    p.add_argument("--label-smoothing", type=fraction, default=t.label_smoothing)
     p.add_argument("--input-feeding", action="store_true")
     p.add_argument(
         "--average-last",
         type=fraction,
-        default=0.0,
+        default=t.average_last,
         metavar="FRAC",
         help="evaluate with the weights averaged over this final fraction of steps",
     )
@@ -123,7 +135,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     )
     p = sub.add_parser("train", help="train one model")
     p.add_argument("--out", default="runs/g2p", help="run folder (checkpoints, summary)")
-    p.add_argument("--scoring", choices=scorer_names(), default="additive")
+    p.add_argument("--scoring", choices=scorer_names(), default=ModelConfig.scoring)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     _add_train_options(p)

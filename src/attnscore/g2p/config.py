@@ -14,7 +14,7 @@ from typing import Any
 
 from .._usage import UsageError
 
-DEFAULT_STEPS = 12_000
+DEFAULT_STEPS = 15_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
 
 
@@ -34,7 +34,7 @@ class ModelConfig:
     stored in a checkpoint).
     """
 
-    scoring: str = "additive"
+    scoring: str = "cosine"
     """A scorer name of :mod:`attnscore.registry`."""
     emb: int = 64
     enc_hidden: int = 256
@@ -62,10 +62,10 @@ class TrainConfig:
     out: str = "runs/g2p"
     data: str | None = None
     keep_stress: bool = False
-    batch_size: int = 64
-    lr: float = 3e-3
+    batch_size: int = 128
+    lr: float = 2e-3
     lr_min_ratio: float = 0.05
-    warmup_steps: int = 0
+    warmup_steps: int = 200
     """Linear learning-rate warm-up over the first steps (then cosine decay)."""
     label_smoothing: float = 0.1
     clip: float = 5.0
@@ -73,7 +73,7 @@ class TrainConfig:
     """The budget in optimizer steps; the learning-rate schedule is defined over it."""
     time_budget: float | None = None
     """Minutes; turned once into ``steps`` by a timed warm-up (recorded in the run)."""
-    average_last: float = 0.0
+    average_last: float = 0.2
     """Average the weights over this final fraction of the steps (0: no averaging)."""
     seed: int = 0
     eval_every: int = 1000
@@ -122,6 +122,7 @@ def train_config_from_args(
         emb=args.emb,
         enc_hidden=args.hidden,
         dec_hidden=args.hidden,
+        enc_layers=args.enc_layers,
         dropout=args.dropout,
         input_feeding=args.input_feeding,
     )

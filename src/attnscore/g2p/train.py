@@ -16,6 +16,7 @@ run up to float rounding (dropout masks differ, so compare with ``dropout=0``).
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import math
 import os
@@ -120,6 +121,30 @@ def peak_rss_mb() -> float:
     return float("nan")  # pragma: no cover
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's ``malloc`` to keep freed blocks of up to 32 MiB for reuse.
+
+    Every training step allocates and frees the same few-MiB buffers (the GRUs' gate
+    gradients, for one). By default glibc serves blocks above 128 KiB with ``mmap`` and
+    unmaps them on free, so each step faults its buffers in afresh, page by page; on the
+    2-core machine this project measures on, a fresh 2.6 MiB zero tensor took 4.6 ms against
+    0.18 ms for a reused one. Raising the mmap and trim thresholds keeps the memory in the
+    heap for the next step. Process-wide, so only the training command calls it.
+
+    Returns:
+        True if glibc took both settings; False elsewhere (no glibc: nothing changes).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
 def run_training(
     cfg: TrainConfig,
     rank: int = 0,
@@ -141,6 +166,7 @@ def run_training(
         UsageError: an unreadable ``last.pt`` on resume.
     """
     torch.set_num_threads(max(1, cfg.threads))
+    keep_freed_memory()
     distributed = world_size > 1
     if distributed and not dist.is_initialized():
         dist.init_process_group(
@@ -160,7 +186,9 @@ class _Run:
         self.cfg, self.data, self.rank, self.world_size = cfg, data, rank, world_size
         self.device = torch.device(cfg.device)
         self.model = build_model(cfg, data).to(self.device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        # The fused implementation: one kernel over all parameters (about 5% of a CPU step).
+        fused = self.device.type in ("cpu", "cuda")
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, fused=fused)
         self.wrapped: nn.Module = self.model
         if world_size > 1:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model)
