@@ -35,6 +35,8 @@ def tiny_config(
         ckpt_every=5,
         progress=False,
         label_smoothing=0.0,
+        warmup_steps=0,
+        average_last=0.0,
     )
     return replace(cfg, **kw)  # type: ignore[arg-type]
 

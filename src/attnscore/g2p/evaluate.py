@@ -56,7 +56,8 @@ def predict(
 
     Returns:
         Per word the phoneme strings and its attention weights, a (phonemes + 1, letters)
-        float tensor whose last row is the step that emitted ``</s>``.
+        float tensor whose last row is the step that emitted ``</s>`` (phonemes rows if the
+        decoder reached its length limit without ``</s>``).
     """
     was_training = model.training
     model.eval()

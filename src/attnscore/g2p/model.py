@@ -137,7 +137,8 @@ class G2PModel(nn.Module):
 
         Returns:
             Per word the phoneme ids (without ``</s>``) and its attention weights as a
-            (len(ids) + 1, S_word) float tensor (one row per emitted token incl. ``</s>``).
+            (len(ids) + 1, S_word) float tensor (one row per emitted token incl. ``</s>``;
+            len(ids) rows when decoding stopped at ``max_len`` without ``</s>``).
         """
         enc = self.encode(src, src_lens)
         B = src.shape[0]
