@@ -118,8 +118,8 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         "--nprocs",
         type=positive_int,
         default=1,
-        # One process with every core as threads measured fastest on two quiet cores (37-39
-        # ms/step, against 46-50 for two DDP processes; docs/g2p.md, "Using both cores").
+        # One process with every core as threads: as fast as two DDP processes at batch 128
+        # on two quiet cores, and simpler (docs/g2p.md, "Using both cores").
         help="training processes, DDP on gloo (default 1: one process, every core as threads)",
     )
     p.add_argument(
