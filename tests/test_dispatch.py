@@ -19,9 +19,9 @@ HAVE_C = K.available(torch.zeros(1))
 needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
 
 FUNCTIONS = (
-    "masked_softmax_forward",
+    "masked_softmax",
     "masked_softmax_backward",
-    "additive_scores_forward",
+    "additive_scores",
     "additive_scores_backward",
 )
 
@@ -56,8 +56,8 @@ def counted(monkeypatch):
 
 
 def test_cpu_row_and_plain_for_other_devices():
-    assert K.backend_name("cpu", "masked_softmax_forward") == "attnscore.kernels._cpu"
-    assert K.backend_name("mps", "additive_scores_forward").startswith("attnscore.kernels._plain")
+    assert K.backend_name("cpu", "masked_softmax") == "attnscore.kernels._cpu"
+    assert K.backend_name("mps", "additive_scores").startswith("attnscore.kernels._plain")
     for name in _dispatch.FUNCTIONS:
         assert _dispatch.backend_function("xpu", name) is getattr(_plain, name)
 
@@ -66,24 +66,24 @@ def test_missing_backend_module_falls_back_to_plain(monkeypatch):
     """The cuda row imports lazily: an ImportError (module or triton missing) means plain."""
     monkeypatch.setitem(_dispatch.BACKENDS, "fakegpu", "attnscore.kernels._no_such_module")
     monkeypatch.setattr(_dispatch, "_modules", {})
-    fn = _dispatch.backend_function("fakegpu", "masked_softmax_forward")
-    assert fn is _plain.masked_softmax_forward
-    assert "ModuleNotFoundError" in K.backend_name("fakegpu", "masked_softmax_forward")
+    fn = _dispatch.backend_function("fakegpu", "masked_softmax")
+    assert fn is _plain.masked_softmax
+    assert "ModuleNotFoundError" in K.backend_name("fakegpu", "masked_softmax")
 
 
 def test_a_backend_may_leave_functions_out():
     """A backend is a module with some of the contract's functions; the rest run plain."""
     calls = []
 
-    def masked_softmax_forward(x, lengths):
+    def masked_softmax(x, lengths):
         calls.append(x.shape)
-        return _plain.masked_softmax_forward(x, lengths)
+        return _plain.masked_softmax(x, lengths)
 
     backend = types.ModuleType("my_backend")
-    backend.masked_softmax_forward = masked_softmax_forward  # type: ignore[attr-defined]
+    backend.masked_softmax = masked_softmax  # type: ignore[attr-defined]
     x, lengths = torch.randn(2, 3, 5, requires_grad=True), torch.tensor([[1, 0, 5], [2, 3, 4]])
     with K.use_backend("cpu", backend):
-        y = K.softmax_by_lengths(x, lengths)
+        y = K.masked_softmax(x, lengths)
         y.backward(torch.randn_like(y))  # backward: not provided -> plain
     assert calls == [torch.Size([2, 3, 5])]
     torch.testing.assert_close(y.double(), ref_softmax(x.detach(), lengths))
@@ -95,9 +95,9 @@ def test_a_backend_may_leave_functions_out():
 def test_opcheck_softmax_by_lengths():
     x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([[0, 7, 2, 3], [1, 1, 5, 6], [7, 0, 0, 4]])
-    torch.library.opcheck(_ops.softmax_by_lengths, (x, lengths))
+    torch.library.opcheck(_ops.masked_softmax_op, (x, lengths))
     g, y = torch.randn(3, 4, 7, dtype=torch.float64), ref_softmax(x.detach(), lengths)
-    torch.library.opcheck(_ops.softmax_by_lengths_backward, (g, y, lengths))
+    torch.library.opcheck(_ops.masked_softmax_backward_op, (g, y, lengths))
 
 
 def test_opcheck_additive_scores_by_lengths():
@@ -105,10 +105,10 @@ def test_opcheck_additive_scores_by_lengths():
     kh = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([[0, 5, 2], [3, 1, 4]])
-    torch.library.opcheck(_ops.additive_scores_by_lengths, (qh, kh, w, lengths))
+    torch.library.opcheck(_ops.additive_scores_op, (qh, kh, w, lengths))
     g = torch.randn(2, 3, 5, dtype=torch.float64)
     args = (g, qh.detach(), kh.detach(), w.detach(), lengths)
-    torch.library.opcheck(_ops.additive_scores_by_lengths_backward, args)
+    torch.library.opcheck(_ops.additive_scores_backward_op, args)
 
 
 def test_fake_tensors_see_the_ops():
@@ -117,9 +117,9 @@ def test_fake_tensors_see_the_ops():
     with FakeTensorMode():
         x = torch.empty(4, 6, 9)
         lengths = torch.zeros(4, 6, dtype=torch.int64)
-        assert K.softmax_by_lengths(x, lengths).shape == (4, 6, 9)
+        assert K.masked_softmax(x, lengths).shape == (4, 6, 9)
         qh, kh, w = torch.empty(2, 3, 8), torch.empty(2, 5, 8), torch.empty(8)
-        s = K.additive_scores_by_lengths(qh, kh, w, torch.zeros(2, 3, dtype=torch.int64))
+        s = K.additive_scores(qh, kh, w, torch.zeros(2, 3, dtype=torch.int64))
         assert s.shape == (2, 3, 5)
 
 
@@ -129,8 +129,8 @@ def test_export_keeps_the_op():
     lengths = torch.tensor([2, 5])
     exported = torch.export.export(module, (q, k, v, lengths))
     targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
-    assert "attnscore.additive_scores_by_lengths.default" in targets
-    assert "attnscore.softmax_by_lengths.default" in targets
+    assert "attnscore.additive_scores.default" in targets
+    assert "attnscore.masked_softmax.default" in targets
     torch.testing.assert_close(exported.module()(q, k, v, lengths), module(q, k, v, lengths))
 
 
@@ -168,7 +168,7 @@ def test_compiled_masked_softmax_graph_holds_the_op():
     y = compiled(x, lengths)
     torch.testing.assert_close(y.double(), ref_softmax(x, lengths))
     targets = [str(n.target) for gm in graphs for n in gm.graph.nodes]
-    assert any("attnscore.softmax_by_lengths" in t for t in targets), targets
+    assert any("attnscore.masked_softmax" in t for t in targets), targets
 
 
 # ---- where the plain twin runs instead ------------------------------------------------------
@@ -178,20 +178,20 @@ def test_vmap_and_func_grad_run_the_plain_twin(counted):
     """torch.func transforms cannot take the registered ops (no vmap rule): the plain
     PyTorch twin runs there, with the same results."""
     x, lengths = torch.randn(3, 2, 4, 6), torch.randint(0, 7, (3, 2, 4))
-    out = torch.func.vmap(K.softmax_by_lengths)(x, lengths)
+    out = torch.func.vmap(K.masked_softmax)(x, lengths)
     torch.testing.assert_close(out.double(), ref_softmax(x, lengths))
-    grad = torch.func.grad(lambda t: (K.softmax_by_lengths(t, lengths) ** 2).sum())(x)
+    grad = torch.func.grad(lambda t: (K.masked_softmax(t, lengths) ** 2).sum())(x)
     t = x.double().requires_grad_(True)
     (expected,) = torch.autograd.grad((ref_softmax(t, lengths) ** 2).sum(), t)
     torch.testing.assert_close(grad.double(), expected)
-    assert counted["masked_softmax_forward"] == 0 and counted["masked_softmax_backward"] == 0
+    assert counted["masked_softmax"] == 0 and counted["masked_softmax_backward"] == 0
 
 
 def test_disabled_runs_the_plain_twin(counted):
     x, lengths = torch.randn(2, 5), torch.tensor([3, 0])
     with K.disabled():
-        y = K.softmax_by_lengths(x, lengths)
-    assert counted["masked_softmax_forward"] == 0
+        y = K.masked_softmax(x, lengths)
+    assert counted["masked_softmax"] == 0
     torch.testing.assert_close(y.double(), ref_softmax(x, lengths))
 
 
@@ -208,7 +208,7 @@ def test_double_backward_additive(fast):
     K.set_enabled(fast)
     try:
         assert torch.autograd.gradgradcheck(
-            lambda a, b, c: K.additive_scores_by_lengths(a, b, c, lengths), (qh, kh, w)
+            lambda a, b, c: K.additive_scores(a, b, c, lengths), (qh, kh, w)
         )
     finally:
         K.set_enabled(None)

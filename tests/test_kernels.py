@@ -3,7 +3,6 @@ here, gradcheck of every autograd Function, masked rows, dtypes and padded garba
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -77,7 +76,7 @@ def test_masked_softmax_matches_reference(fast, dtype):
     lens = torch.randint(0, 38, (3, 5))
     lens[0, 0], lens[1, 2] = 0, 37
     xt = x.to(dtype)
-    y = run(fast, K.softmax_by_lengths, xt, lens)
+    y = run(fast, K.masked_softmax, xt, lens)
     assert y.dtype == dtype and y.shape == x.shape
     expected = ref_masked_softmax(xt.double().numpy(), lens.numpy())
     np.testing.assert_allclose(y.double().numpy(), expected, atol=TOL[dtype], rtol=0)
@@ -89,13 +88,13 @@ def test_masked_softmax_noncontiguous_and_garbage(fast):
     base = torch.randn(4, 30, 6)
     x = base.transpose(1, 2)  # (4, 6, 30), not contiguous
     lens = torch.randint(0, 31, (4, 6))
-    clean = run(fast, K.softmax_by_lengths, x.contiguous(), lens)
+    clean = run(fast, K.masked_softmax, x.contiguous(), lens)
     dirty = x.clone()
     pad = torch.arange(30) >= lens[..., None]
     dirty[pad] = float("nan")
     dirty[..., -1][lens < 30] = float("inf")
     dirty.requires_grad_(True)
-    y = run(fast, K.softmax_by_lengths, dirty, lens)
+    y = run(fast, K.masked_softmax, dirty, lens)
     torch.testing.assert_close(y, clean, atol=1e-6, rtol=1e-5)
     assert torch.all(y[pad] == 0)
     y.backward(torch.randn_like(y))
@@ -113,7 +112,7 @@ def test_masked_softmax_fast_and_plain_gradients_agree(dtype):
     grads = []
     for fast in (True, False):
         xx = x.clone().requires_grad_(True)
-        run(fast, K.softmax_by_lengths, xx, lens).backward(g)
+        run(fast, K.masked_softmax, xx, lens).backward(g)
         grads.append(xx.grad)
     assert grads[0].dtype == dtype
     torch.testing.assert_close(grads[0], grads[1], atol=TOL[dtype] * 4, rtol=TOL[dtype] * 4)
@@ -124,18 +123,16 @@ def test_masked_softmax_gradcheck(fast):
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     lens = torch.tensor([[0, 6, 2], [1, 4, 5]])
     K.set_enabled(fast)
-    assert torch.autograd.gradcheck(lambda t: K.softmax_by_lengths(t, lens), (x,))
+    assert torch.autograd.gradcheck(lambda t: K.masked_softmax(t, lens), (x,))
 
 
 def test_masked_softmax_errors():
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.softmax_by_lengths(
-            torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
-        )
+        K.masked_softmax(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32))
+        K.masked_softmax(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64))
+        K.masked_softmax(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64))
 
 
 def test_disable_env(monkeypatch):
@@ -162,7 +159,7 @@ def _additive_inputs(dtype=torch.float64, B=2, n=5, m=9, h=6):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_additive_matches_reference(fast, dtype):
     qh, kh, w, lens = _additive_inputs(dtype)
-    s = run(fast, K.additive_scores_by_lengths, qh, kh, w, lens)
+    s = run(fast, K.additive_scores, qh, kh, w, lens)
     assert s.dtype == dtype and s.shape == (2, 5, 9)
     expected = ref_additive(qh.double(), kh.double(), w.double(), lens)
     tol = TOL[dtype] * 10
@@ -181,7 +178,7 @@ def test_additive_gradients_and_garbage(fast):
     dirty_kh[2, 7:] = float("nan")
     dirty_kh[2, 9] = float("inf")
     got = [t.clone().requires_grad_(True) for t in (qh, dirty_kh, w)]
-    s = run(fast, K.additive_scores_by_lengths, *got, lens)
+    s = run(fast, K.additive_scores, *got, lens)
     torch.testing.assert_close(s, ref_additive(qh, kh, w, lens))
     s.backward(g)
     for e, o in zip(expected, got, strict=True):
@@ -194,9 +191,7 @@ def test_additive_gradcheck(fast):
     qh, kh, w, lens = _additive_inputs(B=2, n=3, m=4, h=3)
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
     K.set_enabled(fast)
-    assert torch.autograd.gradcheck(
-        lambda a, b, c: K.additive_scores_by_lengths(a, b, c, lens), args
-    )
+    assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, lens), args)
 
 
 def test_additive_plain_chunks(monkeypatch):
@@ -212,7 +207,7 @@ def test_additive_plain_chunks(monkeypatch):
         lambda a, b, c: _plain.additive_scores_dense(a, b, c, lens), args
     )
     # the blocked backend functions (the plain backend of the registered op)
-    torch.testing.assert_close(_plain.additive_scores_forward(qh, kh, w, lens), expected)
+    torch.testing.assert_close(_plain.additive_scores(qh, kh, w, lens), expected)
     g = torch.randn_like(expected)
     grads = torch.autograd.grad(ref_additive(*args, lens), args, g)
     for got, want in zip(_plain.additive_scores_backward(g, qh, kh, w, lens), grads, strict=True):
@@ -222,92 +217,11 @@ def test_additive_plain_chunks(monkeypatch):
 def test_additive_errors():
     qh, kh, w, lens = _additive_inputs()
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.additive_scores_by_lengths(qh, kh[:, :, :2], w, lens)
+        K.additive_scores(qh, kh[:, :, :2], w, lens)
     with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.additive_scores_by_lengths(qh, kh, w, lens[:, :2])
+        K.additive_scores(qh, kh, w, lens[:, :2])
     with pytest.raises(TypeError, match=r"Expected .* but got"):
-        K.additive_scores_by_lengths(qh, kh, w, lens.float())
-
-
-# ---------------------------------------------------------------- dot-product attention
-def _dot_inputs(dtype=torch.float64, two_d=False, B=4, n=6, m=8, d=5, dv=3):
-    q, k, v = (torch.randn(B, s, c, dtype=torch.float64) for s, c in ((n, d), (m, d), (m, dv)))
-    if two_d:
-        lens = torch.randint(0, m + 1, (B, n))
-        lens[0, 2] = 0
-        lens[3] = 0
-        lens[1, 0] = m
-    else:
-        lens = torch.tensor([3, 0, 8, 5])[:B]
-    return q.to(dtype), k.to(dtype), v.to(dtype), lens
-
-
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
-@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_dot_matches_reference(fast, two_d, dtype):
-    q, k, v, lens = _dot_inputs(dtype, two_d)
-    out = run(fast, K.dot_product_attention_by_lengths, q, k, v, lens, scale=1 / math.sqrt(5))
-    assert out.dtype == dtype and out.shape == (4, 6, 3)
-    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, TOL[dtype] * 10)
-    expected = ref_dot(q, k, v, lens, 1 / math.sqrt(5))
-    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
-def test_dot_fast_plain_agree_with_garbage_and_grads(two_d):
-    q, k, v, lens = _dot_inputs(torch.float64, two_d)
-    key_max = (lens.amax(1) if two_d else lens).tolist()
-    dk, dv_ = k.clone(), v.clone()
-    for b, L in enumerate(key_max):
-        dk[b, L:] = float("nan")
-        dv_[b, L:] = float("inf")
-    g = torch.randn(4, 6, 3, dtype=torch.float64)
-    results = []
-    for fast in (True, False):
-        ins = [t.clone().requires_grad_(True) for t in (q, dk, dv_)]
-        out = run(fast, K.dot_product_attention_by_lengths, *ins, lens, scale=0.3)
-        out.backward(g)
-        results.append((out, *(t.grad for t in ins)))
-    for a, b in zip(*results, strict=True):
-        assert torch.isfinite(a).all()
-        torch.testing.assert_close(a, b)
-    torch.testing.assert_close(results[0][0], ref_dot(q, k, v, lens, 0.3))
-    dq = results[0][1]
-    zero_rows = (lens[:, None].expand(4, 6) if not two_d else lens) == 0
-    assert torch.all(dq[zero_rows] == 0)
-
-
-@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
-def test_dot_gradcheck(two_d):
-    q, k, v, lens = _dot_inputs(torch.float64, two_d, n=3, m=4, d=2, dv=2)
-    lens = lens.clamp(max=4)
-    args = [t.requires_grad_(True) for t in (q, k, v)]
-    assert torch.autograd.gradcheck(
-        lambda a, b, c: K.dot_product_attention_by_lengths(a, b, c, lens, scale=0.7), args
-    )
-
-
-@pytest.mark.parametrize("fast", PATHS)
-@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
-def test_dot_weights(fast, two_d):
-    q, k, v, lens = _dot_inputs(torch.float64, two_d)
-    w = run(fast, K.dot_product_weights_by_lengths, q, k, lens, scale=0.4)
-    B, n = 4, 6
-    lens2 = lens[:, None].expand(B, n) if not two_d else lens
-    expected = ref_masked_softmax((q @ k.transpose(1, 2) * 0.4).numpy(), lens2.numpy())
-    np.testing.assert_allclose(w.numpy(), expected, atol=1e-12)
-    torch.testing.assert_close(
-        torch.bmm(w, v), K.dot_product_attention_by_lengths(q, k, v, lens, scale=0.4)
-    )
-
-
-def test_dot_errors():
-    q, k, v, lens = _dot_inputs()
-    with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.dot_product_attention_by_lengths(q, k[:, :, :2], v, lens, scale=1.0)
-    with pytest.raises(ValueError, match=r"Expected .* but got"):
-        K.dot_product_attention_by_lengths(q, k, v, lens[:2], scale=1.0)
+        K.additive_scores(qh, kh, w, lens.float())
 
 
 # ---------------------------------------------------------------- build
@@ -321,9 +235,9 @@ def test_build_info_and_threads():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = K.softmax_by_lengths(x, lens)
+        one = K.masked_softmax(x, lens)
         torch.set_num_threads(2)
-        two = K.softmax_by_lengths(x, lens)
+        two = K.masked_softmax(x, lens)
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)
@@ -345,7 +259,7 @@ def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
     try:
         x = torch.randn(5, 7, 33, dtype=torch.float64)
         lens = torch.randint(0, 34, (5, 7))
-        y = _cpu.masked_softmax_forward(x, lens)
+        y = _cpu.masked_softmax(x, lens)
         np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()))
         g = torch.randn_like(x)
         dx = _cpu.masked_softmax_backward(g, y, lens)
@@ -355,7 +269,7 @@ def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
         qh, kh, w = (torch.randn(3, 6, 4), torch.randn(3, 9, 4), torch.randn(4))
         qh, kh, w = (t.double().requires_grad_() for t in (qh, kh, w))
         alens = torch.randint(0, 10, (3, 6))
-        s = _cpu.additive_scores_forward(qh.detach(), kh.detach(), w.detach(), alens)
+        s = _cpu.additive_scores(qh.detach(), kh.detach(), w.detach(), alens)
         ref = ref_additive(qh, kh, w, alens)
         torch.testing.assert_close(s, ref.detach())
         gs = torch.randn_like(s)
@@ -387,21 +301,10 @@ def test_available_only_for_float_cpu_tensors():
 
 
 def test_input_check_messages_name_the_argument():
-    q, k, v, lens = _dot_inputs()
     with pytest.raises(ValueError, match=r"Expected `lengths` on cpu, but got meta instead"):
-        K.softmax_by_lengths(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64, device="meta"))
-    with pytest.raises(ValueError, match=r"Expected `q` with 3 dimensions, but got shape \(6, 5\)"):
-        K.dot_product_attention_by_lengths(q[0], k, v, lens, scale=1.0)
-    with pytest.raises(TypeError, match=r"Expected `k` of the dtype and device of `q`"):
-        K.dot_product_attention_by_lengths(q, k.float(), v, lens, scale=1.0)
-
-
-@pytest.mark.parametrize("fast", PATHS)
-def test_dot_empty_batch(fast):
-    q, k, v = torch.zeros(0, 3, 2), torch.zeros(0, 4, 2), torch.zeros(0, 4, 5)
-    out = run(fast, K.dot_product_attention_by_lengths, q, k, v, torch.zeros(0, dtype=torch.long),
-              scale=1.0)  # fmt: skip
-    assert out.shape == (0, 3, 5) and out.dtype == q.dtype
+        K.masked_softmax(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64, device="meta"))
+    with pytest.raises(TypeError, match=r"Expected `mask` to be an AttentionMask"):
+        K.dot_product_attention(*(torch.zeros(1, 2, 3),) * 3, torch.tensor([2]), scale=1.0)
 
 
 @needs_c
@@ -416,13 +319,13 @@ def test_large_outputs_and_several_threads_match_the_reference():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert len(_cpu._split(alens.reshape(-1) * 16 + 1, 2)) == 2
-        y = K.softmax_by_lengths(x, lens)
+        assert len(_cpu._split(alens.reshape(-1) * 16 + 1, 2, 1 << 30)) == 2
+        y = K.masked_softmax(x, lens)
         args = [t.clone().requires_grad_(True) for t in (qh, kh, w)]
         g = torch.randn(2, 64, 64, dtype=torch.float64)
-        K.additive_scores_by_lengths(*args, alens).backward(g)
+        K.additive_scores(*args, alens).backward(g)
         # a second multi-threaded call reuses the thread pool
-        again = K.additive_scores_by_lengths(qh, kh, w, alens)
+        again = K.additive_scores(qh, kh, w, alens)
     finally:
         torch.set_num_threads(old)
     np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()), atol=1e-6)
@@ -463,7 +366,7 @@ def test_build_compiles_into_an_empty_cache_once(first_load, tmp_path):
     path, compiled = first_load._build(cc, first_load.CFLAGS)
     assert compiled and path.suffix == ".so"
     assert list((tmp_path / "cache").iterdir()) == [path]  # no temporary file left behind
-    assert hasattr(ctypes.CDLL(str(path)), "ms_fwd_f32")
+    assert hasattr(ctypes.CDLL(str(path)), "masked_softmax_f32")
     assert first_load._build(cc, first_load.CFLAGS) == (path, False)  # cached: not compiled again
 
 
@@ -482,7 +385,7 @@ def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path,
     x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
     lens = torch.tensor([2, 0, 6])
     with pytest.warns(RuntimeWarning, match=r"C kernels unavailable.*something broke"):
-        y = K.softmax_by_lengths(x, lens)
+        y = K.masked_softmax(x, lens)
     assert first_load.build_info().error.startswith("RuntimeError: ")
     assert first_load.build_info().path is None and not K.available(x)
     np.testing.assert_allclose(
@@ -492,13 +395,9 @@ def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path,
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once, not on every call
-        torch.testing.assert_close(
-            K.additive_scores_by_lengths(*args, alens), ref_additive(qh, kh, w, alens)
-        )
-        assert torch.autograd.gradcheck(lambda t: K.softmax_by_lengths(t, lens), (x,))
-        assert torch.autograd.gradcheck(
-            lambda a, b, c: K.additive_scores_by_lengths(a, b, c, alens), args
-        )
+        torch.testing.assert_close(K.additive_scores(*args, alens), ref_additive(qh, kh, w, alens))
+        assert torch.autograd.gradcheck(lambda t: K.masked_softmax(t, lens), (x,))
+        assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, alens), args)
 
 
 def test_no_compiler_leaves_the_kernels_unavailable(first_load, tmp_path, monkeypatch):

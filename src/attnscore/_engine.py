@@ -7,12 +7,13 @@ Every attention in the library runs the same steps (D2L eq. "attn-pooling")::
     weights  = normalizer(scores, mask)               masked softmax by default
     output   = dropout(weights) @ values              (..., n, v)
 
-Masks are checked once, in :func:`prepare`, and padded keys, values and queries are zeroed
-before any arithmetic, so whatever they hold (even NaN or inf) changes neither outputs,
-weights nor gradients. A scorer may bring a fused path for the whole pipeline
-(:func:`fused_dot_product`); it is used when the result is the same and the weights are not
-needed at once. The public forms are in :mod:`attnscore.functional`, the modules in
-:mod:`attnscore.modules`.
+Masks are checked once, in :func:`prepare`. Padding (keys no query may attend, their
+values, queries that may attend nothing) never changes outputs, weights or gradients,
+whatever it holds (even NaN or inf): the plain pipeline zeroes it before any arithmetic
+(:func:`zero_padding`), and fused paths never read it or zero it themselves. A scorer may
+bring a fused path for the whole pipeline (:func:`fused_dot_product`); it is used when the
+result is the same and the weights are not needed at once. The public forms are in
+:mod:`attnscore.functional`, the modules in :mod:`attnscore.modules`.
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
 units; ``...`` is (B,) or (B, H) for H heads.
@@ -20,7 +21,6 @@ units; ``...`` is (B,) or (B, H) for H heads.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from . import kernels
 from ._checks import check_attention_inputs, check_dropout
-from .masking import AttentionMask, build_mask
+from ._mask import AttentionMask
+from .kernels import _attention
+from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
 
@@ -46,6 +47,7 @@ __all__ = [
     "finish",
     "fused_dot_product",
     "prepare",
+    "zero_padding",
 ]
 
 Scoring = Callable[[Tensor, Tensor], Tensor]
@@ -84,7 +86,7 @@ class MaskOptions(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Prepared:
-    """Checked inputs with padding zeroed, and their canonical mask."""
+    """Checked inputs (as given: padding not yet zeroed) and their canonical mask."""
 
     queries: Tensor
     keys: Tensor
@@ -101,11 +103,7 @@ def prepare(
     same_feature_size: bool = False,
     **masks: Unpack[MaskOptions],
 ) -> Prepared:
-    """Check inputs and masks once; zero padded keys, values and queries.
-
-    Zeroing (rather than trusting the weights to be 0) is what keeps NaN or inf stored in
-    padding out of the output and the gradients: 0 * NaN is NaN.
-    """
+    """Check inputs and masks once (the only checks of a call)."""
     unknown = set(masks) - set(MaskOptions.__annotations__)
     if unknown:
         raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
@@ -122,23 +120,25 @@ def prepare(
         attend_mask=masks.get("attend_mask"),
         causal=masks.get("causal", False),
     )
+    return Prepared(q, k, v, mask)
+
+
+def zero_padding(prepared: Prepared) -> Prepared:
+    """Zero padded keys and values (keys no query may attend) and idle queries (queries that
+    may attend no key), so that 0 * NaN cannot carry garbage stored there into outputs,
+    weights or gradients of the plain pipeline."""
+    mask = prepared.mask
+    if mask.unmasked:
+        return prepared
+    q, k, v = prepared.queries, prepared.keys, prepared.values
     padded_keys = mask.padded_keys()
     if padded_keys is not None:
         k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
         v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-    if mask.lengths is not None or mask.attend is not None:
-        idle = _idle_queries(mask)
-        if idle is not None:
-            q = q.masked_fill(idle.unsqueeze(-1), 0.0)
+    idle = mask.idle_queries()
+    if idle is not None:
+        q = q.masked_fill(idle.unsqueeze(-1), 0.0)
     return Prepared(q, k, v, mask)
-
-
-def _idle_queries(mask: AttentionMask) -> Tensor | None:
-    """Bool (..., n): queries that may attend no key (their rows are inert)."""
-    if mask.attend is None and mask.lengths is not None:
-        return mask.lengths == 0
-    dense = mask.dense()
-    return None if dense is None else ~dense.any(dim=-1)
 
 
 def attend(
@@ -161,15 +161,13 @@ def attend(
         result = fused(prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p)
         if result is not None:
             return result
-    values = prepared.values
-    # Scores arrive in float32 for 16-bit inputs (see scoring): weights and the weighted sum
-    # are computed there too and rounded to the inputs' dtype once, at the end.
+    prepared = zero_padding(prepared)
+    # In the inputs' dtype throughout, as the plain formulation computes it; the softmax
+    # reduces 16-bit scores in float32.
     scores = scoring(prepared.queries, prepared.keys)
-    weights = normalize(scores, prepared.mask)
+    weights = normalize(scores, prepared.mask).to(prepared.values.dtype)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
-    output = torch.matmul(dropped, values.to(weights.dtype)).to(values.dtype)
-    weights = weights.to(values.dtype)
-    return output, lambda: weights
+    return torch.matmul(dropped, prepared.values), lambda: weights
 
 
 def finish(
@@ -181,41 +179,24 @@ def finish(
 
 
 def fused_dot_product(scale: float | None) -> FusedPath:
-    """The fused path of scaled dot-product attention with key lengths.
+    """The fused path of scaled dot-product attention.
 
-    Runs :func:`attnscore.kernels.dot_product_attention_by_lengths` (on CPU flash SDPA on keys
-    trimmed to each element's length, so padded keys cost nothing) and returns a weights
-    function that recomputes the weights through the plain pipeline (same values) only when
-    asked. Declines (returns None) for boolean masks, no lengths, broadcast batch shapes and
-    empty inputs; the kernels choose the implementation.
+    Runs :func:`attnscore.kernels.dot_product_attention` (PyTorch's SDPA wherever nothing
+    can be skipped; on the CPU flash SDPA on keys cut to each example's length, so padded
+    keys cost nothing) and returns a weights function that recomputes the weights through
+    the plain pipeline only when asked. Declines (returns None) for empty inputs, whose
+    documented results the plain path gives.
     """
 
     def fused(
         q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float
     ) -> tuple[Tensor, WeightsFn] | None:
-        lengths = mask.lengths
-        if lengths is None or mask.attend is not None or q.ndim < 3:
+        n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
+        if min(q.numel(), n, m, d, v.shape[-1]) == 0:
             return None
-        *batch, n, d = q.shape
-        m, dv = k.shape[-2], v.shape[-1]
-        if list(k.shape[:-2]) != batch or list(v.shape[:-2]) != batch:
-            return None
-        rows = math.prod(batch)
-        if min(rows, n, m, d) == 0:
-            return None  # empty inputs: the plain path gives the documented result
-        # One length per example (expanded over queries) needs no mask inside SDPA.
-        per_example = n == 1 or lengths.stride(-1) == 0
-        row_lengths = lengths[..., 0].reshape(rows) if per_example else lengths.reshape(rows, n)
-        out = kernels.dot_product_attention_by_lengths(
-            q.reshape(rows, n, d),
-            k.reshape(rows, m, d),
-            v.reshape(rows, m, dv),
-            row_lengths,
-            scale=default_scale(d) if scale is None else scale,
-            dropout_p=dropout_p,
+        out = _attention.dot_product_attention(
+            q, k, v, mask, scale=default_scale(d) if scale is None else scale, dropout_p=dropout_p
         )
-        return out.reshape(*batch, n, dv), lambda: softmax(
-            dot_product_scores(q, k, scale), mask
-        ).to(q.dtype)
+        return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
 
     return fused

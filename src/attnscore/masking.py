@@ -10,38 +10,41 @@ B and heads H).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from . import kernels
 from ._checks import check_floating, check_tensor, in_functorch
-from ._softmax import softmax_dense
+from ._mask import AttentionMask
+from .kernels import _ops
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
 
 
 def _check_values(t: Tensor, name: str) -> None:
-    """Non-negative whole numbers, checked without data-dependent Python where it can't run.
+    """Non-negative whole numbers, checked without a device sync and without data-dependent
+    Python where Python cannot run.
 
-    Eager: a ValueError naming the first bad value. Under ``torch.compile``: an in-graph
-    assertion (no graph break; it raises RuntimeError with the same wording). Under
-    ``torch.func`` transforms (vmap, grad) values cannot steer Python, so only shapes,
-    dtypes and devices are checked there.
+    CPU tensors in eager code: a ValueError naming the first bad value. CUDA (and other
+    device) tensors and ``torch.compile``: an on-device / in-graph assertion
+    (``torch._assert_async``: no sync, no graph break; a bad value raises RuntimeError with
+    the same wording). Under ``torch.func`` transforms (vmap, grad) values cannot steer
+    Python, so only shapes, dtypes and devices are checked there.
     """
-    bad = t < 0
-    if t.is_floating_point():
-        bad = bad | ~torch.isfinite(t) | (t != torch.floor(t))
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if t.numel() == 0 or (not compiling and in_functorch(t)):
+        return
+    floating = t.is_floating_point()
+    bad = ((t < 0) | ~torch.isfinite(t) | (t != torch.floor(t))) if floating else None
+    ok = ~bad.any() if bad is not None else t.min() >= 0
+    if compiling or t.device.type != "cpu":
         torch._assert_async(
-            ~bad.any(), f"Expected `{name}` to hold non-negative whole numbers, but got others."
+            ok, f"Expected `{name}` to hold non-negative whole numbers, but got others."
         )
         return
-    if t.numel() == 0 or in_functorch(t) or not bool(bad.any()):
+    if bool(ok):
         return
-    first = t[bad].flatten()[0].item()
-    if t.is_floating_point() and (first != first or abs(first) == float("inf") or first % 1):
+    first = t[bad].flatten()[0].item() if bad is not None else t.min().item()
+    if floating and (first != first or abs(first) == float("inf") or first % 1):
         raise ValueError(f"Expected `{name}` to hold whole numbers, but got {first!r} instead.")
     raise ValueError(f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead.")
 
@@ -91,58 +94,6 @@ def _canonical_lengths(
     return t.clamp(max=m).expand(full)
 
 
-@dataclass(frozen=True)
-class AttentionMask:
-    """The canonical mask: which of m keys each of n queries may attend.
-
-    ``lengths`` (int64, shape (..., n), values in [0, m]): query i may attend keys
-    j < lengths[..., i]. ``attend`` (bool, broadcastable to (..., n, m)): True = may attend.
-    Either may be None (no restriction); a key is attended when both allow it. Build it
-    with :func:`build_mask`, which checks every input.
-
-    >>> mask = AttentionMask(n=2, m=3, lengths=torch.tensor([[1, 0]]))
-    >>> mask.dense()
-    tensor([[[ True, False, False],
-             [False, False, False]]])
-    >>> mask.padded_keys()   # keys no query may attend
-    tensor([[False,  True,  True]])
-    """
-
-    n: int
-    m: int
-    lengths: Tensor | None = None
-    attend: Tensor | None = None
-
-    @property
-    def is_empty(self) -> bool:
-        """True when nothing is masked."""
-        return self.lengths is None and self.attend is None
-
-    def dense(self) -> Tensor | None:
-        """The mask as bool, broadcastable to (..., n, m); True = may attend. None if empty."""
-        dense = self.attend
-        if self.lengths is not None:
-            positions = torch.arange(self.m, device=self.lengths.device)
-            by_length = positions < self.lengths.unsqueeze(-1)
-            dense = by_length if dense is None else dense & by_length
-        return dense
-
-    def padded_keys(self) -> Tensor | None:
-        """Bool (..., m): True for keys that no query may attend (padding). None if none."""
-        if self.attend is None:
-            if self.lengths is None:
-                return None
-            if self.n == 0:  # no query attends anything: every key is padding
-                longest = self.lengths.new_zeros((*self.lengths.shape[:-1], 1))
-            else:
-                longest = self.lengths.amax(dim=-1, keepdim=True)
-            return torch.arange(self.m, device=longest.device) >= longest
-        dense = self.dense()
-        assert dense is not None
-        # A mask given as (m,) applies to every query.
-        return ~dense if dense.ndim < 2 else ~dense.any(dim=-2)
-
-
 def build_mask(
     batch_shape: torch.Size,
     n: int,
@@ -171,19 +122,25 @@ def build_mask(
             ``scaled_dot_product_attention(is_causal=True)``; when n > m the last queries
             see every key, when n < m the last m - n keys are seen by no query).
 
+    Returns:
+        The :class:`AttentionMask`: the folded per-query ``lengths`` and the parts they
+        came from (``key_lengths``, ``query_lengths``, ``causal``), and ``attend``.
+
     Raises:
         TypeError: a mask of the wrong type or dtype.
         ValueError: a mask of the wrong shape, a negative or fractional length, or a mask
-            on another device.
+            on another device. On CUDA (and under ``torch.compile``) the values of lengths
+            are checked on the device without a sync: a bad one raises RuntimeError there.
 
     >>> mask = build_mask(torch.Size([1]), 3, 4, torch.device("cpu"),
     ...                   valid_lens=torch.tensor([2]), causal=True)
     >>> mask.lengths   # query i attends keys j < lengths[..., i]
     tensor([[1, 2, 2]])
     """
-    lengths = None
+    key_lengths = None
     if valid_lens is not None:
-        lengths = _canonical_lengths(valid_lens, batch_shape, n, m, device)
+        key_lengths = _canonical_lengths(valid_lens, batch_shape, n, m, device)
+    lengths = key_lengths
     full = (*batch_shape, n)
     if causal:
         if not isinstance(causal, bool):
@@ -192,6 +149,7 @@ def build_mask(
         lengths = (
             by_position.expand(full) if lengths is None else torch.minimum(lengths, by_position)
         )
+    query_lengths = None
     if query_valid_lens is not None:
         query_lengths = _check_lengths(query_valid_lens, "query_valid_lens", device)
         B = batch_shape[0]
@@ -227,7 +185,15 @@ def build_mask(
                 f"Expected `attend_mask` broadcastable to {(*batch_shape, n, m)}, but got shape "
                 f"{tuple(attend.shape)} instead."
             )
-    return AttentionMask(n=n, m=m, lengths=lengths, attend=attend)
+    return AttentionMask(
+        n=n,
+        m=m,
+        lengths=lengths,
+        attend=attend,
+        key_lengths=key_lengths,
+        query_lengths=query_lengths,
+        causal=causal,
+    )
 
 
 def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
@@ -272,18 +238,6 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
     return X.masked_fill(~keep, value)
 
 
-def softmax_with_mask(scores: Tensor, mask: AttentionMask | None) -> Tensor:
-    """Masked softmax over the last axis, with a checked :class:`AttentionMask`.
-
-    The internal form of :func:`masked_softmax` (no input checks); see it for the contract.
-    A lengths-only mask runs the registered op :func:`attnscore.kernels.softmax_by_lengths`.
-    """
-    if mask is not None and mask.attend is None and mask.lengths is not None:
-        return kernels.softmax_by_lengths(scores, mask.lengths)
-    dense = None if mask is None else mask.dense()
-    return softmax_dense(scores, dense)
-
-
 def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
     """Softmax over the last axis of ``X``, ignoring positions beyond the valid lengths.
 
@@ -318,7 +272,7 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
     """
     X = check_floating(X, "X", min_ndim=3)
     if valid_lens is None:
-        return softmax_with_mask(X, None)
+        return torch.softmax(X, dim=-1)  # 16-bit: PyTorch reduces in float32 too
     *batch, n, m = X.shape
-    mask = build_mask(torch.Size(batch), n, m, X.device, valid_lens=valid_lens)
-    return softmax_with_mask(X, mask)
+    lengths = _canonical_lengths(valid_lens, torch.Size(batch), n, m, X.device)
+    return _ops.masked_softmax(X, lengths)

@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from ._checks import compute_dtype
-from .masking import AttentionMask, softmax_with_mask
+from ._mask import AttentionMask
+from ._softmax import softmax_dense
+from .kernels import _ops
 
 __all__ = ["NORMALIZERS", "Normalizer", "get_normalizer", "hardmax", "softmax"]
 
@@ -29,7 +31,12 @@ def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     >>> softmax(torch.zeros(1, 1, 3), AttentionMask(n=1, m=3, lengths=torch.tensor([[2]])))
     tensor([[[0.5000, 0.5000, 0.0000]]])
     """
-    return softmax_with_mask(scores, mask)
+    if mask is None or mask.unmasked:
+        return torch.softmax(scores, dim=-1)  # 16-bit: PyTorch reduces in float32 too
+    if mask.attend is None:
+        assert mask.lengths is not None
+        return _ops.masked_softmax(scores, mask.lengths)
+    return softmax_dense(scores, mask.dense())
 
 
 def hardmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from ._checks import compute_dtype
 
 __all__ = [
     "additive_scores",
@@ -27,13 +26,6 @@ __all__ = [
     "dot_product_scores",
     "general_scores",
 ]
-
-
-def _upcast(*tensors: Tensor) -> list[Tensor]:
-    """16-bit floats to float32: scores are rounded once, at the end of the pipeline (like
-    flash attention's float32 accumulators), not after every product."""
-    dtype = compute_dtype(tensors[0].dtype)
-    return [t.to(dtype) for t in tensors]
 
 
 def default_scale(d: int) -> float:
@@ -55,8 +47,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
             Luong et al. 2015 "dot" (eq. 8).
 
     Returns:
-        scores (..., n, m): float32 for 16-bit inputs (rounded once, later), else the
-        inputs' dtype. The same holds for every scoring function here.
+        scores (..., n, m) in the inputs' dtype, as every scoring function here (matrix
+        products accumulate in float32 for 16-bit inputs, as PyTorch's do).
 
     >>> dot_product_scores(torch.ones(1, 2, 4), torch.ones(1, 3, 4)).shape
     torch.Size([1, 2, 3])
@@ -64,7 +56,6 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     if scale is None:
         # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
         scale = default_scale(queries.shape[-1])
-    queries, keys = _upcast(queries, keys)
     # Scaling the smaller operand costs less than scaling the (n, m) scores.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(queries * scale, keys.transpose(-1, -2))
@@ -86,7 +77,6 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     >>> general_scores(torch.ones(1, 2, 3), torch.ones(1, 4, 5), torch.ones(3, 5)).shape
     torch.Size([1, 2, 4])
     """
-    queries, keys, W_a = _upcast(queries, keys, W_a)
     # Project whichever side has fewer vectors: the cost is (n or m) * q * k.
     if queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(torch.matmul(queries, W_a), keys.transpose(-1, -2))
@@ -108,7 +98,6 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
     >>> cosine_scores(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))
     tensor([[[10.,  0.]]])
     """
-    queries, keys = _upcast(queries, keys)
     tiny = torch.finfo(queries.dtype).tiny
     q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
     k = keys / keys.norm(dim=-1, keepdim=True).clamp(min=tiny)
@@ -137,8 +126,10 @@ def additive_scores_from_projections(
     ...                                  torch.ones(8)).shape
     torch.Size([1, 2, 5])
     """
-    qh, kh, w = _upcast(qh, kh, w_v.reshape(-1))
-    return kernels.additive_scores_by_lengths(qh, kh, w, lengths)
+    # One dtype for all three (under autocast the projections may be 16-bit and w_v not):
+    # the kernels compute in float32 for 16-bit inputs anyway.
+    dtype = torch.promote_types(torch.promote_types(qh.dtype, kh.dtype), w_v.dtype)
+    return kernels.additive_scores(qh.to(dtype), kh.to(dtype), w_v.reshape(-1).to(dtype), lengths)
 
 
 def additive_scores(

@@ -1,18 +1,17 @@
-"""``attnscore bench``: attnscore against the textbook code and PyTorch, side by side.
+"""``attnscore bench``: attnscore against the PyTorch call a user would write instead, side
+by side, over the matrix of real use.
 
-Every row is timed in one process with ``torch.utils.benchmark`` (median of
-``blocked_autorange``); valid lengths are uniform in [1, m] from a fixed seed; "textbook"
-is the book's code from :mod:`attnscore.textbook`.
-
-- ``--device cpu`` (default): the CPU rows (:mod:`attnscore.bench.cpu`), eager and under
-  ``torch.compile``; peak memory is the peak RSS of a fresh subprocess per case.
-- ``--device cuda``: the CUDA rows of issue 10 (:mod:`attnscore.bench.cuda`), fp32 and
-  bf16, against SDPA, flex_attention and ``nn.MultiheadAttention``; peak memory from
-  ``torch.cuda.max_memory_allocated``, reset per case.
+Every cell is timed in one process with ``torch.utils.benchmark``, its implementations
+interleaved over rounds (median); valid lengths are uniform in [1, m] from a fixed seed. The
+cells (:mod:`attnscore.bench.matrix`): rows {masked_softmax, dot, heads, multihead,
+additive, general, cosine} x masks x dtypes {float32, bfloat16, float16} x {forward,
+forward + backward}, then issue 16's table at its own shapes, tiny calls and the decoder
+step; on the CPU also additive attention's peak RSS and the compiled rows. Peak memory is
+what one step allocates (``torch.profiler`` on the CPU, ``max_memory_allocated`` on CUDA).
 
 The full run prints each target's verdict and exits 1 if one is missed. ``--quick`` is a
-smoke run at small shapes: it says so and prints no verdicts, since the targets are for
-the full shapes.
+smoke run at small shapes: no verdicts (the targets are for the full shapes), but it lists
+the cells slower than their PyTorch baseline.
 
 The subcommand joins the ``attnscore`` parser through :func:`add_parser`;
 ``python -m attnscore.bench`` runs :func:`main`.
@@ -32,28 +31,35 @@ import torch
 
 from .._io import check_output, device_arg, write_atomic
 from .._usage import ArgumentParser, UsageError
-from . import cpu, cuda
-from ._core import measure, missed, render_rows
+from . import cpu, cuda, matrix
+from ._core import measure, missed, render_rows, slower
 
 __all__ = ["add_parser", "main", "render", "run"]
 
-MIN_RUN_TIME = {("cpu", True): 0.1, ("cpu", False): 1.5, ("cuda", True): 0.2, ("cuda", False): 1.0}
-"""``blocked_autorange`` seconds per implementation, by (device type, quick)."""
+MIN_RUN_TIME = {
+    ("cpu", True): 0.05,
+    ("cpu", False): 0.5,
+    ("cuda", True): 0.05,
+    ("cuda", False): 0.5,
+}
+"""Timed seconds per implementation and cell (over all rounds), by (device type, quick)."""
 
 DESCRIPTION = """\
-Time attnscore against the textbook code and PyTorch, side by side in one process
-(torch.utils.benchmark medians; valid lengths uniform in [1, m], fixed seed).
+Time attnscore against the PyTorch call a user would write instead (SDPA,
+nn.MultiheadAttention, torch.softmax, the plain formulation), side by side in
+one process, over rows x masks x dtypes x {forward, forward+backward}, with the
+peak memory of each; then issue 16's table, tiny calls and the decoder step.
 
-  --device cpu    the CPU rows, eager and under torch.compile; peak RSS per case
-  --device cuda   the CUDA rows: fp32/bf16 vs SDPA + mask, flex_attention,
-                  nn.MultiheadAttention and the textbook; peak CUDA memory
+  --device cpu    the CPU run (a few minutes on 2 cores)
+  --device cuda   the same cells on a GPU, at larger shapes
 
 The full run prints each target's verdict and exits 1 on a miss. --quick is a
-smoke run at small shapes, with no verdicts."""
+smoke run at small shapes: no verdicts, but it lists cells slower than PyTorch."""
 
 SMOKE_NOTE = (
-    "Smoke run (--quick): small shapes, not the targets' shapes, so no target verdicts; "
-    "run `attnscore bench` without --quick to check the targets."
+    "Smoke run (--quick): small shapes, not the targets' shapes, so no target verdicts "
+    "(cells slower than their PyTorch baseline are listed below the table); run "
+    "`attnscore bench` without --quick to check the targets."
 )
 
 
@@ -70,7 +76,8 @@ def run(
     Args:
         device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``).
         quick: smoke run: small shapes, short timings, no verdicts (``met`` is None).
-        memory: measure peak memory (CPU: one subprocess per case and implementation).
+        memory: measure peak memory (what a step allocates; additive_memory: peak RSS of a
+            subprocess).
         threads: torch threads.
         cases: run only the rows of these names.
 
@@ -93,9 +100,7 @@ def run(
         "threads": threads,
         "memory": memory,
     }
-    if dev.type == "cuda":
-        todo = cuda.cases(dev, 1 / 8 if quick else 1.0)
-    else:
+    if dev.type == "cpu":
         from .. import kernels
 
         start = time.perf_counter()
@@ -104,18 +109,24 @@ def run(
         result["kernel_build"] = kernels.build_info().as_dict()
         result["kernel_cold_compile_s"] = cpu.cold_compile_seconds()
         result["kernels_enabled"] = kernels.enabled()
-        todo = cpu.cases(quick)
+    todo = matrix.cases(dev.type, quick)
     min_time = MIN_RUN_TIME[dev.type, quick]
     rows = []
     for case in todo:
         if cases and case.name not in cases:
             continue
         rss: dict[str, float | None] = {}
-        if memory and dev.type == "cpu" and not case.name.endswith("compiled"):
-            # --quick measures only attnscore's memory, to stay well under a minute.
-            impls = ["attnscore"] if quick else list(case.build().forwards)
-            rss = {name: cpu.peak_rss(case.name, quick, name, threads) for name in impls}
-        row = measure(case, dev, threads=threads, min_time=min_time, judge=not quick, rss=rss)
+        if memory and any(t.kind == "rss_mib" for t in case.targets):
+            rss = {"attnscore": cpu.peak_rss(case.name, quick, "attnscore", threads)}
+        row = measure(
+            case,
+            dev,
+            threads=threads,
+            min_time=min_time,
+            judge=not quick,
+            memory=memory and not case.name.endswith("compiled"),
+            rss=rss,
+        )
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
@@ -125,9 +136,7 @@ def run(
 
 def case_names(device_type: str) -> list[str]:
     """The row names of the CPU or the CUDA run (for ``--cases``)."""
-    if device_type == "cuda":
-        return list(dict.fromkeys(c.name for c in cuda.cases(torch.device("cpu"), 1 / 1024)))
-    return list(cpu.FULL)
+    return list(dict.fromkeys(c.name for c in matrix.cases(device_type, quick=False)))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -148,23 +157,25 @@ def render(result: dict[str, Any]) -> str:
             f"{result['kernels_enabled']}); cold compile + load with an empty cache: "
             f"{'n/a' if cold is None else f'{cold:.2f} s'}. Peak MiB: "
             + (
-                "VmHWM of a fresh subprocess per case (whole process, torch included); "
-                "not measured for the compiled rows."
+                "what one step allocates above what was allocated before it (the "
+                "allocations and frees torch.profiler records); additive_memory: VmHWM of a "
+                "fresh process (torch included); not measured for the compiled rows."
                 if result["memory"]
                 else "not measured (--no-memory)."
             ),
         ]
-        if quick:
-            lines.append(
-                "additive_fwd_bwd_compiled is not in the smoke run (compiling the textbook "
-                "module alone takes about 20 s here)."
-            )
     else:
         lines += [
             "",
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "
             "allocated before it (inputs and parameters), reset per case and implementation.",
         ]
+    notes = sorted({note for row in result["rows"] for note in row["notes"]})
+    lines += ["", *(f"- {note}" for note in notes)] if notes else []
+    if quick:
+        slow = slower(result)
+        lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x): {len(slow)}"]
+        lines += [f"- {cell}" for cell in slow]
     return "\n".join(lines)
 
 

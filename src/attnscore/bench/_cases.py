@@ -1,36 +1,49 @@
-"""The implementations each bench row compares, built once for the CPU and the CUDA rows.
+"""The implementations each bench cell compares, built for the CPU and the CUDA runs alike.
 
-Each builder makes its inputs (valid lengths uniform in [1, m], fixed seed) and returns a
-:class:`~attnscore.bench._core.Built`: attnscore (scorers from the registry), the book's
-code (:mod:`attnscore.textbook`, same parameters) and PyTorch's own (softmax, SDPA,
-flex_attention, ``nn.MultiheadAttention``).
+Each builder makes its inputs from a fixed seed (valid lengths uniform in [1, m]) and
+returns a :class:`~attnscore.bench._core.Built`: attnscore's implementation (scorers from
+the registry) and the PyTorch call a user would write instead, on the same work:
+
+========================== =====================================================================
+row                        baseline
+========================== =====================================================================
+``masked_softmax``         ``torch.softmax`` without a mask (the pace to beat)
+``dot``, ``heads``         ``scaled_dot_product_attention`` in its 4-D layout with the equivalent
+                           boolean mask, or ``is_causal=True``
+``multihead``              ``nn.MultiheadAttention`` (same weights, ``need_weights=False``) with
+                           ``key_padding_mask`` / ``attn_mask`` / ``is_causal``
+``additive``, ``general``, the plain PyTorch formulation (PyTorch has none of these scorers): the
+``cosine``                 textbook's scores, ``masked_fill(-inf)``, ``torch.softmax``, ``@ V``
+========================== =====================================================================
+
+Masks (the matrix's columns): ``none``; ``lengths (B,)`` and ``lengths (B, n)``, uniform in
+[1, m]; ``bool``, a (B, n, m) mask letting each query attend a random half of the keys (key
+0 always); ``causal``; ``causal + lengths`` (lengths (B,)). Every mask is built inside the
+timed call, on both sides, as a user's code builds it per batch.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnscore
 
 from .. import textbook
 from ..registry import make_scorer
-from ._core import Built, Forward, Shapes, key_mask, lengths, sdpa_masked
+from ._core import Built, Forward, Shapes, key_mask, lengths
 
-FLEX_BLOCK = 128
+MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")
+"""The matrix's mask columns."""
 
-# The shapes of issues 9 and 10.
-SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
-DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
-HEADS: Shapes = {"B": 16, "H": 16, "n": 1024, "m": 1024, "d": 64}
-ADDITIVE_SMALL: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
-ADDITIVE_LARGE: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
-MHA: Shapes = {"B": 32, "n": 512, "E": 512, "H": 8}
+SOFTMAX_MASKS = ("none", "lengths (B,)", "lengths (B, n)")
+"""``masked_softmax(X, valid_lens)`` takes lengths only."""
 
 
 def free_bytes(device: torch.device) -> int:
@@ -40,212 +53,330 @@ def free_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def softmax(s: Shapes, *, dtype: torch.dtype, device: torch.device) -> Built:
-    """Masked softmax (B, n, m) by lengths: attnscore, unmasked ``torch.softmax``, the book."""
-    torch.manual_seed(0)
-    X = torch.randn(s["B"], s["n"], s["m"], device=device, dtype=dtype)
-    X_book = X.clone()  # the book's masked_softmax writes -1e6 into its input
-    vl = lengths(s["B"], s["m"], device)
-    return Built(
-        {
-            "attnscore": lambda: attnscore.masked_softmax(X, vl),
-            "softmax": lambda: torch.softmax(X, -1),
-            "textbook": lambda: textbook.masked_softmax(X_book, vl),
-        },
-        same=("textbook",),
-        notes=["softmax = torch.softmax without a mask, the pace to beat"],
-    )
+class Masks:
+    """The inputs of one mask column for a batch of B examples, n queries and m keys, from a
+    fixed seed: attnscore's keyword arguments and, for baselines, the dense (B, n, m) form."""
 
+    def __init__(self, kind: str, B: int, n: int, m: int, device: torch.device) -> None:
+        gen = torch.Generator().manual_seed(1)
+        self.kind, self.n, self.m = kind, n, m
+        self.valid_lens: Tensor | None = None
+        self.attend: Tensor | None = None
+        self.causal = kind.startswith("causal")
+        if kind in ("lengths (B,)", "causal + lengths"):
+            self.valid_lens = lengths(B, m, device)
+        elif kind == "lengths (B, n)":
+            self.valid_lens = torch.randint(1, m + 1, (B, n), generator=gen).to(device)
+        elif kind == "bool":
+            attend = torch.rand(B, n, m, generator=gen) < 0.5
+            attend[..., 0] = True
+            self.attend = attend.to(device)
+        elif kind != "none" and kind != "causal":
+            raise ValueError(f"Expected a mask among {MASKS}, but got {kind!r} instead.")
 
-def flex_block_mask(valid_lens: Tensor, n: int, m: int, block: int = FLEX_BLOCK) -> object:
-    """A flex_attention ``BlockMask`` for key lengths, built from the lengths directly.
-
-    Per batch row b with length L: the first ``L // block`` key blocks are full, block
-    ``L // block`` is partial when ``block`` does not divide L (its entries masked by
-    ``kv_idx < L``), the rest are skipped. One mask for all heads and query blocks; no
-    ``create_block_mask`` (5-7 ms a call uncompiled, issue 10).
-    """
-    from torch.nn.attention.flex_attention import BlockMask
-
-    B = valid_lens.shape[0]
-    q_blocks, kv_blocks = -(-n // block), -(-m // block)
-    lens = valid_lens.to(torch.int32)
-    full = lens // block
-    partial_ = (lens % block != 0).to(torch.int32)
-    ar = torch.arange(kv_blocks, device=lens.device, dtype=torch.int32)
-    # partial block first, then the rest (entries past the count are ignored)
-    part_idx = (full[:, None] + ar[None, :]) % kv_blocks
-
-    def per_q_block(x: Tensor) -> Tensor:
-        return x.reshape(B, 1, 1, *x.shape[1:]).expand(B, 1, q_blocks, *x.shape[1:]).contiguous()
-
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx < valid_lens[b]
-
-    return BlockMask.from_kv_blocks(
-        per_q_block(partial_[:, None])[..., 0],
-        per_q_block(part_idx),
-        per_q_block(full[:, None])[..., 0],
-        per_q_block(ar.expand(B, kv_blocks)),
-        BLOCK_SIZE=block,
-        mask_mod=mask_mod,
-        seq_lengths=(n, m),
-    )
-
-
-FlexFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
-
-
-def flex_attention_fn(device: torch.device) -> FlexFn | None:
-    """flex_attention, compiled on CUDA (eager elsewhere: test shapes only); None if absent."""
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-    except ImportError:  # pragma: no cover - torch < 2.5
-        return None
-    fn: Callable[..., Any] = flex_attention
-    if device.type == "cuda":
-        fn = torch.compile(flex_attention)
-
-    def call(q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
-            out: Tensor = fn(q, k, v, block_mask=block_mask)
+    def kwargs(self) -> dict[str, Any]:
+        """attnscore's mask arguments (``valid_lens`` positional as the textbook's)."""
+        out: dict[str, Any] = {}
+        if self.attend is not None:
+            out["attend_mask"] = self.attend
+        if self.causal:
+            out["causal"] = True
         return out
 
-    return call
+    def dense(self) -> Tensor | None:
+        """Bool (B, 1 or n, m), True = may attend, built as a user's code would (per call)."""
+        allowed = self.attend
+        device = self.valid_lens.device if self.valid_lens is not None else torch.device("cpu")
+        if self.valid_lens is not None:
+            positions = torch.arange(self.m, device=device)
+            lens = self.valid_lens
+            allowed = positions < (lens[:, None, None] if lens.ndim == 1 else lens[..., None])
+        if self.causal:
+            tril = torch.ones(self.n, self.m, dtype=torch.bool, device=device).tril()
+            allowed = tril if allowed is None else allowed & tril
+        return allowed
 
 
-def dot(
-    s: Shapes,
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-    flex: bool,
-    backward: bool,
-    with_textbook: bool = True,
-) -> Built:
-    """Scaled dot-product attention, (B, n, d) or with heads (B, H, n, d) when ``s`` has H:
-    attnscore, SDPA + bool mask, flex_attention (``flex``), the book (3-D only)."""
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> Tensor:
+    """SDPA in 4-D layout: (B, n, d) gets a head dimension; the mask gets (B, 1, n|1, m)."""
+    three_d = q.ndim == 3
+    if three_d:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    if masks.kind == "causal":
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        allowed = masks.dense()
+        mask = None if allowed is None else allowed.unsqueeze(1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out[:, 0] if three_d else out
+
+
+def _plain_pool(scores: Tensor, v: Tensor, masks: Masks) -> Tensor:
+    """The plain formulation after the scores: masked_fill(-inf), softmax, @ V."""
+    allowed = masks.dense()
+    if allowed is not None:
+        if scores.ndim == 4:
+            allowed = allowed.unsqueeze(1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _inputs(
+    shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device, grad: bool
+) -> list[Tensor]:
     torch.manual_seed(0)
+    return [torch.randn(*s, device=device).to(dtype).requires_grad_(grad) for s in shapes]
+
+
+def softmax(
+    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
+) -> Built:
+    """Masked softmax (B, n, m): attnscore, unmasked ``torch.softmax``, and (float32 forward
+    with lengths) the textbook's ``masked_softmax``."""
+    (X,) = _inputs([(s["B"], s["n"], s["m"])], dtype, device, backward)
+    masks = Masks(mask, s["B"], s["n"], s["m"], device)
+    vl = masks.valid_lens
+    forwards: dict[str, Forward] = {
+        "attnscore": lambda: attnscore.masked_softmax(X, vl),
+        "softmax": lambda: torch.softmax(X, -1),
+    }
+    notes = []
+    if vl is not None and dtype == torch.float32 and not backward:
+        X_book = X.detach().clone()  # the book's masked_softmax writes -1e6 into its input
+        forwards["textbook"] = lambda: textbook.masked_softmax(X_book, vl)
+        notes.append("textbook = d2l.masked_softmax")
+    return Built(forwards, {name: [X] for name in forwards}, same=("textbook",), notes=notes)
+
+
+def dot(s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool) -> Built:
+    """Scaled dot-product attention, (B, n, d) or with heads (B, H, n, d) when ``s`` has H:
+    attnscore's ``DotProductAttention`` and SDPA with the equivalent mask."""
     B, n, m, d = s["B"], s["n"], s["m"], s["d"]
     heads = (s["H"],) if "H" in s else ()
-    q, k, v = (
-        torch.randn(B, *heads, x, d, device=device, dtype=dtype, requires_grad=backward)
-        for x in (n, m, m)
-    )
-    vl = lengths(B, m, device)
-    ours = make_scorer("scaled_dot", query_size=d).eval()
+    q, k, v = _inputs([(B, *heads, x, d) for x in (n, m, m)], dtype, device, backward)
+    masks = Masks(mask, B, n, m, device)
+    ours = make_scorer("scaled_dot", query_size=d)
+    kwargs = masks.kwargs()
+    if heads and masks.attend is not None:
+        kwargs["attend_mask"] = masks.attend.unsqueeze(1)  # (B, 1, n, m): every head
+    vl = masks.valid_lens
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(q, k, v, vl),
-        "sdpa": lambda: sdpa_masked(q, k, v, vl),
+        "attnscore": lambda: ours(q, k, v, vl, **kwargs),
+        "sdpa": lambda: _sdpa(q, k, v, masks),
     }
-    notes = ["sdpa = scaled_dot_product_attention, 4-D layout, boolean mask built per call"]
-    # flex_attention has no backward on the CPU (there it only runs in tests)
-    fn = flex_attention_fn(device) if flex and (device.type == "cuda" or not backward) else None
-    if fn is not None:
+    return Built(forwards, {name: [q, k, v] for name in forwards}, same=("sdpa",))
 
-        def flex_forward() -> Tensor:
-            mask = flex_block_mask(vl, n, m)
-            if heads:
-                return fn(q, k, v, mask)
-            return fn(q[:, None], k[:, None], v[:, None], mask)[:, 0]
 
-        forwards["flex"] = flex_forward
-        notes.append("flex = flex_attention with a block mask built from the lengths per call")
-    if with_textbook and not heads:
-        book = textbook.DotProductAttention(0.0).eval()
-        forwards["textbook"] = lambda: book(q, k, v, vl)
+def multihead(
+    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
+) -> Built:
+    """Multi-head self-attention (B, n, E), H heads: attnscore's ``MultiHeadAttention`` and
+    ``nn.MultiheadAttention`` with the same weights (no biases), ``need_weights=False``."""
+    B, n, E, H = s["B"], s["n"], s["E"], s["H"]
+    (x,) = _inputs([(B, n, E)], dtype, device, backward)
+    masks = Masks(mask, B, n, n, device)
+    ours = attnscore.MultiHeadAttention(E, H).to(device)
+    with torch.no_grad():
+        ours(x.float().to(device), x.float().to(device), x.float().to(device))  # materialize
+    ours = ours.to(dtype)
+    theirs = nn.MultiheadAttention(E, H, bias=False, batch_first=True).to(device)
+    with torch.no_grad():
+        w = torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight])
+        theirs.in_proj_weight.copy_(w.float())
+        theirs.out_proj.weight.copy_(ours.W_o.weight.float())
+    theirs = theirs.to(dtype)
+    kwargs = masks.kwargs()
+    vl = masks.valid_lens
+
+    def torch_mha() -> Tensor:
+        padding, attn_mask = None, None
+        if masks.kind in ("lengths (B,)", "causal + lengths"):
+            assert vl is not None
+            padding = ~key_mask(vl, n)  # True = ignore, torch's convention
+        elif masks.kind in ("lengths (B, n)", "bool"):
+            allowed = masks.dense()
+            assert allowed is not None
+            attn_mask = ~allowed.repeat_interleave(H, dim=0)  # (B * H, n, m), True = ignore
+        if masks.causal:
+            attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        out: Tensor
+        out, _ = theirs(
+            x,
+            x,
+            x,
+            key_padding_mask=padding,
+            attn_mask=attn_mask,
+            need_weights=False,
+            is_causal=masks.causal,
+        )
+        return out
+
+    forwards: dict[str, Forward] = {
+        "attnscore": lambda: ours(x, x, x, vl, **kwargs),
+        "torch_mha": torch_mha,
+    }
     return Built(
         forwards,
-        grad_inputs={name: [q, k, v] for name in forwards},
-        same=("sdpa", "flex", "textbook"),
-        notes=notes,
+        grad_inputs={
+            "attnscore": [x, *ours.parameters()],
+            "torch_mha": [x, *theirs.parameters()],
+        },
+        same=("torch_mha",),
     )
+
+
+def _scorer_row(
+    name: str,
+    s: Shapes,
+    mask: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    backward: bool,
+    plain_scores: Callable[[nn.Module, Tensor, Tensor], Tensor],
+) -> Built:
+    B, n, m, d = s["B"], s["n"], s["m"], s["d"]
+    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], dtype, device, backward)
+    masks = Masks(mask, B, n, m, device)
+    torch.manual_seed(0)
+    ours = make_scorer(name, query_size=d, key_size=d, num_hiddens=s.get("h", d)).to(device)
+    ours = ours.to(dtype)
+    kwargs = masks.kwargs()
+    vl = masks.valid_lens
+    forwards: dict[str, Forward] = {
+        "attnscore": lambda: ours(q, k, v, vl, **kwargs),
+        "plain": lambda: _plain_pool(plain_scores(ours, q, k), v, masks),
+    }
+    params = list(ours.parameters())
+    return Built(
+        forwards,
+        {key: [q, k, v, *params] for key in forwards},
+        same=("plain",),
+    )
+
+
+def _additive_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
+    """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v."""
+    features = torch.tanh(module.W_q(q).unsqueeze(2) + module.W_k(k).unsqueeze(1))
+    scores: Tensor = module.w_v(features).squeeze(-1)
+    return scores
+
+
+def _general_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
+    return (q @ module.W_a.weight) @ k.transpose(1, 2)
+
+
+def _cosine_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
+    scale = module.log_scale.exp()
+    return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(1, 2)
 
 
 def additive(
-    s: Shapes,
-    *,
-    backward: bool,
-    device: torch.device,
-    with_textbook: bool = True,
-    compiled: bool = False,
+    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
 ) -> Built:
-    """Additive attention: attnscore's (from the registry) and the book's module with the
-    same parameters; the book's is left out where its (B, n, m, h) tensors would not fit.
-    ``compiled``: both under ``torch.compile``."""
-    torch.manual_seed(0)
-    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
-    q, k, v = (torch.randn(B, x, d, device=device) for x in (n, m, m))
+    """Additive attention: attnscore's module and the plain (textbook) formulation with the
+    same parameters; the plain one holds (B, n, m, h) tensors."""
+    return _scorer_row("additive", s, mask, dtype, device, backward, _additive_scores)
+
+
+def general(
+    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
+) -> Built:
+    """General (Luong) attention: attnscore's module and ``(q W_a) kᵀ`` plainly."""
+    return _scorer_row("general", s, mask, dtype, device, backward, _general_scores)
+
+
+def cosine(
+    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
+) -> Built:
+    """Cosine attention: attnscore's module and ``s · normalize(q) normalize(k)ᵀ`` plainly."""
+    return _scorer_row("cosine", s, mask, dtype, device, backward, _cosine_scores)
+
+
+BUILDERS: dict[str, Callable[..., Built]] = {
+    "masked_softmax": softmax,
+    "dot": dot,
+    "heads": dot,
+    "multihead": multihead,
+    "additive": additive,
+    "general": general,
+    "cosine": cosine,
+}
+"""Row name -> builder ``(shapes, mask, *, dtype, device, backward) -> Built``."""
+
+
+# ---- rows outside the matrix -----------------------------------------------------------
+
+
+def decoder_step(s: Shapes, *, device: torch.device) -> Built:
+    """One step of a seq2seq decoder: additive attention of B queries (n = 1) over the same
+    m encoder outputs at every step, evaluation mode: attnscore vs the textbook module."""
+    B, m, h = s["B"], s["m"], s["h"]
+    q, keys = _inputs([(B, 1, h), (B, m, h)], torch.float32, device, False)
     vl = lengths(B, m, device)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device).eval()
-    modules: dict[str, nn.Module] = {"attnscore": ours}
-    notes = []
-    # The book keeps (B, n, m, h) features, their tanh and its gradient: about 3 tensors
-    # of that size in fwd+bwd, 2 in the forward.
-    features = B * n * m * h * 4
-    need = (3 if backward else 2) * features
-    free = free_bytes(device) if with_textbook else 0
-    if need < 0.9 * free:
-        book = textbook.AdditiveAttention(d, d, h, 0.0).to(device).eval()
-        book.load_state_dict(ours.state_dict(), strict=True)  # the book's checkpoint layout
-        modules["textbook"] = book
-    else:
-        why = f", about {need / 2**30:.1f} GiB in all, {free / 2**30:.1f} GiB free" if free else ""
-        notes.append(
-            f"textbook not run: its (B, n, m, h) float32 features tensor alone is "
-            f"{features / 2**30:.1f} GiB{why}"
-        )
-    if compiled:
-        modules = {name: torch.compile(mod) for name, mod in modules.items()}  # type: ignore[misc]
-        notes.append("both modules under torch.compile (default mode); kernels on")
-
-    def forward(mod: nn.Module) -> Forward:
-        return lambda: mod(q, k, v, vl)
-
+    ours = attnscore.AdditiveAttention(h, h, h).to(device).eval()
+    book = textbook.AdditiveAttention(h, h, h, 0.0).to(device).eval()
+    book.load_state_dict(ours.state_dict(), strict=True)
     return Built(
-        {name: forward(mod) for name, mod in modules.items()},
-        grad_inputs={name: list(mod.parameters()) for name, mod in modules.items()},
-        same=("textbook",),
-        notes=notes,
-    )
-
-
-def mha(s: Shapes, *, autocast: bool, device: torch.device) -> Built:
-    """Multi-head self-attention (B, n, E), H heads: attnscore's ``MultiHeadAttention`` and
-    ``nn.MultiheadAttention`` with the same weights; ``autocast``: under bf16 autocast."""
-    torch.manual_seed(0)
-    B, n, E, H = s["B"], s["n"], s["E"], s["H"]
-    x = torch.randn(B, n, E, device=device)
-    vl = lengths(B, n, device)
-    ours = attnscore.MultiHeadAttention(E, H).to(device).eval()
-    with torch.no_grad():
-        ours(x, x, x, vl)  # materialize the lazy projections
-    torch_mha = nn.MultiheadAttention(E, H, bias=False, batch_first=True).to(device).eval()
-    with torch.no_grad():
-        w = torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight])
-        torch_mha.in_proj_weight.copy_(w)
-        torch_mha.out_proj.weight.copy_(ours.W_o.weight)
-    padding = ~key_mask(vl, n)  # True = ignore, torch's convention
-
-    def run(fn: Forward) -> Forward:
-        def forward() -> Tensor:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                return fn()
-
-        return forward
-
-    def theirs() -> Tensor:
-        out: Tensor
-        out, _ = torch_mha(x, x, x, key_padding_mask=padding, need_weights=False)
-        return out
-
-    return Built(
-        {"attnscore": run(lambda: ours(x, x, x, vl)), "torch_mha": run(theirs)},
-        grad_inputs={
-            "attnscore": list(ours.parameters()),
-            "torch_mha": list(torch_mha.parameters()),
+        {
+            "attnscore": lambda: ours(q, keys, keys, vl),
+            "textbook": lambda: book(q, keys, keys, vl),
         },
-        same=("torch_mha",),
-        notes=["torch_mha = nn.MultiheadAttention(bias=False) with key_padding_mask"],
+        same=("textbook",),
+        notes=["decoder_step: the same keys tensor at every step, as a decoder's loop passes"],
     )
+
+
+def additive_memory(s: Shapes, *, device: torch.device) -> Built:
+    """Additive attention fwd+bwd at a size where the textbook's (B, n, m, h) tensor alone
+    takes several GiB: attnscore only (its peak RSS is the target)."""
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    vl = lengths(B, m, device)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    gib = B * n * m * h * 4 / 2**30
+    return Built(
+        {"attnscore": lambda: ours(q, k, v, vl)},
+        {"attnscore": list(ours.parameters())},
+        notes=[
+            f"additive_memory: the textbook is not run; its (B, n, m, h) float32 features "
+            f"tensor alone would be {gib:.1f} GiB"
+        ],
+    )
+
+
+def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
+    """Additive attention fwd+bwd, attnscore's module and the textbook's (same parameters),
+    both under ``torch.compile``: the registered kernel ops stay in the compiled graph."""
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    vl = lengths(B, m, device)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
+    book.load_state_dict(ours.state_dict(), strict=True)
+    modules = {"attnscore": torch.compile(ours), "textbook": torch.compile(book)}
+    return Built(
+        {name: (lambda mod=mod: mod(q, k, v, vl)) for name, mod in modules.items()},
+        {"attnscore": list(ours.parameters()), "textbook": list(book.parameters())},
+        same=("textbook",),
+        notes=["additive_compiled: both modules under torch.compile (default mode)"],
+    )
+
+
+def compiled_softmax(s: Shapes, *, device: torch.device) -> Built:
+    """``torch.compile(attnscore.masked_softmax)`` against the same function uncompiled."""
+    (X,) = _inputs([(s["B"], s["n"], s["m"])], torch.float32, device, False)
+    vl = lengths(s["B"], s["m"], device)
+    compiled = torch.compile(attnscore.masked_softmax)
+    return Built(
+        {
+            "attnscore": lambda: compiled(X, vl),
+            "eager": lambda: attnscore.masked_softmax(X, vl),
+        },
+        same=("eager",),
+        notes=["masked_softmax_compiled: attnscore = torch.compile(masked_softmax), eager = not"],
+    )
+
+
+def round_up(x: int, to: int) -> int:
+    """``x`` rounded up to a multiple of ``to``."""
+    return int(math.ceil(x / to) * to)

@@ -1,35 +1,47 @@
-"""What every bench row shares: the case description, the timing loop, targets, the table.
+"""What every bench cell shares: the case description, the timing loop, peak memory, targets
+and the table.
 
-A :class:`Case` says what to build (a zero-argument ``build`` returning the forward
-callables of each implementation), whether a step includes the backward pass, and the
-targets. :func:`measure` builds it, times each implementation with
-``torch.utils.benchmark`` (median of ``blocked_autorange``; on CUDA its timer
-synchronizes), reads CUDA peak memory, and judges the targets.
+A :class:`Case` says what to build (a zero-argument ``build`` returning the forward callables
+of each implementation), whether a step includes the backward pass, and the targets.
+:func:`measure` builds it, times the implementations **interleaved** (rounds of
+``torch.utils.benchmark`` timings, one implementation after the other, median over rounds,
+so that a drift of the machine's speed hits all of them alike), reads each one's peak memory
+during one step, and judges the targets.
+
+Peak memory is the memory a call needs: its inputs and parameters (the tensors in
+``grad_inputs``) plus the most that one step holds allocated on top of them, read on CUDA
+from ``torch.cuda.max_memory_allocated`` and on the CPU from the running total of the
+allocations and frees that ``torch.profiler`` records during the step.
 """
 
 from __future__ import annotations
 
 import math
 import platform
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 Shapes = dict[str, int]
 Forward = Callable[[], Tensor]
 
+ROUNDS = 5
+"""Interleaved timing rounds per implementation (the median of them is reported)."""
+
 
 @dataclass(frozen=True)
 class Target:
-    """One target of a row.
+    """One target of a cell.
 
     ``kind``: ``"time"`` (attnscore's median / ``vs``'s median <= ``bound``), ``"peak"``
-    (attnscore's CUDA peak / ``vs``'s <= ``bound``), ``"peak_mib"`` (attnscore's CUDA peak
-    <= ``bound`` MiB), ``"rss_mib"`` (attnscore's peak RSS <= ``bound`` MiB).
+    (attnscore's peak memory / ``vs``'s <= ``bound``), ``"peak_mib"`` (attnscore's peak
+    <= ``bound`` MiB), ``"rss_mib"`` (attnscore's peak RSS <= ``bound`` MiB), ``"us"``
+    (attnscore's median <= ``bound`` microseconds).
     """
 
     kind: str
@@ -54,7 +66,7 @@ class Built:
 
 @dataclass
 class Case:
-    """One row of the table: a name, its shapes and dtype, how to build it, its targets."""
+    """One cell of the table: its row, mask, shapes and dtype, how to build it, its targets."""
 
     name: str
     shapes: Shapes
@@ -63,6 +75,7 @@ class Case:
     targets: list[Target] = field(default_factory=list)
     backward: bool = False
     timed: bool = True
+    mask: str = ""
 
 
 def lengths(B: int, m: int, device: torch.device | str = "cpu", seed: int = 0) -> Tensor:
@@ -74,17 +87,6 @@ def lengths(B: int, m: int, device: torch.device | str = "cpu", seed: int = 0) -
 def key_mask(valid_lens: Tensor, m: int) -> Tensor:
     """(B, m) bool, True where key j < valid_lens[b] may be attended."""
     return torch.arange(m, device=valid_lens.device)[None, :] < valid_lens[:, None]
-
-
-def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor) -> Tensor:
-    """SDPA with the equivalent boolean mask: (B, n, d) as a 4-D (B, 1, n, d) layout, or
-    (B, H, n, d) as is; ``valid_lens`` (B,). Returns q's layout."""
-    mask = key_mask(valid_lens, k.shape[-2])[:, None, None, :]
-    if q.dim() == 3:
-        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask)[
-            :, 0
-        ]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def device_name(device: torch.device) -> str:
@@ -113,21 +115,59 @@ def make_step(
     return no_grad
 
 
-def _peak_mib(step: Callable[[], Any], device: torch.device) -> float | None:
-    """Run ``step`` once; on CUDA, its peak allocation above what was allocated before."""
-    if device.type != "cuda":
+def resident_mib(tensors: Sequence[Tensor]) -> float:
+    """MiB held by ``tensors`` (each storage counted once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values()) / 2**20
+
+
+def peak_mib(step: Callable[[], Any], device: torch.device) -> float:
+    """Run ``step`` once; the peak memory it allocated above what was allocated before."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         step()
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    step()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    current = peak = 0
+    for _, nbytes in changes:
+        current += nbytes
+        peak = max(peak, current)
+    return peak / 2**20
 
 
 def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+
+
+def _time(
+    steps: dict[str, Callable[[], Any]], threads: int, min_time: float, device: torch.device
+) -> dict[str, float]:
+    """Median seconds per step of each implementation, timed in interleaved rounds."""
+    from torch.utils import benchmark
+
+    per_round = max(min_time / ROUNDS, 1e-3)
+    timers, numbers = {}, {}
+    for name, step in steps.items():
+        timers[name] = benchmark.Timer("step()", globals={"step": step}, num_threads=threads)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        once = max(time.perf_counter() - start, 1e-7)
+        numbers[name] = max(1, int(per_round / once))
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(ROUNDS):
+        for name, timer in timers.items():
+            samples[name].append(timer.timeit(numbers[name]).median)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def measure(
@@ -137,38 +177,38 @@ def measure(
     threads: int,
     min_time: float,
     judge: bool,
+    memory: bool = True,
     rss: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    """Build ``case``, time each implementation, and (when ``judge``) check its targets.
+    """Build ``case``, time its implementations side by side, read their peak memory, and
+    (when ``judge``) check its targets.
 
     An implementation that raises (out of memory, a compile failure) is left out of the
-    row with a note; a target whose baseline is missing is not judged (``met`` None), one
+    cell with a note; a target whose baseline is missing is not judged (``met`` None), one
     whose attnscore value is missing is a miss.
     """
-    from torch.utils import benchmark
-
     built = case.build()
-    times: dict[str, float] = {}
+    steps: dict[str, Callable[[], Any]] = {}
     peaks: dict[str, float] = {}
     notes = list(built.notes)
     for name, fwd in built.forwards.items():
         step = make_step(fwd, built.grad_inputs.get(name), case.backward)
         try:
             step()  # warm-up (compiles, for compiled rows)
-            peak = _peak_mib(step, device)
-            if case.timed:
-                timer = benchmark.Timer("step()", globals={"step": step}, num_threads=threads)
-                times[name] = timer.blocked_autorange(min_run_time=min_time).median
-        except Exception as err:  # a row must survive one failing implementation
+            if memory:
+                resident = resident_mib(built.grad_inputs.get(name, ()))
+                peaks[name] = resident + peak_mib(step, device)
+        except Exception as err:  # a cell must survive one failing implementation
             notes.append(f"{name} not measured: {_first_line(err)}")
             continue
-        if peak is not None:
-            peaks[name] = peak
-    del built
+        steps[name] = step
+    times = _time(steps, threads, min_time, device) if case.timed and steps else {}
+    del built, steps
     rss = rss or {}
     checks = [_check(t, times, peaks, rss, judge) for t in case.targets]
     return {
         "case": case.name,
+        "mask": case.mask,
         "shapes": case.shapes,
         "dtype": case.dtype,
         "step": "fwd+bwd" if case.backward else "fwd",
@@ -192,6 +232,9 @@ def _check(
     if t.kind in ("time", "peak"):
         table = times if t.kind == "time" else peaks
         ours, base = table.get("attnscore"), table.get(t.vs or "")
+        if t.kind == "peak" and ours is not None and base is not None:
+            # Below 1 MiB both ways the ratio says nothing (allocator granularity).
+            ours, base = max(ours, 1.0), max(base, 1.0)
         judged = judged and bool(base)  # no baseline, no verdict
         if ours is not None and base:
             value = ours / base
@@ -199,8 +242,11 @@ def _check(
         value = peaks.get("attnscore")
     elif t.kind == "rss_mib":
         value = rss.get("attnscore")
+    elif t.kind == "us":
+        seconds = times.get("attnscore")
+        value = None if seconds is None else seconds * 1e6
     if (t.kind in ("peak", "peak_mib") and not peaks) or (t.kind == "rss_mib" and not rss):
-        judged = False  # memory not measured (not on CUDA, or --no-memory): no verdict
+        judged = False  # memory not measured (--no-memory): no verdict
     met = (value is not None and value <= t.bound) if judged else None
     return {"kind": t.kind, "vs": t.vs, "value": value, "bound": t.bound, "met": met}
 
@@ -212,68 +258,83 @@ def _ms(t: float | None) -> str:
     return f"{t * 1e3:.3f}" if t < 0.01 else f"{t * 1e3:.1f}"
 
 
-def _ratio(c: dict[str, Any]) -> str:
+def ratio_text(c: dict[str, Any]) -> str:
+    """A target's measured value, as the table shows it."""
     v = c["value"]
+    if v is None:
+        return "n/a"
     if c["kind"] == "time":
-        return "n/a" if v is None else f"{v:.3f} vs {c['vs']}"
+        return f"{v:.2f}x {c['vs']}"
     if c["kind"] == "peak":
-        return "n/a" if v is None else f"peak {v:.2f}x {c['vs']}'s"
+        return f"mem {v:.2f}x {c['vs']}"
+    if c["kind"] == "us":
+        return f"{v:.1f} us"
     label = "peak" if c["kind"] == "peak_mib" else "peak RSS"
-    return "n/a" if v is None else f"{label} {v:.0f} MiB"
+    return f"{label} {v:.0f} MiB"
 
 
-def _target(c: dict[str, Any]) -> str:
+def target_text(c: dict[str, Any]) -> str:
+    """A target's bound, as the table shows it."""
     bound = c["bound"]
     if c["kind"] in ("peak_mib", "rss_mib"):
         return f"<= {bound:.0f} MiB"
-    if c["kind"] == "peak":
-        return f"<= {bound:.1f}x"
-    faster = f" (>= {1 / bound:.1f}x faster)" if bound < 1 else ""
-    return f"<= {bound:.2f}{faster}"
+    if c["kind"] == "us":
+        return f"<= {bound:.0f} us"
+    prefix = "mem " if c["kind"] == "peak" else ""
+    return f"{prefix}<= {bound:.2f}"
 
 
 def _verdict(c: dict[str, Any]) -> str:
-    return {True: "yes", False: "NO", None: "n/a"}[c["met"]]
-
-
-def _impl_cell(values: dict[str, float], fmt: Callable[[float], str]) -> str:
-    return ", ".join(f"{name} {fmt(v)}" for name, v in values.items()) or "-"
+    return {True: "yes", False: "**NO**", None: "n/a"}[c["met"]]
 
 
 def render_rows(rows: list[dict[str, Any]], *, verdicts: bool) -> list[str]:
-    """Markdown lines of the table; ``verdicts=False`` (smoke runs) drops target and met."""
-    head = ["operation", "shapes", "dtype", "step", "median ms", "ratio"]
-    head += ["target", "met"] if verdicts else []
-    head += ["peak MiB"]
+    """Markdown lines of the table, one line per cell; ``verdicts=False`` (smoke runs) gives
+    the ratios without targets."""
+    head = ["row", "mask", "dtype", "step", "shapes", "median ms", "peak MiB", "ratios"]
+    head += ["targets", "met"] if verdicts else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         peaks = {**row["peak_mib"], **{k: v for k, v in row["peak_rss_mib"].items() if v}}
-        first = [
+        checks = row["targets"]
+        cells = [
             row["case"],
-            " ".join(f"{k}={v}" for k, v in row["shapes"].items()),
+            row.get("mask", "") or "-",
             row["dtype"],
             row["step"],
-            _impl_cell(row["median_s"], lambda t: _ms(t)),
+            " ".join(f"{k}={v}" for k, v in row["shapes"].items()),
+            ", ".join(f"{k} {_ms(t)}" for k, t in row["median_s"].items()) or "-",
+            ", ".join(f"{k} {p:.0f}" for k, p in peaks.items()) or "-",
+            "; ".join(ratio_text(c) for c in checks) or "-",
         ]
-        for i, c in enumerate(row["targets"] or [None]):
-            cells = first if i == 0 else [""] * len(first)
-            cells = [*cells, "-" if c is None else _ratio(c)]
-            if verdicts:
-                cells += ["-", "-"] if c is None else [_target(c), _verdict(c)]
-            cells.append(_impl_cell(peaks, lambda x: f"{x:.0f}") if i == 0 else "")
-            lines.append("| " + " | ".join(cells) + " |")
-    for row in rows:
-        lines.extend(f"- {row['case']}: {note}" for note in row["notes"])
+        if verdicts:
+            cells += [
+                "; ".join(target_text(c) for c in checks) or "-",
+                "; ".join(_verdict(c) for c in checks) or "-",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def missed(result: dict[str, Any]) -> list[str]:
-    """``"case: ratio"`` for each target judged and missed."""
+    """``"row (mask, dtype, step): ratio"`` for each target judged and missed."""
     return [
-        f"{row['case']}: {_ratio(c)} (target {_target(c)})"
+        f"{row['case']} ({row.get('mask') or '-'}, {row['dtype']}, {row['step']}): "
+        f"{ratio_text(c)} (target {target_text(c)})"
         for row in result["rows"]
         for c in row["targets"]
         if c["met"] is False
+    ]
+
+
+def slower(result: dict[str, Any]) -> list[str]:
+    """Cells slower than their PyTorch baseline (time ratio above 1.05), judged or not: what
+    a smoke run reports."""
+    return [
+        f"{row['case']} ({row.get('mask') or '-'}, {row['dtype']}, {row['step']}): {ratio_text(c)}"
+        for row in result["rows"]
+        for c in row["targets"]
+        if c["kind"] == "time" and c["value"] is not None and c["value"] > 1.05
     ]
 
 

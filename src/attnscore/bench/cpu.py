@@ -1,7 +1,10 @@
-"""The CPU rows: attnscore against the textbook code and SDPA, eager and under torch.compile.
+"""CPU-only helpers of the bench: peak RSS of a case in a fresh process, and the C kernels'
+cold compile time.
 
-Peak memory on the CPU is the peak RSS (``VmHWM``) of a fresh subprocess that builds the
-inputs and runs the case once, so it is the peak of the whole process (torch included).
+Peak RSS (``VmHWM``) is of the whole process (torch included); the one cell that needs it
+is ``additive_memory`` (additive attention at a size where the textbook's (B, n, m, h)
+tensor alone takes GiBs). Every other cell's peak memory is what its step allocates
+(:func:`attnscore.bench._core.peak_mib`).
 """
 
 from __future__ import annotations
@@ -10,106 +13,18 @@ import os
 import subprocess
 import sys
 import tempfile
-from functools import partial
 
-import torch
-
-import attnscore
-
-from . import _cases
-from ._core import Built, Case, Shapes, Target, lengths, make_step
-
-_SMALL_SOFTMAX: Shapes = {"B": 16, "n": 64, "m": 256}
-_SMALL_DOT: Shapes = {"B": 8, "n": 256, "m": 256, "d": 32}
-SHAPES: dict[str, tuple[Shapes, Shapes | None]] = {
-    # name: (full shapes, smoke-run shapes)
-    "masked_softmax": (_cases.SOFTMAX, _SMALL_SOFTMAX),
-    "additive_fwd_bwd": (_cases.ADDITIVE_SMALL, {"B": 2, "n": 32, "m": 128, "h": 32, "d": 16}),
-    "additive_memory": (_cases.ADDITIVE_LARGE, {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}),
-    "dot_no_grad": (_cases.DOT, _SMALL_DOT),
-    "dot_fwd_bwd": (_cases.DOT, _SMALL_DOT),
-    # Not in the smoke run: compiling the textbook module takes about 20 s on a 2-core
-    # machine, which alone would blow the smoke run's minute.
-    "additive_fwd_bwd_compiled": (_cases.ADDITIVE_SMALL, None),
-    "masked_softmax_compiled": (_cases.SOFTMAX, _SMALL_SOFTMAX),
-}
-FULL: dict[str, Shapes] = {name: full for name, (full, _) in SHAPES.items()}
-QUICK: dict[str, Shapes] = {name: q for name, (_, q) in SHAPES.items() if q is not None}
-
-TARGETS: dict[str, list[Target]] = {
-    "masked_softmax": [Target("time", 1.3, "softmax"), Target("time", 0.25, "textbook")],
-    "additive_fwd_bwd": [Target("time", 1 / 3, "textbook")],
-    "additive_memory": [Target("rss_mib", 1024.0)],
-    "dot_no_grad": [Target("time", 0.7, "sdpa"), Target("time", 0.2, "textbook")],
-    "dot_fwd_bwd": [Target("time", 1.0, "sdpa")],
-    # issue 9, point 2: registered ops keep the kernels under torch.compile
-    "additive_fwd_bwd_compiled": [Target("time", 1 / 3, "textbook")],
-    "masked_softmax_compiled": [Target("time", 1.3, "eager")],
-}
-BACKWARD = {"additive_fwd_bwd", "additive_memory", "dot_fwd_bwd", "additive_fwd_bwd_compiled"}
-
-
-def build(case: str, s: Shapes) -> Built:
-    """The implementations of CPU case ``case`` at shapes ``s`` (float32)."""
-    cpu, f32 = torch.device("cpu"), torch.float32
-    if case == "masked_softmax_compiled":
-        torch.manual_seed(0)  # as every case: the same inputs on every run
-        X, vl = torch.randn(s["B"], s["n"], s["m"]), lengths(s["B"], s["m"])
-        compiled = torch.compile(attnscore.masked_softmax)
-        return Built(
-            {
-                "attnscore": lambda: compiled(X, vl),
-                "eager": lambda: attnscore.masked_softmax(X, vl),
-            },
-            same=("eager",),
-            notes=[
-                "attnscore = torch.compile(attnscore.masked_softmax); eager = the same "
-                "function uncompiled (the C kernel's fast path)"
-            ],
-        )
-    if case == "masked_softmax":
-        return _cases.softmax(s, dtype=f32, device=cpu)
-    if case.startswith("additive"):
-        return _cases.additive(
-            s,
-            backward=case in BACKWARD,
-            device=cpu,
-            with_textbook=case != "additive_memory",
-            compiled=case.endswith("compiled"),
-        )
-    return _cases.dot(
-        s,
-        dtype=f32,
-        device=cpu,
-        flex=False,
-        backward=case in BACKWARD,
-        with_textbook=case == "dot_no_grad",  # as before: fwd+bwd compares with SDPA only
-    )
-
-
-def cases(quick: bool) -> list[Case]:
-    """The CPU case list at full or smoke-run shapes."""
-    shapes = QUICK if quick else FULL
-    return [
-        Case(
-            name,
-            s,
-            "float32",
-            partial(build, name, s),
-            TARGETS[name],
-            backward=name in BACKWARD,
-            timed=name != "additive_memory",
-        )
-        for name, s in shapes.items()
-    ]
+from . import matrix
+from ._core import make_step
 
 
 # ------------------------------------------------------------------ peak RSS, subprocesses
 def child(case: str, quick: bool, impl: str) -> None:
-    """Run one case once in this fresh process and print its peak RSS in MiB."""
-    shapes = (QUICK if quick else FULL)[case]
-    built = build(case, shapes)
-    make_step(built.forwards[impl], built.grad_inputs.get(impl), case in BACKWARD)()
+    """Run one case (an extra row, by name) once in this fresh process and print its peak
+    RSS in MiB."""
+    (found,) = [c for c in matrix.extras("cpu", quick) if c.name == case]
+    built = found.build()
+    make_step(built.forwards[impl], built.grad_inputs.get(impl), found.backward)()
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would
     # report the parent's peak; VmHWM belongs to this process image only.
     with open("/proc/self/status") as f:

@@ -1,30 +1,36 @@
 """Fast paths for attnscore: the one place that picks an implementation.
 
-Three ops, each with one entry point here; the rest of the library calls these and never
-tests devices, dtypes or transforms itself:
+Three ops; the rest of the library calls them and never tests devices, dtypes or
+transforms itself:
 
 =========================================== ===================== ================== =====
 entry point                                 cpu                   cuda               other
 =========================================== ===================== ================== =====
-:func:`softmax_by_lengths`                  C kernel (``_cpu``)   Triton (``_cuda``) plain
-:func:`additive_scores_by_lengths`          C kernel (``_cpu``)   Triton (``_cuda``) plain
-:func:`dot_product_attention_by_lengths`    flash SDPA per batch  SDPA + bool mask   plain
-                                            element
+:func:`masked_softmax`                      C kernel (``_cpu``)   Triton (``_cuda``) plain
+:func:`additive_scores`                     C kernel (``_cpu``)   Triton (``_cuda``) plain
+:func:`dot_product_attention`               SDPA; padding-free    SDPA               SDPA
+                                            flash SDPA loop for
+                                            lengths
 =========================================== ===================== ================== =====
 
-The first two are registered ``torch.library`` ops (``attnscore::softmax_by_lengths``,
-``attnscore::additive_scores_by_lengths``, each with a backward op), so ``torch.compile``,
-``torch.export`` and FakeTensor see them and compiled code keeps the kernels. The backend of
-a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`); a missing module
-or function means the plain PyTorch twin (:mod:`attnscore.kernels._plain`).
+The first two are registered ``torch.library`` ops as well (``attnscore::masked_softmax``,
+``attnscore::additive_scores``, each with a backward op), which ``torch.compile``,
+``torch.export`` and FakeTensor see, so compiled code keeps the kernels; eager calls reach
+the same backend functions through an ``autograd.Function`` (:mod:`._ops`). The backend of
+a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`, contract
+:class:`~attnscore.kernels._dispatch.Backend`); a missing module or function means the plain
+PyTorch twin (:mod:`attnscore.kernels._plain`). Dot-product attention follows one rule on
+every device: where nothing can be skipped, PyTorch's ``scaled_dot_product_attention`` runs
+(:mod:`._attention`).
 
 The plain twins run instead, as differentiable PyTorch ops, when kernels are disabled
 (``ATTNSCORE_DISABLE_KERNELS=1``, :func:`set_enabled`, :func:`disabled`) and inside
-``torch.func`` transforms (vmap, grad, ...), which cannot take the registered ops. The
-dot-product path is not an op (it loops over batch elements in Python): it runs the plain
-twin under ``torch.compile``, tracing, fake tensors and transforms.
+``torch.func`` transforms (vmap, grad, ...), which cannot take the registered ops.
 
-Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value size.
+The functions here check their arguments; the library's own layers, which check once at
+their public entry, call the unchecked forms in :mod:`._ops` and :mod:`._attention`.
+
+Shapes: B batch, H heads, n queries, m keys, h hidden units, d query/key size, v value size.
 """
 
 from __future__ import annotations
@@ -32,52 +38,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_floating, check_tensor, in_functorch, in_transform
-from . import _ops, _plain
+from .._checks import check_floating, check_tensor, in_functorch
+from .._mask import AttentionMask
+from . import _attention, _ops, _plain
 from ._build import build_info, load_library
-from ._dispatch import (
-    backend_function,
-    backend_name,
-    disabled,
-    enabled,
-    set_enabled,
-    use_backend,
-)
+from ._dispatch import Backend, backend_name, disabled, enabled, set_enabled, use_backend
 
 __all__ = [
-    "additive_scores_by_lengths",
+    "AttentionMask",
+    "Backend",
+    "additive_scores",
     "available",
     "backend_name",
     "build_info",
     "disabled",
-    "dot_product_attention_by_lengths",
-    "dot_product_weights_by_lengths",
+    "dot_product_attention",
     "enabled",
     "load_library",
+    "masked_softmax",
     "set_enabled",
-    "softmax_by_lengths",
     "use_backend",
 ]
-
-
-@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
-def _enabled_when_compiling() -> bool:
-    # Read once while compiling (dynamo cannot trace thread-local state); a compiled
-    # function keeps the choice it was compiled with.
-    return enabled()
-
-
-def _use_ops(*tensors: Tensor) -> bool:
-    """Whether the registered ops may run: kernels enabled, not inside torch.func."""
-    if torch.compiler.is_compiling():
-        return bool(_enabled_when_compiling())
-    return enabled() and not any(in_functorch(t) for t in tensors)
 
 
 def available(*tensors: Tensor) -> bool:
     """True when the C kernels take these tensors: kernels enabled, all on CPU, all of a
     float dtype, outside ``torch.func`` transforms, and the C library compiled and loaded."""
-    if not _use_ops(*tensors):
+    if not enabled() or any(in_functorch(t) for t in tensors):
         return False
     if any(t.device.type != "cpu" or not t.is_floating_point() for t in tensors):
         return False
@@ -117,13 +104,13 @@ def _check_like(x: Tensor, name: str, ref: Tensor, ref_name: str) -> None:
 # ---- entry points ----------------------------------------------------------------------------
 
 
-def softmax_by_lengths(x: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     """Softmax over the last axis of ``x`` restricted to its first ``lengths`` positions.
 
     Args:
         x: (..., m) floating tensor (float16, bfloat16, float32, float64), contiguous or not.
-        lengths: int64 of shape ``x.shape[:-1]`` on x's device, values in [0, m] (validated
-            by the caller; values above m act as m).
+        lengths: int64 of shape ``x.shape[:-1]`` on x's device, values in [0, m] (values
+            above m act as m).
 
     Returns:
         Tensor of x's shape and dtype: the softmax of ``x[..., :L]`` followed by exact zeros;
@@ -135,20 +122,16 @@ def softmax_by_lengths(x: Tensor, lengths: Tensor) -> Tensor:
 
     Source: D2L "Attention Scoring Functions" (masked softmax), fused into one pass per row.
 
-    >>> softmax_by_lengths(torch.zeros(2, 3), torch.tensor([2, 0]))
+    >>> masked_softmax(torch.zeros(2, 3), torch.tensor([2, 0]))
     tensor([[0.5000, 0.5000, 0.0000],
             [0.0000, 0.0000, 0.0000]])
     """
     x = check_floating(x, "x", min_ndim=1)
     lengths = _check_lengths(lengths, tuple(x.shape[:-1]), device=x.device)
-    if not _use_ops(x, lengths):
-        return _plain.masked_softmax_forward(x, lengths)
-    return _ops.softmax_by_lengths(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
+    return _ops.masked_softmax(x, lengths.clamp(min=0))
 
 
-def additive_scores_by_lengths(
-    qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None = None
-) -> Tensor:
+def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None = None) -> Tensor:
     """Additive attention scores without a (..., n, m, h) intermediate.
 
     Args:
@@ -160,17 +143,18 @@ def additive_scores_by_lengths(
 
     Returns:
         (..., n, m) in qh's dtype: ``scores[..., i, j] = sum_h w_v[h] * tanh(qh[..., i, h] +
-        kh[..., j, h])`` for ``j < lengths[..., i]`` and exactly 0 elsewhere. Differentiable
-        in qh, kh and w_v (twice: double backward runs the plain formulas); tanh is
-        recomputed in backward. Keys at j >= lengths are never read by the kernels.
+        kh[..., j, h])`` for ``j < lengths[..., i]`` and exactly 0 elsewhere, computed in
+        float32 for 16-bit inputs. Differentiable in qh, kh and w_v (twice: double backward
+        runs the plain formulas); tanh is recomputed in backward. Keys at j >= lengths are
+        never read by the kernels.
 
     Raises:
         TypeError / ValueError for non-float inputs, mixed dtypes, wrong ranks or shapes.
 
     Source: D2L "Attention Scoring Functions", additive attention (Bahdanau et al., 2015).
 
-    >>> additive_scores_by_lengths(torch.zeros(1, 2, 4), torch.zeros(1, 3, 4), torch.ones(4),
-    ...                            torch.tensor([[3, 1]])).shape
+    >>> additive_scores(torch.zeros(1, 2, 4), torch.zeros(1, 3, 4), torch.ones(4),
+    ...                 torch.tensor([[3, 1]])).shape
     torch.Size([1, 2, 3])
     """
     qh = check_floating(qh, "qh", min_ndim=2)
@@ -188,74 +172,57 @@ def additive_scores_by_lengths(
         )
     if lengths is not None:
         lengths = _check_lengths(lengths, (*batch, n), device=qh.device)
-    if list(kh.shape[:-2]) != batch or not batch or not _use_ops(qh, kh, w_v):
+    if list(kh.shape[:-2]) != batch or not batch:
         return _plain.additive_scores_dense(qh, kh, w_v, lengths)
     rows = 1
     for size in batch:  # explicit: -1 is ambiguous when n or m is 0
         rows *= size
     if lengths is None:
         lengths = torch.full((rows, n), m, dtype=torch.int64, device=qh.device)
-    scores = _ops.additive_scores_by_lengths(
+    scores = _ops.additive_scores(
         qh.reshape(rows, n, h).contiguous(),
         kh.reshape(rows, m, h).contiguous(),
         w_v.contiguous(),
         lengths.clamp(0, m).reshape(rows, n).contiguous(),
     )
-    return scores.reshape(*batch, n, m)  # type: ignore[no-any-return]
+    return scores.reshape(*batch, n, m)
 
 
-def dot_product_attention_by_lengths(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float, dropout_p: float = 0.0
+def dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
 ) -> Tensor:
-    """Scaled dot-product attention where padded keys cost nothing.
+    """Dot-product attention ``softmax(q kᵀ · scale) v`` where nothing is computed twice and
+    padded keys cost nothing.
 
     Args:
-        q: (B, n, d) queries; k: (B, m, d) keys; v: (B, m, v) values; all one float dtype.
-        lengths: (B,) or (B, n) int64 in [0, m], valid keys per batch element or query row.
-        scale: multiplier of q k^T (usually 1 / sqrt(d)).
+        q: (..., n, d) queries; k: (..., m, d) keys; v: (..., m, dv) values; one float dtype
+            and device, the same leading dimensions (checked by the caller, e.g.
+            :func:`attnscore.dot_product_attention`).
+        mask: an :class:`AttentionMask` built by :func:`attnscore.masking.build_mask` for
+            these shapes (its checks are the only ones).
+        scale: multiplier of q kᵀ (usually 1 / sqrt(d)).
         dropout_p: dropout on the attention weights (pass 0.0 outside training).
 
     Returns:
-        (B, n, v) in q's dtype. Rows with length 0 are zeros with zero gradients; keys and
-        values at padded positions are never read. The (B, n, m) weights are not kept: use
-        :func:`dot_product_weights_by_lengths` when they are needed.
+        (..., n, dv) in q's dtype, differentiable through PyTorch ops. Rows with no key are
+        zeros with zero gradients; padding (keys no query may attend, idle queries) is never
+        read or is zeroed first. No (..., n, m) weights are kept: the plain pipeline
+        recomputes them when they are asked for.
 
-    On CPU each batch element runs PyTorch's flash SDPA on its keys trimmed to its length;
-    on other devices, and under ``torch.compile``, tracing, fake tensors and ``torch.func``
-    transforms, the plain twin (bmm + masked softmax + bmm) runs.
+    Which kernel runs: :mod:`attnscore.kernels._attention` (PyTorch's SDPA wherever nothing
+    can be skipped; on the CPU one flash-SDPA call per example on keys cut to its length).
 
-    Source: D2L "Attention Scoring Functions" (Vaswani et al., 2017).
+    Source: Vaswani et al. 2017, eq. (1); D2L "Attention Scoring Functions".
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rank(check_floating(t, name), name, 3)
-    _check_like(k, "k", q, "q")
-    _check_like(v, "v", q, "q")
-    B, n, d = q.shape
-    if k.shape[0] != B or k.shape[2] != d or v.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"Expected `k` of shape ({B}, m, {d}) and `v` of shape ({B}, m, v), but got "
-            f"{tuple(k.shape)} and {tuple(v.shape)} instead."
+    if not isinstance(mask, AttentionMask):
+        raise TypeError(
+            f"Expected `mask` to be an AttentionMask (from build_mask), but got "
+            f"{type(mask).__name__} instead."
         )
-    lengths = _check_lengths(lengths, (B,), (B, n), device=q.device)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if enabled() and not in_transform(q, k, v):
-        fn = backend_function(q.device.type, "dot_product_attention")
-        return fn(q, k, v, lengths, scale=scale, dropout_p=dropout_p)  # type: ignore[no-any-return]
-    # Traced or transformed: PyTorch ops around the registered softmax op where it may run.
-    softmax = softmax_by_lengths if _use_ops(q, k, v) else _plain.masked_softmax_forward
-    return _plain.dot_product_attention(
-        q, k, v, lengths, scale=scale, dropout_p=dropout_p, softmax=softmax
-    )
-
-
-def dot_product_weights_by_lengths(
-    q: Tensor, k: Tensor, lengths: Tensor, *, scale: float
-) -> Tensor:
-    """The (B, n, m) attention weights of :func:`dot_product_attention_by_lengths` (before
-    dropout), recomputed: softmax_by_lengths(q k^T * scale, lengths), with keys beyond each
-    element's longest row zeroed first so garbage there cannot leak in."""
-    B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    per_query = lengths[:, None].expand(B, n) if lengths.dim() == 1 else lengths
-    keep = torch.arange(m, device=k.device) < per_query.amax(1, keepdim=True)
-    k = torch.where(keep[..., None], k, 0.0)
-    return softmax_by_lengths(torch.bmm(q, k.transpose(1, 2)) * scale, per_query)
+    return _attention.dot_product_attention(q, k, v, mask, scale=scale, dropout_p=dropout_p)

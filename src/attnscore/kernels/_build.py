@@ -34,7 +34,15 @@ import time
 import warnings
 from pathlib import Path
 
-__all__ = ["CFLAGS", "OPENMP_CFLAGS", "BuildInfo", "build_info", "load_library", "parallel_in_c"]
+__all__ = [
+    "CFLAGS",
+    "OPENMP_CFLAGS",
+    "BuildInfo",
+    "build_info",
+    "has_float16",
+    "load_library",
+    "parallel_in_c",
+]
 
 _SOURCE = Path(__file__).with_name("csrc") / "attnscore_kernels.c"
 
@@ -118,6 +126,12 @@ def _want_openmp() -> bool:
     if os.environ.get("ATTNSCORE_OPENMP", "") in ("0", "false", "no"):
         return False
     return len(_loaded_gomp()) == 1
+
+
+def has_float16() -> bool:
+    """Whether the loaded library has float16 kernels (the compiler knew F16C or _Float16);
+    False when the library is not loaded."""
+    return _lib is not None and bool(_lib.attnscore_have_f16())
 
 
 def parallel_in_c() -> bool:
@@ -209,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 2:
+    if lib.attnscore_kernels_abi() != 3:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -218,16 +232,28 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int64
     lib.attnscore_advise_huge.argtypes = [p, i]
     lib.attnscore_advise_huge.restype = None
-    for suf in ("f32", "f64"):
-        getattr(lib, f"ms_fwd_{suf}").argtypes = [p, p, p, i, i, i]
-        getattr(lib, f"ms_bwd_{suf}").argtypes = [p, p, p, p, i, i, i]
-        getattr(lib, f"add_fwd_{suf}").argtypes = [p, p, p, p, p, i, i, i, i, i]
-        getattr(lib, f"add_bwd_{suf}").argtypes = [p, p, p, p, p, p, p, p, i, i, i, i, i]
-        # the drivers: (r0, r1) replaced by (cuts, parts); add_bwd_par also takes B
-        getattr(lib, f"ms_fwd_par_{suf}").argtypes = [p, p, p, p, i, i]
-        getattr(lib, f"ms_bwd_par_{suf}").argtypes = [p, p, p, p, p, i, i]
-        getattr(lib, f"add_fwd_par_{suf}").argtypes = [p, p, p, p, p, p, i, i, i, i]
-        getattr(lib, f"add_bwd_par_{suf}").argtypes = [p, p, p, p, p, p, p, p, p, i, i, i, i, i]
-        for name in ("ms_fwd", "ms_bwd", "add_fwd", "add_bwd"):
-            getattr(lib, f"{name}_{suf}").restype = None
-            getattr(lib, f"{name}_par_{suf}").restype = None
+    signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
+        "masked_softmax": ([p, p, p, i, i, i], [p, p, p, p, i, i]),
+        "masked_softmax_backward": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
+        "additive_scores": ([p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
+        # its driver also takes B, to find each range's accumulators
+        "additive_scores_backward": (
+            [p, p, p, p, p, p, p, p, i, i, i, i, i],
+            [p, p, p, p, p, p, p, p, p, i, i, i, i, i],
+        ),
+    }
+    suffixes = {
+        "masked_softmax": ("f64", "f32", "bf16", "f16"),
+        "masked_softmax_backward": ("f64", "f32", "bf16", "f16"),
+        "additive_scores": ("f64", "f32"),
+        "additive_scores_backward": ("f64", "f32"),
+    }
+    f16 = bool(lib.attnscore_have_f16())
+    for name, (kernel, driver) in signatures.items():
+        for suf in suffixes[name]:
+            if suf == "f16" and not f16:
+                continue
+            for symbol, argtypes in ((f"{name}_{suf}", kernel), (f"{name}_par_{suf}", driver)):
+                fn = getattr(lib, symbol)
+                fn.argtypes = argtypes
+                fn.restype = None

@@ -1,13 +1,13 @@
-"""The CPU backend: the C kernels (via ctypes) and a padding-free use of PyTorch's flash SDPA.
+"""The CPU backend: the C kernels (via ctypes) and padding-free use of PyTorch's flash SDPA.
 
-It implements the backend contract of :mod:`attnscore.kernels._dispatch`; when the C library
-cannot be built or loaded, the C-backed functions hand over to the plain backend.
+It implements the backend contract (:class:`~attnscore.kernels._dispatch.Backend`); when the C
+library cannot be built or loaded, the C-backed functions hand over to the plain backend.
 
 Threads: the C functions take a row range; Python splits rows over ``torch.get_num_threads()``
 ranges of equal *work* (rows have different valid lengths). The ranges run on torch's own
 OpenMP threads through the C drivers when the library shares torch's libgomp
 (:func:`~attnscore.kernels._build.parallel_in_c`), else on a small Python thread pool (ctypes
-releases the GIL).
+releases the GIL). Small calls run on the calling thread with no splitting at all.
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ import ctypes
 import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import compute_dtype
-from . import _plain
-from ._build import load_library, parallel_in_c
+from .._mask import AttentionMask
+from . import _plain, _sdpa
+from ._build import has_float16, load_library, parallel_in_c
 
 __all__ = [
+    "additive_scores",
     "additive_scores_backward",
-    "additive_scores_forward",
     "dot_product_attention",
+    "masked_softmax",
     "masked_softmax_backward",
-    "masked_softmax_forward",
 ]
 
 _pool: ThreadPoolExecutor | None = None
@@ -59,9 +62,15 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     return t
 
 
-def _split(work: Tensor, threads: int) -> list[tuple[int, int]]:
-    """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work."""
+def _split(work: Tensor, threads: int, bound: int) -> list[tuple[int, int]]:
+    """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work.
+
+    ``bound`` is an upper bound of the total work: below two threads' minimum the rows are
+    one range, without looking at ``work`` (no tensor op: small calls stay cheap).
+    """
     R = work.numel()
+    if threads < 2 or bound < 2 * _MIN_WORK_PER_THREAD:
+        return [(0, R)]
     total = int(work.sum())
     parts = max(1, min(threads, R, total // _MIN_WORK_PER_THREAD))
     if parts == 1:
@@ -83,7 +92,7 @@ def _run(
     args: Callable[[int], Args],
     driver_tail: Sequence[Any] = (),
 ) -> None:
-    """Run C ``kernel`` (e.g. ``"ms_fwd_f32"``) over contiguous row ``ranges``.
+    """Run C ``kernel`` (e.g. ``"masked_softmax_f32"``) over contiguous row ``ranges``.
 
     ``args(i)`` gives (head, tail) for range i: the kernel is called as
     ``kernel(*head, r0, r1, *tail)``. With several ranges, either the C driver
@@ -124,27 +133,40 @@ def _run_threads(
         f.result()
 
 
+_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the C masked softmax runs in: the input's own, or float32 where no kernel
+    of that dtype exists (float16 without a compiler that has _Float16)."""
+    if dtype in _SUFFIX or (dtype == torch.float16 and has_float16()):
+        return dtype
+    return torch.float32
+
+
 def _suffix(dtype: torch.dtype) -> str:
-    return "f64" if dtype == torch.float64 else "f32"
+    return "f16" if dtype == torch.float16 else _SUFFIX[dtype]
 
 
-def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     """Backend contract (C kernel): softmax of ``x[..., :L]``, exact zeros beyond; one pass
-    per row, padded positions never read, 16-bit inputs reduced in float32."""
+    per row, padded positions never read; 16-bit rows are read and written in their own
+    dtype and reduced in float32."""
     lib = load_library()
     if lib is None:
-        return _plain.masked_softmax_forward(x, lengths)
-    cdt = compute_dtype(x.dtype)
+        return _plain.masked_softmax(x, lengths)
+    dtype = _softmax_dtype(x.dtype)
     m = x.shape[-1]
-    xc = x.to(cdt).contiguous()
+    xc = x.to(dtype).contiguous()
     rows = lengths.reshape(-1).contiguous()
-    y = _empty(x.shape, cdt)
+    y = _empty(x.shape, dtype)
     if rows.numel() and m:
         # exps cost per valid entry, writing zeros a little per padded one
-        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads())
+        bound = rows.numel() * (m + m // 8)
+        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads(), bound)
         head = (xc.data_ptr(), rows.data_ptr(), y.data_ptr())
-        _run(lib, f"ms_fwd_{_suffix(cdt)}", ranges, lambda _i: (head, (m,)))
-    return y if x.dtype == cdt else y.to(x.dtype)
+        _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+    return y if x.dtype == dtype else y.to(x.dtype)
 
 
 def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
@@ -152,34 +174,36 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     lib = load_library()
     if lib is None:
         return _plain.masked_softmax_backward(grad_y, y, lengths)
-    cdt = compute_dtype(y.dtype)
+    dtype = _softmax_dtype(y.dtype)
     m = y.shape[-1]
-    yc = y.to(cdt).contiguous()
-    g = grad_y.to(cdt).contiguous()
+    yc = y.to(dtype).contiguous()
+    g = grad_y.to(dtype).contiguous()
     rows = lengths.reshape(-1).contiguous()
-    dx = _empty(y.shape, cdt)
+    dx = _empty(y.shape, dtype)
     if rows.numel() and m:
-        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads())
+        bound = rows.numel() * (m + m // 8)
+        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads(), bound)
         head = (yc.data_ptr(), g.data_ptr(), rows.data_ptr(), dx.data_ptr())
-        _run(lib, f"ms_bwd_{_suffix(cdt)}", ranges, lambda _i: (head, (m,)))
-    return dx if y.dtype == cdt else dx.to(y.dtype)
+        _run(lib, f"masked_softmax_backward_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+    return dx if y.dtype == dtype else dx.to(y.dtype)
 
 
-def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Backend contract (C kernel): ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths, exact
     zeros elsewhere, without a (B, n, m, h) intermediate; keys j >= lengths never read."""
     lib = load_library()
     if lib is None:
-        return _plain.additive_scores_forward(qh, kh, w_v, lengths)
+        return _plain.additive_scores(qh, kh, w_v, lengths)
     cdt = compute_dtype(qh.dtype)
     q, k, w = (t.to(cdt).contiguous() for t in (qh, kh, w_v))
     B, n, h = q.shape
     m = k.shape[1]
     s = _empty((B, n, m), cdt)
     if B * n and m:
-        ranges = _split(lengths.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads())
+        bound = B * n * (m * h + m)
+        ranges = _split(lengths.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads(), bound)
         head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
-        _run(lib, f"add_fwd_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
+        _run(lib, f"additive_scores_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
 
 
@@ -200,7 +224,8 @@ def additive_scores_backward(
     m = k.shape[1]
     g = grad_scores.to(cdt).contiguous()
     dq = torch.zeros_like(q)
-    ranges = _split(lengths.reshape(-1).clamp(0, m) * h + 1, torch.get_num_threads())
+    bound = B * n * (m * h + 1)
+    ranges = _split(lengths.reshape(-1).clamp(0, m) * h + 1, torch.get_num_threads(), bound)
     # one (B, m, h) and one (h,) accumulator per range, summed below
     dks = k.new_zeros((len(ranges), *k.shape))
     dws = w.new_zeros((len(ranges), h))
@@ -210,57 +235,250 @@ def additive_scores_backward(
         def args(i: int) -> Args:
             return (*inputs, dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr()), (n, m, h)
 
-        _run(lib, f"add_bwd_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
+        _run(lib, f"additive_scores_backward_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
     dk = dks[0] if len(ranges) == 1 else dks.sum(0)
     dw = dws[0] if len(ranges) == 1 else dws.sum(0)
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 
+# ---- dot-product attention: padded keys cost nothing -----------------------------------
+
+#: A call of the per-example loop costs about this much work (multiply-adds) in overhead;
+#: cutting pays when it saves more than this per example. Measured on 2 cores
+#: (``attnscore bench``, rows dot/heads/multihead): about 40 us per example.
+_CALL_WORK = 1 << 21
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """One example's part of the loop: its first ``queries`` queries over its first ``keys``
+    keys, with ``is_causal`` or, inside the cut, per-row lengths ``rows`` (1, H or 1,
+    queries, 1) that make a mask (``idle``: some of them are 0)."""
+
+    queries: int
+    keys: int
+    causal: bool = False
+    rows: Tensor | None = None
+    idle: bool = False
+
+    def allowed(self) -> Tensor | None:
+        """Bool (1, H or 1, queries, keys) inside the cut, True = may attend; None: all."""
+        return None if self.rows is None else torch.arange(self.keys) < self.rows
+
+    def inputs(self, q: Tensor, k: Tensor, v: Tensor, b: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Example b's cut of q, k, v (views), rows with nothing to attend zeroed in q."""
+        qb = q[b : b + 1, :, : self.queries]
+        if self.idle:
+            assert self.rows is not None
+            qb = qb.masked_fill(self.rows == 0, 0.0)
+        return qb, k[b : b + 1, :, : self.keys], v[b : b + 1, :, : self.keys]
+
+
+def _flash_ops() -> tuple[Any, Any] | None:
+    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept), if any."""
+    aten = torch.ops.aten
+    if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return None  # pragma: no cover - torch < 2.2
+    return (
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    )
+
+
+def _additive_mask(cut: _Cut, dtype: torch.dtype) -> Tensor | None:
+    """The flash op takes masks as additive scores in the query's dtype: 0 or -inf."""
+    allowed = cut.allowed()
+    if allowed is None:
+        return None
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype))
+
+
+class _CutAttention(torch.autograd.Function):
+    """The loop as one autograd node: each example's flash forward writes into one output
+    allocated once, its backward into gradients allocated once (nothing of the inputs' size
+    is allocated per example, so the cost stays linear in the batch)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float
+    ) -> Tensor:
+        flash, _ = _flash_ops()  # type: ignore[misc]
+        B, H, n, _ = q.shape
+        heads_inner = H > 1 and q.stride(1) < q.stride(2)  # (B, n, H, d) in memory (MHA)
+        if heads_inner:
+            out = q.new_empty(B, n, H, v.shape[-1]).transpose(1, 2)
+        else:
+            out = q.new_empty(B, H, n, v.shape[-1])
+        saved = []
+        for b, cut in enumerate(cuts):
+            if cut.queries == 0 or cut.keys == 0:
+                out[b].zero_()
+                continue
+            qb, kb, vb = cut.inputs(q, k, v, b)
+            o, lse = flash(
+                qb,
+                kb,
+                vb,
+                0.0,
+                cut.causal,
+                attn_mask=_additive_mask(cut, q.dtype),
+                scale=scale,
+            )
+            out[b : b + 1, :, : cut.queries] = o
+            if cut.queries < n:
+                out[b, :, cut.queries :].zero_()
+            saved.append(lse)
+        ctx.cuts, ctx.scale = cuts, scale
+        ctx.save_for_backward(q, k, v, out, *saved)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # type: ignore[untyped-decorator]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        _, flash_backward = _flash_ops()  # type: ignore[misc]
+        q, k, v, out, *lses = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        lse = iter(lses)
+        for b, cut in enumerate(ctx.cuts):
+            if cut.queries == 0 or cut.keys == 0:
+                continue
+            rows, keys = slice(0, cut.queries), slice(0, cut.keys)
+            qb, kb, vb = cut.inputs(q, k, v, b)
+            gq, gk, gv = flash_backward(
+                grad[b : b + 1, :, rows].contiguous(),
+                qb,
+                kb,
+                vb,
+                out[b : b + 1, :, rows],
+                next(lse),
+                0.0,
+                cut.causal,
+                attn_mask=_additive_mask(cut, q.dtype),
+                scale=ctx.scale,
+            )
+            if cut.idle:
+                assert cut.rows is not None
+                gq = gq.masked_fill(cut.rows == 0, 0.0)
+            dq[b : b + 1, :, rows] = gq
+            dk[b : b + 1, :, keys] = gk
+            dv[b : b + 1, :, keys] = gv
+        return dq, dk, dv, None, None
+
+
+def _cut_attention_autograd(
+    q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float, dropout_p: float
+) -> Tensor:
+    """The loop through PyTorch's ``scaled_dot_product_attention`` and its autograd: for
+    dropout (which the flash op does not take) and torches without the flash op. Views of
+    the inputs per example (one stack per input in the backward), one concatenation."""
+    B, H, n, _ = q.shape
+    heads_inner = H > 1 and q.stride(1) < q.stride(2)
+    qs, ks, vs = q.unbind(0), k.unbind(0), v.unbind(0)
+    outs = []
+    for b, cut in enumerate(cuts):
+        if cut.queries == 0 or cut.keys == 0:
+            out = _Zeros.apply(qs[b], ks[b], vs[b])  # type: ignore[no-untyped-call]
+        else:
+            qb = qs[b][None, :, : cut.queries]
+            if cut.idle:
+                assert cut.rows is not None
+                qb = qb.masked_fill(cut.rows == 0, 0.0)
+            out = F.scaled_dot_product_attention(
+                qb,
+                ks[b][None, :, : cut.keys],
+                vs[b][None, :, : cut.keys],
+                attn_mask=cut.allowed(),
+                dropout_p=dropout_p,
+                is_causal=cut.causal,
+                scale=scale,
+            )
+            if cut.queries < n:
+                out = F.pad(out, (0, 0, 0, n - cut.queries))
+        outs.append(out.transpose(1, 2) if heads_inner else out)
+    result = torch.cat(outs, 0) if B > 1 else outs[0]
+    return result.transpose(1, 2) if heads_inner else result
+
+
 class _Zeros(torch.autograd.Function):
-    """Zeros (count, n, v) that stay connected to q, k, v with zero gradient, so batch elements
-    whose rows are all empty still give gradients (of zero) like the plain path."""
+    """Zeros (1, H, n, dv) that stay connected to q, k, v with zero gradient, so examples
+    with nothing to attend still give gradients (of zero), as SDPA does."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, count: int) -> Tensor:
-        return q.new_zeros(count, q.shape[1], v.shape[2])
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        ctx.inputs = [(t.shape, t.dtype) for t in (q, k, v)]
+        return q.new_zeros(1, q.shape[0], q.shape[1], v.shape[2])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, None, None]:
-        return None, None, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
+        return tuple(grad.new_zeros(shape, dtype=dtype) for shape, dtype in ctx.inputs)
+
+
+def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
+    """Each example's cut: its longest key length, its queries up to the last one that
+    attends anything, and what masking is left inside (none, causal, or a boolean mask)."""
+    key_len = lengths.amax(dim=(1, 2)).tolist()  # (B,) longest row of each example
+    if lengths.shape[2] == 1:
+        query_len = [n if L else 0 for L in key_len]
+    else:  # up to the last query that attends anything
+        steps = torch.arange(1, n + 1, device=lengths.device)
+        query_len = ((lengths > 0).any(dim=1) * steps).amax(dim=-1).tolist()
+    key_lengths = mask.key_lengths
+    structured = key_lengths is not None or mask.causal or mask.query_lengths is not None
+    per_example = structured and (
+        key_lengths is None or all(s == 0 for s in key_lengths.stride()[1:])
+    )
+    if per_example:  # inside the cut: nothing (lengths) or is_causal (lengths + causal)
+        causal = mask.causal
+        return [
+            _Cut(Lq, Lk, causal and Lq > 0 and Lk > 0)
+            for Lq, Lk in zip(query_len, key_len, strict=True)
+        ]
+    cuts = []
+    has_idle = (lengths == 0).any(dim=(1, 2)).tolist()
+    for b, (Lq, Lk) in enumerate(zip(query_len, key_len, strict=True)):
+        if Lq == 0 or Lk == 0:
+            cuts.append(_Cut(Lq, Lk))
+            continue
+        rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
+        cuts.append(_Cut(Lq, Lk, rows=rows[None], idle=has_idle[b]))
+    return cuts
 
 
 def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
 ) -> Tensor:
-    """Backend contract: padding-free dot-product attention on PyTorch's CPU flash SDPA.
+    """Backend contract: dot-product attention (B, H, n, d) where padded keys cost nothing.
 
-    Each batch element runs SDPA in 4-D (1, 1, n, d) layout (3-D would take the slow math
-    path) on views of its keys/values trimmed to its length, so padded keys cost nothing and
-    nothing is copied; 2-D lengths trim to the row maximum and mask the rest. Measured against
-    grouping elements of similar length into batched calls, the per-element loop won (the
-    gathers cost more than the extra parallel regions). PyTorch's backward does the gradient.
+    One PyTorch flash-attention call per example with all its heads, on keys (and values)
+    cut to the example's longest length and queries cut after its last query that attends
+    anything: padded keys and idle queries are never read and never computed. Inside the
+    cut, per-example lengths need no mask, lengths with causal masking are ``is_causal``,
+    and per-query lengths a mask. Where cutting saves too little to pay for one call per
+    example (short sequences, lengths near m), one SDPA call with the boolean mask runs
+    instead (:func:`attnscore.kernels._sdpa.masked`), and where lengths cut nothing at all,
+    SDPA without a mask. Without dropout the loop is one autograd node writing into
+    outputs and gradients allocated once; with dropout it runs through SDPA's autograd.
     """
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    two_d = lengths.dim() == 2
-    key_len = (lengths.amax(1) if two_d else lengths).clamp(0, m).tolist() if B else []
-    outs = []
-    for b, L in enumerate(key_len):
-        if L == 0:  # nothing to attend to: zeros with zero gradients
-            outs.append(_Zeros.apply(q, k, v, 1))  # type: ignore[no-untyped-call]
-            continue
-        qb, kb, vb = q[b, None, None], k[b, None, None, :L], v[b, None, None, :L]
-        if not two_d:
-            outs.append(sdpa(qb, kb, vb, dropout_p=dropout_p, scale=scale)[0])
-            continue
-        lb = lengths[b].clamp(0, L)
-        empty = lb == 0
-        # empty rows attend to all (finite) keys and are zeroed below, avoiding NaN
-        mask = (torch.arange(L, device=q.device) < lb[:, None]) | empty[:, None]
-        out = sdpa(qb, kb, vb, attn_mask=mask[None, None], dropout_p=dropout_p, scale=scale)[0]
-        if bool(empty.any()):
-            out = torch.where(empty[None, :, None], 0.0, out)
-        outs.append(out)
-    if not outs:
-        return q.new_zeros(0, n, v.shape[2])
-    return torch.cat(outs, 0) if len(outs) > 1 else outs[0]
+    B, H, n, _ = q.shape
+    m = k.shape[-2]
+    lengths = _sdpa.compact(mask.lengths) if mask.lengths is not None else None
+    if lengths is None or B == 0 or not _sdpa.empty_rows_are_zero("cpu"):
+        return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    if int(lengths.min()) == m:  # lengths that cut nothing: no mask at all
+        return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
+    full = B * n * m
+    work = H * (q.shape[-1] + v.shape[-1])
+    if full * work < B * _CALL_WORK:  # too little to cut: not worth reading the lengths
+        return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    cuts = _cuts(mask, lengths, n)
+    kept = sum(c.queries * c.keys for c in cuts)
+    # SDPA with the mask copies q, k and v to zero their padding, if there is any (the loop
+    # never reads padding): it runs only where cutting saves little and nothing is padded.
+    padded = any(c.keys < m for c in cuts) or any(c.idle or c.queries < n for c in cuts)
+    if (full - kept) * work < B * _CALL_WORK and not padded:
+        return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    # The flash op takes no dropout and one head size for q, k and v.
+    if dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None:
+        return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]
+    return _cut_attention_autograd(q, k, v, cuts, scale, dropout_p)

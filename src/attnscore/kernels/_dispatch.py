@@ -1,26 +1,10 @@
 """The backend table: which module implements an op on which device type.
 
-A *backend* is a module that provides some of these functions (the backend contract).
-Tensors arrive contiguous and on the backend's device; ``lengths`` is int64 on the same
-device, values in [0, m]::
-
-    masked_softmax_forward(x, lengths) -> y
-        x (..., m) float16/bfloat16/float32/float64, lengths x.shape[:-1]; y: x's shape and
-        dtype, softmax of x[..., :L] then exact zeros; L == 0 -> zeros; 16-bit reduced in
-        float32; positions >= L never read.
-    masked_softmax_backward(grad_y, y, lengths) -> grad_x
-        y * (grad_y - sum_j grad_y y) over j < L; exact 0 beyond L and for L == 0.
-    additive_scores_forward(qh, kh, w_v, lengths) -> scores
-        qh (B, n, h), kh (B, m, h), w_v (h,), lengths (B, n); scores (B, n, m) in qh's
-        dtype: sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h]) for j < lengths[b, i], else 0.
-    additive_scores_backward(grad_scores, qh, kh, w_v, lengths) -> (grad_qh, grad_kh, grad_w_v)
-    dot_product_attention(q, k, v, lengths, *, scale, dropout_p) -> out
-        q (B, n, d), k (B, m, d), v (B, m, dv), lengths (B,) or (B, n); out (B, n, dv);
-        length-0 rows are zeros; differentiable through PyTorch ops (not a registered op).
-
-A backend may leave a function out: that op then runs the plain backend
-(:mod:`attnscore.kernels._plain`) on its device. Adding a backend is one module plus one row
-in :data:`BACKENDS`.
+A *backend* is a module with the functions of :class:`Backend` (the backend contract).
+Tensors arrive contiguous (``dot_product_attention``: any strides) and on the backend's
+device; ``lengths`` is int64 on the same device with values in [0, m]. A backend may leave a
+function out: that op then runs the plain backend (:mod:`attnscore.kernels._plain`) on its
+device. Adding a backend is one module plus one row in :data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -31,13 +15,17 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from torch import Tensor
+
+from .._mask import AttentionMask
 from . import _plain
 
 __all__ = [
     "BACKENDS",
     "FUNCTIONS",
+    "Backend",
     "backend_function",
     "backend_name",
     "disabled",
@@ -54,14 +42,63 @@ BACKENDS: dict[str, str] = {
     "cuda": "attnscore.kernels._cuda",
 }
 
-#: The contract's functions, one per op and direction (see the module docstring).
+
+@runtime_checkable
+class Backend(Protocol):
+    """The backend contract: what a device's kernels module provides (every function is
+    optional at run time; the plain backend provides each one).
+
+    Shapes: B batch, H heads, n queries, m keys, h hidden units, d query/key size, dv value
+    size. Results are in the input's dtype, with exact zeros beyond each length and for
+    length 0; positions beyond a length are never read; 16-bit inputs are reduced in
+    float32.
+    """
+
+    def masked_softmax(self, x: Tensor, lengths: Tensor) -> Tensor:
+        """x (..., m), lengths x.shape[:-1] -> softmax of x[..., :L], then exact zeros."""
+
+    def masked_softmax_backward(self, grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
+        """y * (grad_y - sum_j grad_y y) over j < L; exact zeros beyond L and for L == 0."""
+
+    def additive_scores(self, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+        """qh (B, n, h), kh (B, m, h), w_v (h,), lengths (B, n) -> scores (B, n, m):
+        sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h]) for j < lengths[b, i], else 0."""
+
+    def additive_scores_backward(
+        self, grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Gradients (qh, kh, w_v) of :meth:`additive_scores`."""
+
+    def dot_product_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        *,
+        scale: float,
+        dropout_p: float,
+    ) -> Tensor:
+        """q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv) -> (B, H, n, dv), differentiable
+        through PyTorch ops; ``mask`` has lengths over the batch (B, H) and no boolean part
+        (unmasked attention, causal alone and boolean masks go to PyTorch's SDPA before a
+        backend is asked). Length-0 rows are zeros with zero gradients."""
+
+
+#: The contract's functions, one per op and direction.
 FUNCTIONS = (
-    "masked_softmax_forward",
+    "masked_softmax",
     "masked_softmax_backward",
-    "additive_scores_forward",
+    "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
 )
+
+if TYPE_CHECKING:  # the backends implement the whole contract (checked by mypy)
+    from . import _cpu
+
+    _PLAIN: Backend = _plain
+    _CPU: Backend = _cpu
 
 _modules: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}

@@ -1,22 +1,29 @@
-"""The registered ops: ``torch.library`` custom ops over the backend table.
+"""The two kernel ops, masked softmax and additive scores: how each call reaches a backend.
 
-Each op runs the backend of its input's device type (:func:`._dispatch.backend_function`),
-has a fake (meta) implementation so ``torch.compile``, ``torch.export`` and FakeTensor see
-its output shapes without running it, and a registered autograd formula whose backward is an
-op of its own, so the backward too runs the device's kernel (in eager and compiled code).
+Each op has one name through the layers (``masked_softmax``: this module's function, the
+registered op ``attnscore::masked_softmax``, the backend function, the C kernel
+``masked_softmax_<dtype>``; likewise ``additive_scores``), and three ways to run:
 
-=========================================== =================================================
-op                                          computes
-=========================================== =================================================
-``attnscore::softmax_by_lengths``           masked softmax of x (..., m) by lengths (...)
-``attnscore::softmax_by_lengths_backward``  its input gradient
-``attnscore::additive_scores_by_lengths``   w_vᵀ tanh(qh_i + kh_j) for j < lengths, (B, n, m)
-``attnscore::additive_scores_by_lengths_backward`` its gradients (qh, kh, w_v)
-=========================================== =================================================
+=================================================== ========================================
+context                                             runs
+=================================================== ========================================
+eager code, kernels enabled                         the device's backend, through an
+                                                    ``autograd.Function`` (or directly when
+                                                    no gradient is needed): a few
+                                                    microseconds per call
+``torch.compile``, ``torch.export``, tracing, fake  the registered ``torch.library`` op (same
+tensors                                             backend functions), so graphs keep it
+``torch.func`` transforms, kernels disabled         the plain backend's differentiable twin
+=================================================== ========================================
 
-Double backward: when a backward runs with ``create_graph=True`` (grad mode on), it computes
-with the plain backend's differentiable PyTorch formulas instead of the backward op, so the
-gradient of the gradient is exact.
+The registered ops have fake implementations (shapes only) and a registered autograd
+formula whose backward is an op of its own, so compiled backward passes keep the kernels
+too. Double backward: a backward run with ``create_graph=True`` computes with the plain
+backend's differentiable formulas instead, so the gradient of the gradient is exact.
+
+Callers pass checked inputs (the public entry points in :mod:`attnscore.kernels` and the
+library's own layers check once): ``lengths`` int64 of the documented shape, on the input's
+device, values in [0, m].
 """
 
 from __future__ import annotations
@@ -26,15 +33,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._checks import in_functorch
 from . import _plain
-from ._dispatch import backend_function
+from ._dispatch import backend_function, enabled
 
 __all__ = [
-    "additive_scores_by_lengths",
-    "additive_scores_by_lengths_backward",
-    "softmax_by_lengths",
-    "softmax_by_lengths_backward",
+    "additive_scores",
+    "additive_scores_backward_op",
+    "additive_scores_op",
+    "masked_softmax",
+    "masked_softmax_backward_op",
+    "masked_softmax_op",
 ]
+
+
+@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+def _enabled_when_compiling() -> bool:
+    # Read once while compiling (dynamo cannot trace thread-local state); a compiled
+    # function keeps the choice it was compiled with.
+    return enabled()
+
+
+def _graph_capture() -> bool:
+    """True while torch.compile / export or jit tracing captures a graph."""
+    return torch.compiler.is_compiling() or bool(
+        torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
+    )
 
 
 def _fresh(out: Tensor, *inputs: Tensor) -> Tensor:
@@ -45,29 +69,72 @@ def _fresh(out: Tensor, *inputs: Tensor) -> Tensor:
     return out
 
 
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 # ---- masked softmax ------------------------------------------------------------------------
 
 
-@torch.library.custom_op("attnscore::softmax_by_lengths", mutates_args=())
-def softmax_by_lengths(x: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
+    """Softmax of x (..., m) over its first lengths[...] positions, exact zeros beyond (the
+    backend contract's ``masked_softmax``, dispatched as the table above says)."""
+    if _graph_capture():
+        if torch.compiler.is_compiling() and not _enabled_when_compiling():
+            return _plain.masked_softmax(x, lengths)
+        return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
+    if not enabled() or in_functorch(x):
+        return _plain.masked_softmax(x, lengths)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(x, FakeTensor):
+        return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
+    if _needs_grad(x):
+        return _MaskedSoftmax.apply(x, lengths)  # type: ignore[no-any-return,no-untyped-call]
+    return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+
+
+def _masked_softmax_backward(grad: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
+    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+        return _plain.masked_softmax_backward(grad, y, lengths)
+    fn = backend_function(y.device.type, "masked_softmax_backward")
+    return fn(grad.contiguous(), y, lengths)  # type: ignore[no-any-return]
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    """Eager masked softmax on the device's backend, with its backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, lengths: Tensor) -> Tensor:
+        y: Tensor = backend_function(x.device.type, "masked_softmax")(x, lengths)
+        ctx.save_for_backward(y, lengths)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        y, lengths = ctx.saved_tensors
+        return _masked_softmax_backward(grad, y, lengths), None
+
+
+@torch.library.custom_op("attnscore::masked_softmax", mutates_args=())
+def masked_softmax_op(x: Tensor, lengths: Tensor) -> Tensor:
     """Softmax of x (..., m) over its first lengths[...] positions, exact zeros beyond."""
-    fn = backend_function(x.device.type, "masked_softmax_forward")
-    return _fresh(fn(x, lengths), x)
+    return _fresh(backend_function(x.device.type, "masked_softmax")(x, lengths), x)
 
 
-@softmax_by_lengths.register_fake
+@masked_softmax_op.register_fake
 def _(x: Tensor, lengths: Tensor) -> Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("attnscore::softmax_by_lengths_backward", mutates_args=())
-def softmax_by_lengths_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-    """Input gradient of :func:`softmax_by_lengths` from its output y."""
+@torch.library.custom_op("attnscore::masked_softmax_backward", mutates_args=())
+def masked_softmax_backward_op(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
+    """Input gradient of ``attnscore::masked_softmax`` from its output y."""
     fn = backend_function(y.device.type, "masked_softmax_backward")
     return _fresh(fn(grad_y, y, lengths), grad_y, y)
 
 
-@softmax_by_lengths_backward.register_fake
+@masked_softmax_backward_op.register_fake
 def _(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     return torch.empty_like(y)
 
@@ -78,42 +145,84 @@ def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> N
     ctx.save_for_backward(output, inputs[1])
 
 
-def _softmax_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+def _softmax_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     y, lengths = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+    if torch.is_grad_enabled():
         return _plain.masked_softmax_backward(grad, y, lengths), None
-    return softmax_by_lengths_backward(grad.contiguous(), y, lengths), None
+    return masked_softmax_backward_op(grad.contiguous(), y, lengths), None
 
 
-softmax_by_lengths.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+masked_softmax_op.register_autograd(_softmax_op_backward, setup_context=_softmax_setup)
 
 
 # ---- additive scores ----------------------------------------------------------------------
 
 
-@torch.library.custom_op("attnscore::additive_scores_by_lengths", mutates_args=())
-def additive_scores_by_lengths(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+    """Additive scores (B, n, m) of qh (B, n, h), kh (B, m, h), w_v (h,) for j < lengths
+    (B, n), exact zeros elsewhere (the backend contract's ``additive_scores``)."""
+    if _graph_capture():
+        if torch.compiler.is_compiling() and not _enabled_when_compiling():
+            return _plain.additive_scores_dense(qh, kh, w_v, lengths)
+        return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+    if not enabled() or in_functorch(qh):
+        return _plain.additive_scores_dense(qh, kh, w_v, lengths)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(qh, FakeTensor):
+        return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+    if _needs_grad(qh, kh, w_v):
+        return _AdditiveScores.apply(qh, kh, w_v, lengths)  # type: ignore[no-any-return,no-untyped-call]
+    return backend_function(qh.device.type, "additive_scores")(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+
+
+def _additive_backward(
+    grad: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+        return _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
+    fn = backend_function(qh.device.type, "additive_scores_backward")
+    return fn(grad.contiguous(), qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+
+
+class _AdditiveScores(torch.autograd.Function):
+    """Eager additive scores on the device's backend, with their backward."""
+
+    @staticmethod
+    def forward(ctx: Any, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+        ctx.save_for_backward(qh, kh, w_v, lengths)
+        out: Tensor = backend_function(qh.device.type, "additive_scores")(qh, kh, w_v, lengths)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        qh, kh, w_v, lengths = ctx.saved_tensors
+        return (*_additive_backward(grad, qh, kh, w_v, lengths), None)
+
+
+@torch.library.custom_op("attnscore::additive_scores", mutates_args=())
+def additive_scores_op(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Additive scores (B, n, m) for j < lengths (B, n), exact zeros elsewhere."""
-    fn = backend_function(qh.device.type, "additive_scores_forward")
+    fn = backend_function(qh.device.type, "additive_scores")
     return _fresh(fn(qh, kh, w_v, lengths), qh, kh)
 
 
-@additive_scores_by_lengths.register_fake
+@additive_scores_op.register_fake
 def _(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     return qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])
 
 
-@torch.library.custom_op("attnscore::additive_scores_by_lengths_backward", mutates_args=())
-def additive_scores_by_lengths_backward(
+@torch.library.custom_op("attnscore::additive_scores_backward", mutates_args=())
+def additive_scores_backward_op(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients (qh, kh, w_v) of :func:`additive_scores_by_lengths`, tanh recomputed."""
+    """Gradients (qh, kh, w_v) of ``attnscore::additive_scores``, tanh recomputed."""
     fn = backend_function(qh.device.type, "additive_scores_backward")
     dq, dk, dw = fn(grad_scores, qh, kh, w_v, lengths)
     return _fresh(dq, qh, kh, w_v), _fresh(dk, qh, kh, w_v), _fresh(dw, qh, kh, w_v)
 
 
-@additive_scores_by_lengths_backward.register_fake
+@additive_scores_backward_op.register_fake
 def _(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,13 +233,13 @@ def _additive_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> Non
     ctx.save_for_backward(*inputs)
 
 
-def _additive_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+def _additive_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     qh, kh, w_v, lengths = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+    if torch.is_grad_enabled():
         dq, dk, dw = _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
     else:
-        dq, dk, dw = additive_scores_by_lengths_backward(grad.contiguous(), qh, kh, w_v, lengths)
+        dq, dk, dw = additive_scores_backward_op(grad.contiguous(), qh, kh, w_v, lengths)
     return dq, dk, dw, None
 
 
-additive_scores_by_lengths.register_autograd(_additive_backward, setup_context=_additive_setup)
+additive_scores_op.register_autograd(_additive_op_backward, setup_context=_additive_setup)

@@ -13,23 +13,24 @@ Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value si
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import compute_dtype
+from .._mask import AttentionMask
 from .._softmax import softmax_dense
+from . import _sdpa
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "additive_scores",
     "additive_scores_backward",
     "additive_scores_dense",
-    "additive_scores_forward",
     "dot_product_attention",
+    "masked_softmax",
     "masked_softmax_backward",
-    "masked_softmax_forward",
 ]
 
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
@@ -53,7 +54,7 @@ def _longest(lengths: Tensor) -> Tensor:
 # ---- masked softmax ------------------------------------------------------------------------
 
 
-def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     """Softmax over the last axis of x (..., m) restricted to its first ``lengths`` positions;
     rows of length 0 are zeros (see :func:`attnscore._softmax.softmax_dense`)."""
     return softmax_dense(x, _valid(lengths, x.shape[-1]))
@@ -96,7 +97,7 @@ def _blocks(lengths: Tensor, n: int, m: int, h: int) -> Iterator[tuple[int, int,
                 yield b, i0, i1, L
 
 
-def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Backend contract: (B, n, m) scores ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths,
     exact zeros elsewhere; keys beyond each block's longest row are skipped."""
     cdt = compute_dtype(qh.dtype)
@@ -113,7 +114,7 @@ def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 def additive_scores_backward(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Backend contract: gradients (qh, kh, w_v) of :func:`additive_scores_forward`, tanh
+    """Backend contract: gradients (qh, kh, w_v) of :func:`additive_scores`, tanh
     recomputed block by block. Differentiable PyTorch ops: double backward runs here."""
     cdt = compute_dtype(qh.dtype)
     q, k, w = qh.to(cdt), kh.to(cdt), w_v.to(cdt)
@@ -162,26 +163,9 @@ def additive_scores_dense(
 
 
 def dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    lengths: Tensor,
-    *,
-    scale: float,
-    dropout_p: float = 0.0,
-    softmax: Callable[[Tensor, Tensor], Tensor] = masked_softmax_forward,
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
 ) -> Tensor:
-    """Backend contract: (B, n, v) attention with lengths (B,) or (B, n): bmm + masked softmax
-    + bmm, reduced in float32 for 16-bit inputs. Keys and values beyond each element's
-    longest row are zeroed first so garbage there cannot turn 0 * NaN into NaN. ``softmax``
-    is the masked softmax by lengths to use (the registered op when compiling)."""
-    B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    per_query = lengths[:, None].expand(B, n) if lengths.dim() == 1 else lengths
-    keep = _valid(_longest(per_query), m).unsqueeze(-1)  # (B, m, 1)
-    cdt = compute_dtype(q.dtype)
-    k = torch.where(keep, k.to(cdt), 0.0)
-    v = torch.where(keep, v.to(cdt), 0.0)
-    weights = softmax(torch.bmm(q.to(cdt), k.transpose(1, 2)) * scale, per_query)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, dropout_p)
-    return torch.bmm(weights, v).to(q.dtype)
+    """Backend contract: PyTorch's ``scaled_dot_product_attention`` with the boolean mask
+    of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
+    rows zeros. Works on any device and under tracing (no data-dependent Python)."""
+    return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)

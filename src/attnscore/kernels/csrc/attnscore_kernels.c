@@ -11,66 +11,183 @@
  * `#pragma omp simd` plus -ffast-math lets gcc call glibc's libmvec vector expf/tanhf.
  * Padded positions are never read, so NaN/inf garbage there cannot leak into results. */
 #include <math.h>
-#include <sys/mman.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
-#define DEFINE_KERNELS(T, SUF, EXP, TANH)                                                     \
-  /* y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0, L = lengths[r]; rows with L == 0 are zero. */ \
-  void ms_fwd_##SUF(const T *restrict x, const int64_t *restrict lengths, T *restrict y,      \
-                    int64_t r0, int64_t r1, int64_t m) {                                    \
+/* ---- masked softmax: one row ------------------------------------------------------------
+ * y[:L] = softmax(x[:L]) over the first L > 0 entries; y may be x (in place). */
+#define DEFINE_SOFTMAX_ROW(CT, SUF, EXP)                                                    \
+  static inline void softmax_row_##SUF(const CT *x, CT *y, int64_t L) {                     \
+    CT mx = x[0];                                                                           \
+    _Pragma("omp simd reduction(max : mx)") for (int64_t j = 0; j < L; ++j) {               \
+      mx = x[j] > mx ? x[j] : mx;                                                           \
+    }                                                                                       \
+    CT s = 0;                                                                               \
+    _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) {                  \
+      CT e = EXP(x[j] - mx);                                                                \
+      y[j] = e;                                                                             \
+      s += e;                                                                               \
+    }                                                                                       \
+    CT inv = (CT)1 / s;                                                                     \
+    _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) y[j] *= inv;                        \
+  }                                                                                         \
+  /* dx[:L] = y * (g - sum(g * y)); dx may be g (in place). */                              \
+  static inline void softmax_backward_row_##SUF(const CT *y, const CT *g, CT *dx, int64_t L) { \
+    CT s = 0;                                                                               \
+    _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) s += g[j] * y[j];  \
+    _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) dx[j] = y[j] * (g[j] - s);          \
+  }
+
+DEFINE_SOFTMAX_ROW(double, f64, exp)
+DEFINE_SOFTMAX_ROW(float, f32, expf)
+
+static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L > m ? m : L); }
+
+/* ---- masked softmax: float32 and float64 rows, in place in the output -------------------
+ * y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0 with L = min(lengths[r], m); rows with L == 0
+ * are zero. Padded positions are never read. */
+#define DEFINE_MASKED_SOFTMAX(T, SUF)                                                       \
+  void masked_softmax_##SUF(const T *x, const int64_t *lengths, T *y, int64_t r0,           \
+                            int64_t r1, int64_t m) {                                        \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      const T *restrict xr = x + r * m;                                                     \
-      T *restrict yr = y + r * m;                                                           \
-      int64_t L = lengths[r];                                                                  \
-      if (L > m) L = m;                                                                     \
-      if (L <= 0) {                                                                         \
-        memset(yr, 0, (size_t)m * sizeof(T));                                               \
-        continue;                                                                           \
-      }                                                                                     \
-      T mx = xr[0];                                                                         \
-      _Pragma("omp simd reduction(max : mx)") for (int64_t j = 0; j < L; ++j) {             \
-        mx = xr[j] > mx ? xr[j] : mx;                                                       \
-      }                                                                                     \
-      T s = 0;                                                                              \
-      _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) {                \
-        T e = EXP(xr[j] - mx);                                                              \
-        yr[j] = e;                                                                          \
-        s += e;                                                                             \
-      }                                                                                     \
-      T inv = (T)1 / s;                                                                     \
-      _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) yr[j] *= inv;                     \
+      int64_t L = clamp_length(lengths[r], m);                                              \
+      T *yr = y + r * m;                                                                    \
+      if (L > 0) softmax_row_##SUF(x + r * m, yr, L);                                       \
       if (L < m) memset(yr + L, 0, (size_t)(m - L) * sizeof(T));                            \
     }                                                                                       \
   }                                                                                         \
-                                                                                            \
   /* dx = y * (g - sum(g * y)) on the first L positions, exact zeros elsewhere. */          \
-  void ms_bwd_##SUF(const T *restrict y, const T *restrict g, const int64_t *restrict lengths, \
-                    T *restrict dx, int64_t r0, int64_t r1, int64_t m) {                    \
+  void masked_softmax_backward_##SUF(const T *y, const T *g, const int64_t *lengths, T *dx, \
+                                     int64_t r0, int64_t r1, int64_t m) {                   \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      const T *restrict yr = y + r * m;                                                     \
-      const T *restrict gr = g + r * m;                                                     \
-      T *restrict dr = dx + r * m;                                                          \
-      int64_t L = lengths[r];                                                                  \
-      if (L > m) L = m;                                                                     \
-      if (L < 0) L = 0;                                                                     \
-      T s = 0;                                                                              \
-      _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) s += gr[j] * yr[j]; \
-      _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) dr[j] = yr[j] * (gr[j] - s);      \
+      int64_t L = clamp_length(lengths[r], m);                                              \
+      T *dr = dx + r * m;                                                                   \
+      if (L > 0) softmax_backward_row_##SUF(y + r * m, g + r * m, dr, L);                   \
       if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(T));                            \
     }                                                                                       \
+  }
+
+DEFINE_MASKED_SOFTMAX(double, f64)
+DEFINE_MASKED_SOFTMAX(float, f32)
+
+/* ---- 16-bit rows: converted to a float32 scratch row, rounded back to nearest even ------
+ * so that a 16-bit softmax reads and writes 16-bit memory only (like torch.softmax) and
+ * reduces in float32. */
+static void bf16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+  _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {
+    uint32_t u = (uint32_t)src[j] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    dst[j] = f;
+  }
+}
+
+static void f32_to_bf16_row(const float *src, uint16_t *dst, int64_t L) {
+  _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {
+    uint32_t u;
+    memcpy(&u, &src[j], sizeof u);
+    /* integer tests: -ffast-math may assume that no float is NaN */
+    uint32_t is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    dst[j] = (uint16_t)(is_nan ? ((u >> 16) | 0x40u) : rounded);
+  }
+}
+
+#if defined(__F16C__) /* x86-64 with F16C: 8 conversions per instruction */
+#define ATTNSCORE_HAVE_F16 1
+static void f16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+  int64_t j = 0;
+  for (; j + 8 <= L; j += 8) {
+    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+  }
+  for (; j < L; ++j) dst[j] = _cvtsh_ss(src[j]);
+}
+
+static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
+  int64_t j = 0;
+  for (; j + 8 <= L; j += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128((__m128i *)(dst + j), h);
+  }
+  for (; j < L; ++j) dst[j] = _cvtss_sh(src[j], _MM_FROUND_TO_NEAREST_INT);
+}
+#elif defined(__FLT16_MANT_DIG__) /* elsewhere, the compiler's _Float16 */
+#define ATTNSCORE_HAVE_F16 1
+static void f16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+  for (int64_t j = 0; j < L; ++j) {
+    _Float16 h;
+    memcpy(&h, &src[j], sizeof h);
+    dst[j] = (float)h;
+  }
+}
+
+static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
+  for (int64_t j = 0; j < L; ++j) {
+    _Float16 h = (_Float16)src[j];
+    memcpy(&dst[j], &h, sizeof h);
+  }
+}
+#else
+#define ATTNSCORE_HAVE_F16 0
+#endif
+
+#define DEFINE_MASKED_SOFTMAX_16(SUF)                                                       \
+  void masked_softmax_##SUF(const uint16_t *x, const int64_t *lengths, uint16_t *y,         \
+                            int64_t r0, int64_t r1, int64_t m) {                            \
+    float *row = (float *)malloc((size_t)(m > 0 ? m : 1) * sizeof(float));                  \
+    for (int64_t r = r0; r < r1; ++r) {                                                     \
+      int64_t L = clamp_length(lengths[r], m);                                              \
+      uint16_t *yr = y + r * m;                                                             \
+      if (L > 0) {                                                                          \
+        SUF##_to_f32_row(x + r * m, row, L);                                                \
+        softmax_row_f32(row, row, L);                                                       \
+        f32_to_##SUF##_row(row, yr, L);                                                     \
+      }                                                                                     \
+      if (L < m) memset(yr + L, 0, (size_t)(m - L) * sizeof(uint16_t));                     \
+    }                                                                                       \
+    free(row);                                                                              \
   }                                                                                         \
-                                                                                            \
-  /* s[r, j] = sum_k w[k] tanh(qh[r, k] + kh[b, j, k]) for j < lengths[r], else 0;            \
+  void masked_softmax_backward_##SUF(const uint16_t *y, const uint16_t *g,                  \
+                                     const int64_t *lengths, uint16_t *dx, int64_t r0,      \
+                                     int64_t r1, int64_t m) {                               \
+    float *rows = (float *)malloc((size_t)(m > 0 ? 2 * m : 2) * sizeof(float));             \
+    float *yf = rows, *gf = rows + m;                                                       \
+    for (int64_t r = r0; r < r1; ++r) {                                                     \
+      int64_t L = clamp_length(lengths[r], m);                                              \
+      uint16_t *dr = dx + r * m;                                                            \
+      if (L > 0) {                                                                          \
+        SUF##_to_f32_row(y + r * m, yf, L);                                                 \
+        SUF##_to_f32_row(g + r * m, gf, L);                                                 \
+        softmax_backward_row_f32(yf, gf, gf, L);                                            \
+        f32_to_##SUF##_row(gf, dr, L);                                                      \
+      }                                                                                     \
+      if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(uint16_t));                     \
+    }                                                                                       \
+    free(rows);                                                                             \
+  }
+
+DEFINE_MASKED_SOFTMAX_16(bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_MASKED_SOFTMAX_16(f16)
+#endif
+
+/* ---- additive scores (float32 and float64; 16-bit inputs are converted by the caller) -- */
+#define DEFINE_ADDITIVE(T, SUF, TANH)                                                       \
+  /* s[r, j] = sum_k w[k] tanh(qh[r, k] + kh[b, j, k]) for j < lengths[r], else 0;           \
    * rows r index the flattened (B, n), b = r / n. */                                       \
-  void add_fwd_##SUF(const T *restrict qh, const T *restrict kh, const T *restrict w,      \
-                     const int64_t *restrict lengths, T *restrict s, int64_t r0, int64_t r1,   \
-                     int64_t n, int64_t m, int64_t h) {                                     \
+  void additive_scores_##SUF(const T *restrict qh, const T *restrict kh, const T *restrict w, \
+                             const int64_t *restrict lengths, T *restrict s, int64_t r0,    \
+                             int64_t r1, int64_t n, int64_t m, int64_t h) {                 \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       const T *restrict q = qh + r * h;                                                     \
       const T *restrict K = kh + (r / n) * m * h;                                           \
       T *restrict sr = s + r * m;                                                           \
-      int64_t L = lengths[r];                                                                  \
+      int64_t L = lengths[r];                                                               \
       if (L > m) L = m;                                                                     \
       if (L < 0) L = 0;                                                                     \
       for (int64_t j = 0; j < L; ++j) {                                                     \
@@ -85,13 +202,13 @@
     }                                                                                       \
   }                                                                                         \
                                                                                             \
-  /* Backward of add_fwd with tanh recomputed. dq rows [r0, r1) are owned by the caller's   \
-   * range; dk (B, m, h) and dw (h) are per-range buffers summed by the caller. All are     \
-   * accumulated into (pre-zeroed). */                                                      \
-  void add_bwd_##SUF(const T *restrict qh, const T *restrict kh, const T *restrict w,      \
-                     const int64_t *restrict lengths, const T *restrict g, T *restrict dq,     \
-                     T *restrict dk, T *restrict dw, int64_t r0, int64_t r1, int64_t n,     \
-                     int64_t m, int64_t h) {                                                \
+  /* Backward of additive_scores with tanh recomputed. dq rows [r0, r1) are owned by the    \
+   * caller's range; dk (B, m, h) and dw (h) are per-range buffers summed by the caller.    \
+   * All are accumulated into (pre-zeroed). */                                              \
+  void additive_scores_backward_##SUF(                                                      \
+      const T *restrict qh, const T *restrict kh, const T *restrict w,                      \
+      const int64_t *restrict lengths, const T *restrict g, T *restrict dq, T *restrict dk,  \
+      T *restrict dw, int64_t r0, int64_t r1, int64_t n, int64_t m, int64_t h) {            \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t b = r / n;                                                                    \
       const T *restrict q = qh + r * h;                                                     \
@@ -99,7 +216,7 @@
       T *restrict dK = dk + b * m * h;                                                      \
       T *restrict dqr = dq + r * h;                                                         \
       const T *restrict gr = g + r * m;                                                     \
-      int64_t L = lengths[r];                                                                  \
+      int64_t L = lengths[r];                                                               \
       if (L > m) L = m;                                                                     \
       for (int64_t j = 0; j < L; ++j) {                                                     \
         const T gj = gr[j];                                                                 \
@@ -116,10 +233,10 @@
     }                                                                                       \
   }
 
-DEFINE_KERNELS(float, f32, expf, tanhf)
-DEFINE_KERNELS(double, f64, exp, tanh)
+DEFINE_ADDITIVE(float, f32, tanhf)
+DEFINE_ADDITIVE(double, f64, tanh)
 
-/* Range t of `parts` is [cuts[t], cuts[t + 1]); one range per OpenMP thread. */
+/* ---- drivers: range t of `parts` is [cuts[t], cuts[t + 1]), one per OpenMP thread ------ */
 #define EACH_RANGE(CALL)                                                                    \
   _Pragma("omp parallel for num_threads((int)parts) schedule(static, 1)")                    \
   for (int64_t t = 0; t < parts; ++t) {                                                     \
@@ -127,31 +244,46 @@ DEFINE_KERNELS(double, f64, exp, tanh)
     CALL;                                                                                   \
   }
 
-#define DEFINE_DRIVERS(T, SUF)                                                              \
-  void ms_fwd_par_##SUF(const T *x, const int64_t *lengths, T *y, const int64_t *cuts,      \
-                        int64_t parts, int64_t m) {                                         \
-    EACH_RANGE(ms_fwd_##SUF(x, lengths, y, r0, r1, m))                                      \
+#define DEFINE_SOFTMAX_DRIVERS(ST, SUF)                                                     \
+  void masked_softmax_par_##SUF(const ST *x, const int64_t *lengths, ST *y,                 \
+                                const int64_t *cuts, int64_t parts, int64_t m) {            \
+    EACH_RANGE(masked_softmax_##SUF(x, lengths, y, r0, r1, m))                              \
   }                                                                                         \
-  void ms_bwd_par_##SUF(const T *y, const T *g, const int64_t *lengths, T *dx,              \
-                        const int64_t *cuts, int64_t parts, int64_t m) {                    \
-    EACH_RANGE(ms_bwd_##SUF(y, g, lengths, dx, r0, r1, m))                                  \
-  }                                                                                         \
-  void add_fwd_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths,      \
-                         T *s, const int64_t *cuts, int64_t parts, int64_t n, int64_t m,    \
-                         int64_t h) {                                                       \
-    EACH_RANGE(add_fwd_##SUF(qh, kh, w, lengths, s, r0, r1, n, m, h))                       \
+  void masked_softmax_backward_par_##SUF(const ST *y, const ST *g, const int64_t *lengths,  \
+                                         ST *dx, const int64_t *cuts, int64_t parts,        \
+                                         int64_t m) {                                       \
+    EACH_RANGE(masked_softmax_backward_##SUF(y, g, lengths, dx, r0, r1, m))                 \
+  }
+
+DEFINE_SOFTMAX_DRIVERS(double, f64)
+DEFINE_SOFTMAX_DRIVERS(float, f32)
+DEFINE_SOFTMAX_DRIVERS(uint16_t, bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_SOFTMAX_DRIVERS(uint16_t, f16)
+#endif
+
+#define DEFINE_ADDITIVE_DRIVERS(T, SUF)                                                     \
+  void additive_scores_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths, \
+                                 T *s, const int64_t *cuts, int64_t parts, int64_t n,       \
+                                 int64_t m, int64_t h) {                                    \
+    EACH_RANGE(additive_scores_##SUF(qh, kh, w, lengths, s, r0, r1, n, m, h))               \
   }                                                                                         \
   /* dk holds `parts` (B, m, h) accumulators and dw `parts` (h,) ones, range t owns the     \
    * t-th of each. */                                                                       \
-  void add_bwd_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths,      \
-                         const T *g, T *dq, T *dk, T *dw, const int64_t *cuts, int64_t parts, \
-                         int64_t n, int64_t m, int64_t h, int64_t batch) {                  \
-    EACH_RANGE(add_bwd_##SUF(qh, kh, w, lengths, g, dq, dk + t * batch * m * h, dw + t * h,  \
-                             r0, r1, n, m, h))                                              \
+  void additive_scores_backward_par_##SUF(const T *qh, const T *kh, const T *w,             \
+                                          const int64_t *lengths, const T *g, T *dq, T *dk, \
+                                          T *dw, const int64_t *cuts, int64_t parts,        \
+                                          int64_t n, int64_t m, int64_t h, int64_t batch) { \
+    EACH_RANGE(additive_scores_backward_##SUF(qh, kh, w, lengths, g, dq,                    \
+                                              dk + t * batch * m * h, dw + t * h, r0, r1,   \
+                                              n, m, h))                                     \
   }
 
-DEFINE_DRIVERS(float, f32)
-DEFINE_DRIVERS(double, f64)
+DEFINE_ADDITIVE_DRIVERS(float, f32)
+DEFINE_ADDITIVE_DRIVERS(double, f64)
+
+/* 1 when the float16 kernels exist (the compiler has _Float16). */
+int attnscore_have_f16(void) { return ATTNSCORE_HAVE_F16; }
 
 /* 1 when built with an OpenMP runtime (-fopenmp), 0 with -fopenmp-simd only. */
 int attnscore_openmp(void) {
@@ -179,4 +311,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 2; }
+int attnscore_kernels_abi(void) { return 3; }

@@ -1,0 +1,301 @@
+"""The bench's cells: the matrix of real use, the rows of issue 16's table, and the rows that
+check the kernels' other promises (memory, compiled code).
+
+The matrix: rows {masked_softmax, dot (B, n, d), heads (B, H, n, d), multihead, additive,
+general, cosine} x masks {none, lengths (B,), lengths (B, n), bool, causal, causal +
+lengths} (masked_softmax: lengths only) x dtypes {float32, bfloat16, float16} x steps {eval
+forward, forward + backward}. Every cell has two targets against the PyTorch call a user
+would write instead (:mod:`attnscore.bench._cases`): time <= 1.05x and peak memory <= 1.05x;
+some have stricter ones (:func:`targets`).
+
+Shapes: ``--device cpu`` full shapes take a few minutes on 2 cores; ``--quick`` runs the same
+cells at small shapes (no verdicts); ``--device cuda`` runs the same cells at larger shapes.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from . import _cases
+from ._core import Case, Shapes, Target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LENGTH_MASKS = ("lengths (B,)", "lengths (B, n)", "causal + lengths")
+
+SHAPES: dict[str, dict[str, Shapes]] = {
+    "cpu": {
+        "masked_softmax": {"B": 32, "n": 256, "m": 1024},
+        "dot": {"B": 16, "n": 512, "m": 512, "d": 64},
+        "heads": {"B": 8, "H": 8, "n": 256, "m": 256, "d": 64},
+        "multihead": {"B": 16, "n": 256, "E": 512, "H": 8},
+        "additive": {"B": 8, "n": 64, "m": 256, "h": 128, "d": 64},
+        "general": {"B": 16, "n": 256, "m": 256, "d": 64},
+        "cosine": {"B": 16, "n": 256, "m": 256, "d": 64},
+    },
+    "quick": {
+        "masked_softmax": {"B": 8, "n": 32, "m": 128},
+        "dot": {"B": 4, "n": 64, "m": 64, "d": 32},
+        "heads": {"B": 2, "H": 4, "n": 64, "m": 64, "d": 32},
+        "multihead": {"B": 4, "n": 32, "E": 64, "H": 4},
+        "additive": {"B": 2, "n": 16, "m": 64, "h": 32, "d": 16},
+        "general": {"B": 4, "n": 64, "m": 64, "d": 32},
+        "cosine": {"B": 4, "n": 64, "m": 64, "d": 32},
+    },
+    "cuda": {
+        "masked_softmax": {"B": 64, "n": 256, "m": 1024},
+        "dot": {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "heads": {"B": 16, "H": 16, "n": 1024, "m": 1024, "d": 64},
+        "multihead": {"B": 32, "n": 512, "E": 512, "H": 8},
+        "additive": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
+        "general": {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "cosine": {"B": 32, "n": 1024, "m": 1024, "d": 64},
+    },
+}
+
+BASELINE = {
+    "masked_softmax": "softmax",
+    "dot": "sdpa",
+    "heads": "sdpa",
+    "multihead": "torch_mha",
+    "additive": "plain",
+    "general": "plain",
+    "cosine": "plain",
+}
+"""Each row's PyTorch baseline (an implementation name in its Built)."""
+
+
+def targets(row: str, mask: str, dtype: str, backward: bool) -> list[Target]:
+    """A cell's targets (issue 16): <= 1.05x its baseline in time and peak memory, and
+
+    - masked_softmax with lengths: <= 1.0x ``torch.softmax`` (16-bit included); float32
+      forward with lengths (B,): <= 0.25x the textbook's;
+    - dot / heads with lengths (uniform in [1, m]): forward <= 0.8x, forward + backward
+      <= 0.9x SDPA with the mask;
+    - multihead with lengths: forward + backward <= 0.9x ``nn.MultiheadAttention``;
+    - additive forward + backward: <= 0.1x the plain formulation (>= 10x faster);
+    - general and cosine: <= 1.0x the plain formulation.
+    """
+    base = BASELINE[row]
+    bound = 1.05
+    if row == "masked_softmax" and mask != "none":
+        bound = 1.0
+    elif row in ("dot", "heads") and mask in LENGTH_MASKS:
+        bound = 0.9 if backward else 0.8
+    elif row == "multihead" and mask in LENGTH_MASKS and backward:
+        bound = 0.9
+    elif row == "additive" and backward:
+        bound = 0.1
+    elif row in ("general", "cosine"):
+        bound = 1.0
+    out = [Target("time", bound, base), Target("peak", 1.05, base)]
+    if row == "masked_softmax" and mask == "lengths (B,)" and dtype == "float32" and not backward:
+        out.append(Target("time", 0.25, "textbook"))
+    return out
+
+
+def matrix(device_type: str, quick: bool) -> list[Case]:
+    """The matrix's cells for a device type (``cpu`` or ``cuda``), at full or smoke shapes."""
+    shapes = SHAPES["quick" if quick else device_type]
+    cells = []
+    for row, s in shapes.items():
+        masks = _cases.SOFTMAX_MASKS if row == "masked_softmax" else _cases.MASKS
+        for mask in masks:
+            for dtype_name, dtype in DTYPES.items():
+                for backward in (False, True):
+                    build = partial(
+                        _cases.BUILDERS[row],
+                        s,
+                        mask,
+                        dtype=dtype,
+                        device=torch.device(device_type),
+                        backward=backward,
+                    )
+                    cells.append(
+                        Case(
+                            row,
+                            s,
+                            dtype_name,
+                            build,
+                            targets(row, mask, dtype_name, backward),
+                            backward=backward,
+                            mask=mask,
+                        )
+                    )
+    return cells
+
+
+# ---- rows outside the matrix -----------------------------------------------------------
+
+ISSUE_ROWS: list[tuple[str, str, Shapes, str, bool, list[Target]]] = [
+    # (row, mask, shapes, dtype, backward, targets): issue 16's table, at its shapes
+    (
+        "multihead",
+        "lengths (B,)",
+        {"B": 32, "n": 512, "E": 512, "H": 8},
+        "float32",
+        True,
+        [Target("time", 0.9, "torch_mha")],
+    ),
+    (
+        "heads",
+        "lengths (B,)",
+        {"B": 16, "H": 8, "n": 512, "m": 512, "d": 64},
+        "float32",
+        True,
+        [Target("time", 0.9, "sdpa")],
+    ),
+    (
+        "dot",
+        "none",
+        {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "float32",
+        False,
+        [Target("time", 1.05, "sdpa")],
+    ),
+    (
+        "dot",
+        "causal",
+        {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "float32",
+        False,
+        [Target("time", 1.05, "sdpa")],
+    ),
+    (
+        "dot",
+        "lengths (B,)",
+        {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "float32",
+        False,
+        [Target("time", 0.8, "sdpa")],
+    ),
+    (
+        "dot",
+        "lengths (B,)",
+        {"B": 32, "n": 1024, "m": 1024, "d": 64},
+        "float32",
+        True,
+        [Target("time", 0.9, "sdpa")],
+    ),
+    *(
+        (
+            "masked_softmax",
+            "lengths (B,)",
+            {"B": 64, "n": 256, "m": 1024},
+            dtype,
+            False,
+            [Target("time", 1.0, "softmax")],
+        )
+        for dtype in ("bfloat16", "float16")
+    ),
+    (
+        "masked_softmax",
+        "lengths (B,)",
+        {"B": 2, "n": 4, "m": 8},
+        "float32",
+        False,
+        [Target("us", 20.0), Target("time", 4.0, "softmax")],
+    ),
+]
+"""Issue 16's table, row by row, at its own shapes (float32 unless said; the tiny softmax
+call has its own targets: <= 20 us and <= 4x ``torch.softmax``)."""
+
+TINY: Shapes = {"B": 2, "n": 4, "m": 8, "d": 8, "H": 2, "E": 16, "h": 8}
+"""Tiny calls (per-call overhead) of every attention row, lengths (B,), forward."""
+
+DECODER: Shapes = {"B": 128, "m": 20, "h": 256}
+ADDITIVE_MEMORY: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
+ADDITIVE_COMPILED: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
+SOFTMAX_COMPILED: Shapes = {"B": 64, "n": 256, "m": 1024}
+
+
+def _tiny_shapes(row: str) -> Shapes:
+    keys = {
+        "dot": ("B", "n", "m", "d"),
+        "heads": ("B", "H", "n", "m", "d"),
+        "multihead": ("B", "n", "E", "H"),
+        "additive": ("B", "n", "m", "h", "d"),
+        "general": ("B", "n", "m", "d"),
+        "cosine": ("B", "n", "m", "d"),
+    }[row]
+    return {k: TINY[k] for k in keys}
+
+
+def extras(device_type: str, quick: bool) -> list[Case]:
+    """The rows outside the matrix: issue 16's table at its shapes, tiny calls, the decoder
+    step, and (CPU, full run) additive attention's peak RSS and the compiled rows."""
+    device = torch.device(device_type)
+    out: list[Case] = []
+    if not quick:
+        for row, mask, s, dtype, backward, tgts in ISSUE_ROWS:
+            build = partial(
+                _cases.BUILDERS[row], s, mask, dtype=DTYPES[dtype], device=device, backward=backward
+            )
+            out.append(Case(f"{row} (issue)", s, dtype, build, tgts, backward=backward, mask=mask))
+    for row in ("dot", "heads", "multihead", "additive", "general", "cosine"):
+        s = _tiny_shapes(row)
+        build = partial(
+            _cases.BUILDERS[row], s, "lengths (B,)", dtype=torch.float32, device=device,
+            backward=False,
+        )  # fmt: skip
+        out.append(
+            Case(
+                f"{row} (tiny)",
+                s,
+                "float32",
+                build,
+                [Target("time", 1.05, BASELINE[row])],
+                mask="lengths (B,)",
+            )
+        )
+    out.append(
+        Case(
+            "decoder_step",
+            DECODER,
+            "float32",
+            partial(_cases.decoder_step, DECODER, device=device),
+            [Target("time", 1 / 1.5, "textbook")],
+            mask="lengths (B,)",
+        )
+    )
+    if device_type == "cpu" and not quick:
+        out.append(
+            Case(
+                "additive_memory",
+                ADDITIVE_MEMORY,
+                "float32",
+                partial(_cases.additive_memory, ADDITIVE_MEMORY, device=device),
+                [Target("rss_mib", 1024.0)],
+                backward=True,
+                timed=False,
+                mask="lengths (B,)",
+            )
+        )
+        out.append(
+            Case(
+                "additive_compiled",
+                ADDITIVE_COMPILED,
+                "float32",
+                partial(_cases.compiled_additive, ADDITIVE_COMPILED, device=device),
+                [Target("time", 0.1, "textbook")],
+                backward=True,
+                mask="lengths (B,)",
+            )
+        )
+        out.append(
+            Case(
+                "masked_softmax_compiled",
+                SOFTMAX_COMPILED,
+                "float32",
+                partial(_cases.compiled_softmax, SOFTMAX_COMPILED, device=device),
+                [Target("time", 1.3, "eager")],
+                mask="lengths (B,)",
+            )
+        )
+    return out
+
+
+def cases(device_type: str, quick: bool) -> list[Case]:
+    """Every cell of a run: the matrix, then the extra rows."""
+    return matrix(device_type, quick) + extras(device_type, quick)

@@ -1,0 +1,94 @@
+"""Dot-product attention (softmax of scaled q·k, then the weighted sum of values): which
+kernel runs it.
+
+One rule on every device: **where there is nothing to skip, PyTorch's own kernel runs**.
+
+============================================ ==============================================
+mask                                         runs
+============================================ ==============================================
+none                                         ``scaled_dot_product_attention`` (SDPA)
+causal alone                                 SDPA with ``is_causal=True``
+a boolean ``attend_mask`` (with anything)    SDPA with the combined boolean mask
+key lengths, query lengths (with or without  the device's backend (``dot_product_attention``
+causal)                                      of the backend contract): on the CPU a
+                                             padding-free loop where skipping pays, else
+                                             SDPA with the mask; elsewhere SDPA + mask
+============================================ ==============================================
+
+SDPA always gets the 4-D layout (B, H, n, d) (3-D inputs get H = 1 as a view; more leading
+dimensions are flattened into H), the layout its fused kernels take. Under ``torch.compile``,
+tracing, fake tensors and ``torch.func`` transforms the lengths row runs SDPA + mask (no
+data-dependent Python), and with kernels disabled (``ATTNSCORE_DISABLE_KERNELS=1``,
+:func:`~attnscore.kernels.disabled`) every row runs SDPA with the boolean mask.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .._checks import in_transform
+from .._mask import AttentionMask
+from . import _plain, _sdpa
+from ._dispatch import backend_function, enabled
+
+__all__ = ["dot_product_attention"]
+
+
+def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> AttentionMask:
+    """The mask over (B, H) for inputs of batch shape ``batch`` reshaped by
+    :func:`~._sdpa.as_4d`."""
+    B = batch[0]
+
+    def lengths_4d(t: Tensor | None) -> Tensor | None:
+        if t is None:
+            return None
+        return t.unsqueeze(1) if len(batch) == 1 else t.reshape(B, heads, t.shape[-1])
+
+    query_lengths = mask.query_lengths
+    if query_lengths is not None:
+        query_lengths = query_lengths.reshape(B, -1)
+    attend = mask.attend
+    if attend is not None:
+        if len(batch) == 1 and attend.ndim == 3:  # (B, n, m) of 3-D inputs
+            attend = attend.unsqueeze(1)
+        elif len(batch) > 2:
+            attend = attend.expand(*batch, mask.n, mask.m).reshape(B, heads, mask.n, mask.m)
+    return AttentionMask(
+        n=mask.n,
+        m=mask.m,
+        lengths=lengths_4d(mask.lengths),
+        attend=attend,
+        key_lengths=lengths_4d(mask.key_lengths),
+        query_lengths=query_lengths,
+        causal=mask.causal,
+    )
+
+
+def dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+) -> Tensor:
+    """Dot-product attention of checked inputs q (..., n, d), k (..., m, d), v (..., m, dv)
+    with a checked ``mask`` (from :func:`attnscore.masking.build_mask`); -> (..., n, dv).
+
+    Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
+    that attend nothing) changes nothing, whatever it holds.
+    """
+    batch = q.shape[:-2]
+    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
+    if mask.unmasked:
+        out = _sdpa.unmasked(q4, k4, v4, scale=scale, dropout_p=dropout_p)
+    elif (
+        mask.causal
+        and mask.key_lengths is None
+        and mask.query_lengths is None
+        and (mask.attend is None)
+    ):
+        out = _sdpa.causal(q4, k4, v4, scale=scale, dropout_p=dropout_p)
+    else:
+        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
+        if mask.attend is not None or not enabled() or in_transform(q, k, v):
+            fn = _plain.dot_product_attention
+        else:
+            fn = backend_function(q.device.type, "dot_product_attention")
+        out = fn(q4, k4, v4, mask4, scale=scale, dropout_p=dropout_p)
+    return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out

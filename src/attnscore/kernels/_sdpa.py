@@ -1,0 +1,128 @@
+"""PyTorch's own attention kernel (``scaled_dot_product_attention``, SDPA) under the
+library's guarantees: the one place that calls it.
+
+Dot-product attention runs here whenever there is nothing to skip: no mask, causal
+masking alone (``is_causal``), boolean masks, and key lengths where skipping does not pay
+(:func:`masked`, also the plain backend's ``dot_product_attention``). What SDPA does not
+promise by itself, this module adds:
+
+- **Padding is inert.** Keys that no query may attend, their values, and queries that may
+  attend nothing are zeroed before the call, because SDPA reads them (a NaN there would
+  reach the output and the gradients).
+- **Rows with no key are zeros** with zero gradients, on every backend: where SDPA itself
+  does not give zeros for a fully masked row (:func:`empty_rows_are_zero`), such rows
+  attend key 0 inside the call and are zeroed after.
+
+Shapes: B batch, H heads (or any flattened leading dimensions), n queries, m keys, d
+query/key size, dv value size. Everything here takes the 4-D layout (B, H, n, d).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._checks import in_transform
+from .._mask import AttentionMask
+
+__all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmasked"]
+
+
+def compact(t: Tensor) -> Tensor:
+    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
+    tensor that broadcasts back to it. Lengths arrive expanded over heads and queries."""
+    index = tuple(
+        slice(0, 1) if stride == 0 and size > 1 else slice(None)
+        for size, stride in zip(t.shape, t.stride(), strict=True)
+    )
+    return t[index]
+
+
+def as_4d(t: Tensor) -> Tensor:
+    """(B, n, d) -> (B, 1, n, d); (B, H, n, d) as is; (B, ..., n, d) -> (B, prod(...), n, d)."""
+    if t.ndim == 3:
+        return t.unsqueeze(1)
+    if t.ndim == 4:
+        return t
+    return t.reshape(t.shape[0], -1, *t.shape[-2:])
+
+
+@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+def empty_rows_are_zero(device_type: str) -> bool:
+    """Whether SDPA on this device type returns zeros, with zero gradients, for a query whose
+    mask allows no key (torch 2.5+ on the CPU does; some GPU backends give NaN). Probed once
+    per device type with a tiny call (a constant for torch.compile)."""
+    return _probe_empty_rows(device_type)
+
+
+@functools.cache
+def _probe_empty_rows(device_type: str) -> bool:
+    if device_type != "cpu":
+        return False  # several GPU kernels may serve one call: never rely on it there
+    with torch.inference_mode(False), torch.enable_grad():
+        q = torch.ones(1, 1, 2, 2, requires_grad=True)
+        allowed = torch.tensor([[True, True], [False, False]])
+        out = F.scaled_dot_product_attention(q, q, q, attn_mask=allowed)
+        (grad,) = torch.autograd.grad(out.sum(), (q,))
+    return bool((out[0, 0, 1] == 0).all()) and bool(torch.isfinite(grad).all())
+
+
+def unmasked(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
+    """SDPA without a mask (4-D)."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+
+
+def causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
+    """SDPA with ``is_causal=True`` (top-left: query i attends keys j <= i). With fewer
+    queries than keys the last m - n keys are seen by no query: they are cut off, never
+    read (so whatever they hold cannot leak in) and never computed."""
+    n, m = q.shape[-2], k.shape[-2]
+    if n < m:
+        k, v = k[..., :n, :], v[..., :n, :]
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+
+
+def _allowed(mask: AttentionMask, m: int, device: torch.device) -> Tensor:
+    """Bool (B or 1, H or 1, n or 1, m): True = may attend, as small as broadcasting allows."""
+    allowed: Tensor | None = None
+    if mask.lengths is not None:
+        lengths = compact(mask.lengths)
+        allowed = torch.arange(m, device=device) < lengths.unsqueeze(-1)
+    if mask.attend is not None:
+        allowed = mask.attend if allowed is None else allowed & mask.attend
+    assert allowed is not None
+    while allowed.ndim < 4:
+        allowed = allowed.unsqueeze(0)
+    return allowed
+
+
+def masked(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+) -> Tensor:
+    """SDPA with the boolean form of ``mask`` (lengths and/or ``attend``), q (B, H, n, d).
+
+    Zeroes padded keys and values and idle queries first (only where there are some, when
+    the device can tell without a sync), and makes rows with no allowed key zeros.
+    """
+    m = k.shape[-2]
+    allowed = _allowed(mask, m, q.device)
+    # Whether some values may be looked at: not without a sync (CUDA), not while tracing.
+    cpu = q.device.type == "cpu" and not in_transform(q, k, v)
+    padded = ~allowed.any(dim=-2, keepdim=True).transpose(-1, -2)  # (., ., m, 1)
+    if not cpu or bool(padded.any()):
+        k = k.masked_fill(padded, 0.0)
+        v = v.masked_fill(padded, 0.0)
+    idle = ~allowed.any(dim=-1, keepdim=True)  # (., ., n, 1)
+    has_idle = not cpu or bool(idle.any())
+    if has_idle:
+        q = q.masked_fill(idle, 0.0)
+    fix_rows = has_idle and not empty_rows_are_zero(q.device.type)
+    if fix_rows:  # no fully masked row inside SDPA: such rows attend key 0, zeroed below
+        allowed = allowed | (idle & (torch.arange(m, device=q.device) == 0))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale
+    )
+    return out.masked_fill(idle, 0.0) if fix_rows else out

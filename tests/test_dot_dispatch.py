@@ -1,0 +1,275 @@
+"""Dot-product attention's dispatch (attnscore.kernels._attention): every mask kind, every
+layout and dtype, on each route (PyTorch's SDPA, SDPA with the boolean mask, the CPU's
+padding-free loop, the plain twin), against a float64 reference written here row by row.
+
+Also: which route runs for which mask (nothing to skip -> SDPA), garbage in padding, zero
+rows and their gradients, and gradcheck of the loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnscore import kernels as K
+from attnscore.kernels import _cpu, _sdpa
+from attnscore.masking import build_mask
+
+DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 4e-2, torch.float16: 6e-3}
+
+# (name, build_mask keyword arguments as a function of (batch shape, n, m, generator))
+MASKS = {
+    "none": lambda b, n, m, g: {},
+    "lengths (B,)": lambda b, n, m, g: {"valid_lens": _lengths((b[0],), m, g)},
+    "lengths (B, n)": lambda b, n, m, g: {"valid_lens": _lengths((b[0], n), m, g)},
+    "lengths per head": lambda b, n, m, g: {"valid_lens": _lengths((*b, n), m, g)},
+    "bool": lambda b, n, m, g: {"attend_mask": torch.rand(*b, n, m, generator=g) < 0.6},
+    "causal": lambda b, n, m, g: {"causal": True},
+    "causal + lengths": lambda b, n, m, g: {"causal": True, "valid_lens": _lengths((b[0],), m, g)},
+    "query lengths": lambda b, n, m, g: {"query_valid_lens": _lengths((b[0],), n, g)},
+    "all": lambda b, n, m, g: {
+        "valid_lens": _lengths((b[0],), m, g),
+        "query_valid_lens": _lengths((b[0],), n, g),
+        "causal": True,
+    },
+}
+ROUTES = ["auto", "loop", "masked", "plain"]
+
+
+def _lengths(shape, top, g):
+    lengths = torch.randint(0, top + 1, shape, generator=g)
+    lengths.view(-1)[0] = 0  # always an empty row
+    if lengths.numel() > 1:
+        lengths.view(-1)[1] = top
+    return lengths
+
+
+def reference(q, k, v, mask, scale):
+    """float64, one query row at a time, from the dense boolean mask."""
+    allowed = mask.dense()
+    *batch, n, _ = q.shape
+    m = k.shape[-2]
+    if allowed is None:
+        allowed = torch.ones(n, m, dtype=torch.bool)
+    allowed = allowed.expand(*batch, n, m).reshape(-1, n, m)
+    qf, kf, vf = (t.double().reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    out = torch.zeros(qf.shape[0], n, vf.shape[-1], dtype=torch.float64)
+    for r in range(qf.shape[0]):
+        for i in range(n):
+            keys = allowed[r, i].nonzero().flatten()
+            if len(keys):
+                w = torch.softmax((kf[r, keys] @ qf[r, i]) * scale, 0)
+                out[r, i] = w @ vf[r, keys]
+    return out.reshape(*batch, n, vf.shape[-1])
+
+
+def _inputs(batch, n, m, d=8, dv=8, dtype=torch.float64, seed=0, heads_inner=False):
+    g = torch.Generator().manual_seed(seed)
+    if heads_inner:  # (B, n, H, d) in memory, as multi-head attention's projections give
+        B, H = batch
+        q, k, v = (
+            torch.randn(B, s, H, c, generator=g).transpose(1, 2)
+            for s, c in ((n, d), (m, d), (m, dv))
+        )
+    else:
+        q, k, v = (torch.randn(*batch, s, c, generator=g) for s, c in ((n, d), (m, d), (m, dv)))
+    return q.to(dtype), k.to(dtype), v.to(dtype), g
+
+
+def run(route, q, k, v, mask, scale, monkeypatch):
+    if route == "loop":
+        monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting always pays
+    elif route == "masked":
+        monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
+    if route == "plain":
+        with K.disabled():
+            return K.dot_product_attention(q, k, v, mask, scale=scale)
+    return K.dot_product_attention(q, k, v, mask, scale=scale)
+
+
+LAYOUTS = {
+    "3-D": dict(batch=(3,)),
+    "4-D heads": dict(batch=(3, 2)),
+    "heads inner": dict(batch=(3, 2), heads_inner=True),
+    "5-D": dict(batch=(2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(5, 7), (7, 5)], ids=["n<m", "n>m"])
+def test_every_route_matches_the_reference(route, mask_kind, layout, shape, monkeypatch):
+    n, m = shape
+    spec = LAYOUTS[layout]
+    q, k, v, g = _inputs(spec["batch"], n, m, heads_inner=spec.get("heads_inner", False))
+    batch = q.shape[:-2]
+    kwargs = MASKS[mask_kind](tuple(batch), n, m, g)
+    if mask_kind == "lengths per head" and len(batch) == 1:
+        kwargs = MASKS["lengths (B, n)"](tuple(batch), n, m, g)
+    mask = build_mask(torch.Size(batch), n, m, q.device, **kwargs)
+    out = run(route, q, k, v, mask, 0.4, monkeypatch)
+    assert out.shape == (*batch, n, 8) and out.dtype == q.dtype
+    torch.testing.assert_close(out, reference(q, k, v, mask, 0.4), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(
+    "mask_kind", ["none", "lengths (B,)", "lengths (B, n)", "causal + lengths"]
+)
+def test_dtypes(dtype, route, mask_kind, monkeypatch):
+    q, k, v, g = _inputs((4, 2), 9, 11, dtype=dtype, seed=1)
+    mask = build_mask(q.shape[:-2], 9, 11, q.device, **MASKS[mask_kind]((4, 2), 9, 11, g))
+    out = run(route, q, k, v, mask, 1 / math.sqrt(8), monkeypatch)
+    assert out.dtype == dtype
+    expected = reference(q, k, v, mask, 1 / math.sqrt(8))
+    torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "bool", "all"])
+def test_garbage_in_padding_changes_nothing(route, mask_kind, monkeypatch):
+    """NaN / inf in keys and values no query may attend, and in queries that attend nothing:
+    same output as with clean padding, finite everywhere, zero gradients there."""
+    q, k, v, g = _inputs((3, 2), 6, 8, seed=2)
+    mask = build_mask(q.shape[:-2], 6, 8, q.device, **MASKS[mask_kind]((3, 2), 6, 8, g))
+    padded = mask.padded_keys().unsqueeze(-1)
+    idle = mask.idle_queries().unsqueeze(-1).expand_as(q)
+    dirty = [
+        torch.where(idle, float("nan"), q),
+        torch.where(padded, float("nan"), k),
+        torch.where(padded, float("inf"), v),
+    ]
+    qd, kd, vd = (t.clone().requires_grad_(True) for t in dirty)
+    out = run(route, qd, kd, vd, mask, 0.5, monkeypatch)
+    torch.testing.assert_close(out, reference(q, k, v, mask, 0.5), atol=1e-10, rtol=1e-10)
+    out.backward(torch.randn(out.shape, generator=g, dtype=out.dtype))
+    wheres = (idle, padded.expand_as(k), padded.expand_as(v))
+    for grad, where in zip((qd.grad, kd.grad, vd.grad), wheres, strict=True):
+        assert torch.isfinite(grad).all()
+        assert torch.all(grad[where] == 0)
+
+
+@pytest.mark.parametrize("value_size", [8, 6], ids=["dv=d", "dv!=d"])
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths", "all"])
+def test_gradients_match_the_reference(route, mask_kind, value_size, monkeypatch):
+    q, k, v, g = _inputs((3, 2), 5, 7, dv=value_size, seed=3, heads_inner=True)
+    mask = build_mask(q.shape[:-2], 5, 7, q.device, **MASKS[mask_kind]((3, 2), 5, 7, g))
+    grad_out = torch.randn(3, 2, 5, value_size, generator=g, dtype=torch.float64)
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    run(route, *ours, mask, 0.6, monkeypatch).backward(grad_out)
+    reference(*theirs, mask, 0.6).backward(grad_out)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dropout", [False, True], ids=["one node", "through SDPA"])
+@pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths"])
+def test_loop_gradcheck(mask_kind, dropout, monkeypatch):
+    """Both forms of the loop: one autograd node (no dropout) and SDPA's autograd (taken
+    with dropout; checked here with dv != d, which the flash op does not take either)."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    q, k, v, g = _inputs((2, 2), 3, 4, d=2, dv=3 if dropout else 2, seed=4)
+    mask = build_mask(q.shape[:-2], 3, 4, q.device, **MASKS[mask_kind]((2, 2), 3, 4, g))
+    args = [t.requires_grad_(True) for t in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: K.dot_product_attention(a, b, c, mask, scale=0.7), args
+    )
+
+
+def test_an_example_with_nothing_to_attend_still_gives_zero_gradients(monkeypatch):
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    q, k, v, _ = _inputs((2,), 3, 4)
+    mask = build_mask(torch.Size([2]), 3, 4, q.device, valid_lens=torch.tensor([0, 0]))
+    args = [t.requires_grad_(True) for t in (q, k, v)]
+    out = K.dot_product_attention(*args, mask, scale=1.0)
+    assert torch.all(out == 0)
+    grads = torch.autograd.grad(out.sum(), args)
+    assert all(torch.all(grad == 0) for grad in grads)
+
+
+# ---- which route runs -------------------------------------------------------------------
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Record the masks and flags of every scaled_dot_product_attention call."""
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        calls.append({"mask": attn_mask, "causal": is_causal, "q": q.shape, "k": k.shape})
+        return original(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    return calls
+
+
+def test_nothing_to_skip_is_one_sdpa_call(sdpa_calls):
+    q, k, v, _ = _inputs((4,), 16, 16)
+    full = torch.full((4,), 16)
+    for kwargs, causal in (({}, False), ({"causal": True}, True), ({"valid_lens": full}, False)):
+        sdpa_calls.clear()
+        mask = build_mask(torch.Size([4]), 16, 16, q.device, **kwargs)
+        K.dot_product_attention(q, k, v, mask, scale=0.3)
+        assert len(sdpa_calls) == 1, kwargs
+        assert sdpa_calls[0]["mask"] is None and sdpa_calls[0]["causal"] is causal
+        assert sdpa_calls[0]["q"] == (4, 1, 16, 8)  # the 4-D layout
+
+
+def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
+    q, k, v, _ = _inputs((2,), 3, 9)
+    k[:, 3:], v[:, 3:] = float("nan"), float("nan")
+    mask = build_mask(torch.Size([2]), 3, 9, q.device, causal=True)
+    out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+    assert torch.isfinite(out).all() and sdpa_calls[0]["k"][-2] == 3
+
+
+def test_lengths_run_one_call_per_example_on_cut_keys(monkeypatch):
+    """One flash call per example with all its heads, keys cut to its length; no mask
+    inside the cut for per-example lengths; the backward likewise."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    calls = []
+    forward, backward = _cpu._flash_ops()
+
+    def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
+        calls.append(("forward", tuple(k.shape), attn_mask))
+        return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
+        calls.append(("backward", tuple(k.shape), attn_mask))
+        return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
+    q, k, v, _ = _inputs((3, 4), 6, 10)
+    mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
+    q.requires_grad_(True)
+    K.dot_product_attention(q, k, v, mask, scale=0.3).sum().backward()
+    expected = [(1, 4, L, 8) for L in (2, 10, 7)]
+    assert [c[1] for c in calls if c[0] == "forward"] == expected
+    assert [c[1] for c in calls if c[0] == "backward"] == expected
+    assert all(c[2] is None for c in calls)
+
+
+def test_small_work_runs_one_masked_sdpa_call(sdpa_calls):
+    q, k, v, _ = _inputs((8,), 1, 20)
+    mask = build_mask(torch.Size([8]), 1, 20, q.device, valid_lens=torch.arange(1, 9))
+    K.dot_product_attention(q, k, v, mask, scale=0.3)
+    assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
+
+
+def test_empty_rows_probe_on_this_torch():
+    """The CPU loop relies on SDPA giving zero rows for fully masked queries (torch >= 2.5);
+    where it does not, every lengths call takes the masked route, which fixes rows itself."""
+    probe = _sdpa.empty_rows_are_zero("cpu")
+    assert isinstance(probe, bool)
+    assert _sdpa.empty_rows_are_zero("cuda") is False
