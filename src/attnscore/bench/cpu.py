@@ -16,6 +16,7 @@ import torch
 
 import attnscore
 
+from .._memory import peak_rss_mib
 from . import _cases
 from ._core import Built, Case, Shapes, Target, lengths, make_step
 
@@ -110,14 +111,7 @@ def child(case: str, quick: bool, impl: str) -> None:
     shapes = (QUICK if quick else FULL)[case]
     built = build(case, shapes)
     make_step(built.forwards[impl], built.grad_inputs.get(impl), case in BACKWARD)()
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would
-    # report the parent's peak; VmHWM belongs to this process image only.
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                print(int(line.split()[1]) / 1024)
-                return
-    print("nan")  # pragma: no cover - every Linux has VmHWM
+    print(peak_rss_mib())
 
 
 def env(**extra: str) -> dict[str, str]:
