@@ -1,41 +1,32 @@
-"""The ``attnscore`` command: one argparse tree over the library.
+"""``attnscore run``: attention on the user's own arrays, printed, saved or drawn.
 
-``attnscore demo | run | bench | g2p ...``: each subcommand is added by the module that
-owns it, through ``add_parser(subparsers)``, which sets ``handler(args) -> int`` as a
-default. :func:`main` parses, calls the handler, and turns every
-:class:`~attnscore._usage.UsageError` (from parsing or from running) into one line on
-stderr and exit code 2.
+:func:`add_parser` adds the command to the ``attnscore`` tree; its handler reads
+``--input`` (:mod:`._arrays`), builds the scorer from :mod:`attnscore.registry`, and writes
+``--output`` and ``--heatmap`` through :mod:`._files` (checked before any work, written
+atomically).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pickle
-import re
 import sys
-import zipfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._io import FIGURE_FORMATS, check_output, default_device, device_arg, save_figure, write_atomic
-from ._usage import ArgumentParser, UsageError, positive_int
+from ._arrays import ARRAY_FORMATS, load_arrays
+from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
+from ._usage import ArgumentParser, UsageError, default_device, device_arg, positive_int
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from torch import Tensor
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_parser"]
 
-ARRAY_FORMATS = (".npz", ".pt")
-_NAMES = "queries, keys, values (and optionally valid_lens)"
-_EXPECTED_NPZ = f"expected a zip of arrays named {_NAMES}, as numpy.savez writes"
-_EXPECTED_PT = f"expected a dict of tensors named {_NAMES}, as torch.save writes"
 _DEFAULT_NUM_HIDDENS = 8
 _SHOWN_EXAMPLES = 8
 
-_RUN_DESCRIPTION = """\
+_DESCRIPTION = """\
 Compute attention on your own arrays; print the output, or save it, or draw the weights.
 
 --input is a .npz (numpy.savez) or .pt (torch.save of a dict of tensors) holding:
@@ -51,32 +42,8 @@ B may be several batch dimensions. {same_size} need q == k.
 """
 
 
-def build_parser() -> ArgumentParser:
-    """The whole command tree: ``demo``, ``run``, ``bench`` and ``g2p`` with their own
-    subcommands. Every parser in it raises :class:`~attnscore._usage.UsageError`.
-
-    >>> args = build_parser().parse_args(["run", "--input", "in.npz"])
-    >>> args.scoring, args.handler.__name__
-    ('scaled_dot', '_run')
-    """
-    from . import demo
-
-    parser = ArgumentParser(
-        prog="attnscore",
-        description="Attention scoring functions and attention pooling (D2L section "
-        "'Attention Scoring Functions').",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo.add_parser(sub)
-    add_run_parser(sub)
-    # bench and g2p own their subcommands; each module adds its own parser.
-    for module in ("attnscore.bench", "attnscore.g2p.cli"):
-        importlib.import_module(module).add_parser(sub)
-    return parser
-
-
 def _scoring_help() -> str:
-    from .registry import SCORERS, scorer_names
+    from ..registry import SCORERS, scorer_names
 
     lines = []
     for name in scorer_names():
@@ -88,20 +55,26 @@ def _scoring_help() -> str:
     return "scoring function (default: %(default)s); " + "; ".join(lines)
 
 
-def add_run_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
-    """Add ``attnscore run`` to ``subparsers`` and return its parser.
+def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
+    """Add ``attnscore run`` to ``subparsers``; its handler is set as the ``handler`` default.
+
+    Args:
+        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns:
+        The ``run`` parser.
 
     >>> parser = ArgumentParser(prog="attnscore")
-    >>> run = add_run_parser(parser.add_subparsers())
+    >>> run = add_parser(parser.add_subparsers())
     >>> parser.parse_args(["run", "--input", "in.pt", "--scoring", "additive"]).scoring
     'additive'
     """
-    from .registry import SCORERS, scorer_names
+    from ..registry import SCORERS, scorer_names
 
     run = subparsers.add_parser(
         "run",
         help="compute attention on your own arrays",
-        description=_RUN_DESCRIPTION.format(
+        description=_DESCRIPTION.format(
             same_size=", ".join(n for n in scorer_names() if SCORERS[n].same_feature_size)
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -158,91 +131,9 @@ def _warn(message: str) -> None:
     print(f"attnscore: warning: {message}", file=sys.stderr)
 
 
-def _load_npz(path: Path) -> dict[str, object]:
-    import numpy as np
-    import torch
-
-    if not zipfile.is_zipfile(path):
-        raise UsageError(f"--input: cannot read {path}: it is not an .npz archive; {_EXPECTED_NPZ}")
-    arrays: dict[str, object] = {}
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            for name in data.files:
-                try:
-                    arrays[name] = torch.from_numpy(data[name])
-                except ValueError as err:
-                    if "allow_pickle" not in str(err):
-                        raise
-                    arrays[name] = data[name].dtype  # object arrays: reported below
-                except TypeError:  # dtypes torch lacks (strings, complex256, ...)
-                    arrays[name] = data[name].dtype
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
-        raise UsageError(
-            f"--input: cannot read {path}: a damaged .npz archive; {_EXPECTED_NPZ}"
-        ) from None
-    return arrays
-
-
-def _load_pt(path: Path) -> dict[str, object]:
-    import torch
-
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if found is None:  # not a pickle torch can read: corrupt or another format
-            raise UsageError(
-                f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
-            ) from None
-        raise UsageError(
-            f"--input: {path} holds objects other than tensors ({found.group(1)}), which are "
-            f"never unpickled; {_EXPECTED_PT}"
-        ) from None
-    except Exception:  # torch.load raises many types (KeyError, RuntimeError, EOFError...)
-        raise UsageError(
-            f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
-        ) from None
-    if not isinstance(loaded, dict):
-        raise UsageError(
-            f"--input: expected {path} to hold a dict of tensors named {_NAMES}, but it holds "
-            f"a {type(loaded).__name__}"
-        )
-    return {str(name): value for name, value in loaded.items()}
-
-
-def _load_arrays(path: Path) -> dict[str, Tensor]:
-    """The named tensors in ``path`` (.npz or .pt), or a UsageError naming --input."""
-    import torch
-
-    if not path.exists():
-        raise UsageError(f"--input: no such file: {path}")
-    if not path.is_file():
-        raise UsageError(f"--input: {path} is a folder; expected a .npz or .pt file")
-    suffix = path.suffix.lower()
-    if suffix not in ARRAY_FORMATS:
-        raise UsageError(f"--input: expected a .npz or .pt file, but got {path.name}")
-    arrays = _load_npz(path) if suffix == ".npz" else _load_pt(path)
-    missing = [name for name in ("queries", "keys", "values") if name not in arrays]
-    if missing:
-        raise UsageError(
-            f"--input: {path} lacks array(s) {missing}; it has {sorted(arrays)}, but expected "
-            f"arrays named {_NAMES}"
-        )
-    tensors: dict[str, Tensor] = {}
-    for name in ("queries", "keys", "values", "valid_lens"):
-        if name not in arrays:
-            continue
-        value = arrays[name]
-        if not isinstance(value, torch.Tensor):
-            got = f"dtype {value}" if suffix == ".npz" else type(value).__name__
-            raise UsageError(f"--input: expected `{name}` in {path} to be numeric, but got {got}")
-        tensors[name] = value
-    return tensors
-
-
 def _has_hidden_layer(name: str) -> bool:
     """Whether the registered scorer ``name`` has parameters that grow with num_hiddens."""
-    from .registry import make_scorer
+    from ..registry import make_scorer
 
     def count(h: int) -> int:
         module = make_scorer(name, 3, 3, num_hiddens=h)
@@ -253,7 +144,7 @@ def _has_hidden_layer(name: str) -> bool:
 
 def _check_scoring(args: argparse.Namespace) -> str:
     """The registry name to run, after the deprecated spelling and the --num-hiddens check."""
-    from .registry import scorer_names
+    from ..registry import scorer_names
 
     name: str = args.scoring
     if name == "dot":
@@ -284,7 +175,7 @@ def _heatmap(weights: Tensor) -> Figure:
     """The figure of the first examples' weights, one titled heatmap per example."""
     import numpy as np
 
-    from .plotting import show_heatmaps
+    from ..plotting import show_heatmaps
 
     batch_shape = tuple(weights.shape[:-2])
     flat = weights.reshape(-1, *weights.shape[-2:])
@@ -304,11 +195,40 @@ def _heatmap(weights: Tensor) -> Figure:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
+def _warn_nonfinite(output: Tensor, weights: Tensor, arrays: dict[str, Tensor]) -> None:
+    """One warning line when the results hold NaN or inf, naming the inputs that do."""
+    held = [
+        f"{label} {verb} {text}"
+        for label, verb, t in (("output", "holds", output), ("weights", "hold", weights))
+        if (text := _nonfinite(t))
+    ]
+    if held:
+        sources = [label for label in ("queries", "keys", "values") if _nonfinite(arrays[label])]
+        hint = f"; --input's {', '.join(sources)} hold NaN or inf" if sources else ""
+        _warn(", ".join(held) + hint)
+
+
+def _write_output(path: Path, output: Tensor, weights: Tensor) -> None:
+    """``--output``: output and weights as .pt (tensors) or .npz (arrays), atomically."""
     import numpy as np
     import torch
 
-    from .registry import make_scorer
+    if path.suffix.lower() == ".pt":
+        saved = {"output": output.contiguous(), "weights": weights.contiguous()}
+        write_atomic(path, lambda f: torch.save(saved, f), "--output")
+        return
+    # numpy has no bfloat16: widen it to float32
+    out_np, w_np = (
+        (t.float() if t.dtype == torch.bfloat16 else t).numpy() for t in (output, weights)
+    )
+    write_atomic(path, lambda f: np.savez(f, output=out_np, weights=w_np), "--output")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The handler of ``attnscore run``: 0, or a UsageError for bad input."""
+    import torch
+
+    from ..registry import make_scorer
 
     if args.output is not None:
         check_output(args.output, "--output", ARRAY_FORMATS)
@@ -316,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
         check_output(args.heatmap, "--heatmap", FIGURE_FORMATS)
     name = _check_scoring(args)
     device = torch.device(args.device or default_device())
-    arrays = _load_arrays(args.input)
+    arrays = load_arrays(args.input)
     queries, keys, values = arrays["queries"], arrays["keys"], arrays["values"]
     valid_lens = arrays.get("valid_lens")
     for label, t, shape in (("queries", queries, "(B, n, q)"), ("keys", keys, "(B, m, k)")):
@@ -347,15 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     weights = attention.attention_weights
     assert weights is not None
     output, weights = output.cpu(), weights.cpu()
-    held = [
-        f"{label} {verb} {text}"
-        for label, verb, t in (("output", "holds", output), ("weights", "hold", weights))
-        if (text := _nonfinite(t))
-    ]
-    if held:
-        sources = [label for label in ("queries", "keys", "values") if _nonfinite(arrays[label])]
-        hint = f"; --input's {', '.join(sources)} hold NaN or inf" if sources else ""
-        _warn(", ".join(held) + hint)
+    _warn_nonfinite(output, weights, arrays)
     fig = None
     if args.heatmap is not None:  # drawn before anything is written, as it may fail
         if weights.numel() == 0:
@@ -367,50 +279,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.output is None and args.heatmap is None:
         print(output)
     if args.output is not None:
-        if args.output.suffix.lower() == ".pt":
-            saved = {"output": output.contiguous(), "weights": weights.contiguous()}
-            write_atomic(args.output, lambda f: torch.save(saved, f), "--output")
-        else:
-            # numpy has no bfloat16: widen it to float32
-            out_np, w_np = (
-                (t.float() if t.dtype == torch.bfloat16 else t).numpy() for t in (output, weights)
-            )
-            write_atomic(
-                args.output, lambda f: np.savez(f, output=out_np, weights=w_np), "--output"
-            )
+        _write_output(args.output, output, weights)
         print(f"wrote {args.output}")
     if fig is not None:
         save_figure(fig, args.heatmap, "--heatmap")
         print(f"wrote {args.heatmap}")
     return 0
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``attnscore`` command; returns the exit code.
-
-    Bad input anywhere (options, missing or corrupt files, wrong arrays, bad shapes) gives
-    one line on stderr, ``attnscore: error: ...``, and exit code 2, and leaves no output
-    file behind.
-
-    >>> main(["run", "--input", "no-such-file.npz"])
-    2
-    """
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.handler(args))
-    except UsageError as err:
-        print(f"attnscore: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except SystemExit as done:  # --help, or a handler that exits
-        if done.code is None or isinstance(done.code, int):
-            return done.code or 0
-        print(done.code, file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
