@@ -87,8 +87,14 @@ def train_config(
 def cmd_train(args: argparse.Namespace) -> int:
     """``g2p train``: train one model; prints its summary line.
 
+    Args:
+        args: the ``train`` options.
+
     Returns:
         0, or 130 when interrupted (the last checkpoint is kept).
+
+    Raises:
+        UsageError: as :func:`train_config`.
     """
     cfg = train_config(args)
     try:
@@ -109,7 +115,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search)."""
+    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search).
+
+    Args:
+        args: the ``eval`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: a ``--json`` path that cannot be written.
+    """
     if args.json is not None:
         check_output(Path(args.json), "--json", (".json",))
     torch.set_num_threads(args.threads)
@@ -161,6 +177,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     The figure has one panel per word. Without ``--heatmap`` nothing is written. The output
     path is checked before anything is printed.
+
+    Args:
+        args: the ``predict`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: a ``--heatmap`` path that cannot be written, or a word the model cannot
+            spell (:func:`check_words`).
     """
     if args.heatmap is not None:
         check_output(Path(args.heatmap), "--heatmap", FIGURE_FORMATS)
@@ -185,7 +211,17 @@ def _write_text(path: Path, text: str, option: str) -> None:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by scorer)."""
+    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by scorer).
+
+    Args:
+        args: the ``table`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: an ``--out`` path that cannot be written.
+    """
     if args.out is not None:
         check_output(Path(args.out), "--out", (".md",))
     torch.set_num_threads(args.threads)
@@ -198,7 +234,19 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``g2p compare``: every scorer x every seed with one budget, then table and figures."""
+    """``g2p compare``: every scorer x every seed with one budget, then table and figures.
+
+    Runs already finished in ``--out`` are reused.
+
+    Args:
+        args: the ``compare`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: as :func:`train_config`, or an ``--out`` whose folder does not exist.
+    """
     base = train_config(args, scoring=args.scorings[0], seed=args.seeds[0])
     out = Path(args.out)
     if not out.parent.is_dir():

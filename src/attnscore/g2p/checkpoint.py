@@ -70,7 +70,13 @@ class Checkpoint:
     averaged: dict[str, torch.Tensor] | None = None
 
     def to_payload(self) -> dict[str, Any]:
-        """The plain-data dict written to the file (what ``weights_only`` loading accepts)."""
+        """The plain-data dict written to the file.
+
+        Returns:
+            ``format``, ``model``, ``optimizer``, ``train_config``, ``letters``, ``phones``,
+            ``state``, ``rng`` and, when there is one, ``averaged``: tensors, numbers,
+            strings, lists and dicts only (what ``weights_only`` loading accepts).
+        """
         payload: dict[str, Any] = {
             "format": FORMAT,
             "model": self.model,
@@ -88,6 +94,12 @@ class Checkpoint:
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Checkpoint:
         """Inverse of :meth:`to_payload` (for a payload that :func:`load_checkpoint` checked).
+
+        Args:
+            payload: what :meth:`to_payload` gave (format 2 read too).
+
+        Returns:
+            The checkpoint.
 
         Raises:
             ValueError: vocabularies that do not start with the special tokens.

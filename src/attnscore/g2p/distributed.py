@@ -18,7 +18,12 @@ import torch.multiprocessing
 
 
 def distributed_env() -> tuple[int, int]:
-    """``(rank, world_size)`` from torchrun's environment variables (``(0, 1)`` without)."""
+    """This process's place among torchrun's processes.
+
+    Returns:
+        ``(rank, world_size)`` from torchrun's ``RANK`` and ``WORLD_SIZE`` (``(0, 1)``
+        without them).
+    """
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -45,7 +50,15 @@ def process_group(rank: int, world_size: int, init_method: str | None = None) ->
 
 
 def broadcast_from_main(value: int, world_size: int) -> int:
-    """Rank 0's ``value`` on every process (``value`` itself in a single process)."""
+    """Rank 0's ``value`` on every process.
+
+    Args:
+        value: this process's value.
+        world_size: the number of processes (1: no process group needed).
+
+    Returns:
+        Rank 0's value (``value`` itself in a single process).
+    """
     if world_size <= 1:
         return value
     t = torch.tensor([value], dtype=torch.int64)
@@ -54,7 +67,11 @@ def broadcast_from_main(value: int, world_size: int) -> int:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (for the gloo rendezvous)."""
+    """A TCP port for the gloo rendezvous.
+
+    Returns:
+        A port on 127.0.0.1 that is free now.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

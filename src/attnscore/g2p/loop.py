@@ -159,6 +159,9 @@ class Trainer:
 
         The main process records a :class:`~attnscore.g2p.state.Validation`, saves
         ``best.pt`` on a new lowest WER and reports on ``progress``.
+
+        Args:
+            progress: where the validation line goes.
         """
         state = self.state
         state.last_eval = state.step
@@ -184,7 +187,11 @@ class Trainer:
         progress.write(f"step {state.step}: train loss {loss:.4f}, valid {res.line('greedy')}")
 
     def save(self, path: Path) -> None:
-        """Write the run's checkpoint to ``path`` (main process only)."""
+        """Write the run's checkpoint (main process only).
+
+        Args:
+            path: the checkpoint file (``last.pt`` or ``best.pt`` of the run folder).
+        """
         if not self.is_main:
             return
         save_checkpoint(

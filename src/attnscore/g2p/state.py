@@ -29,6 +29,12 @@ class Validation:
     def from_dict(cls, d: dict[str, Any]) -> Validation:
         """Inverse of ``dataclasses.asdict``; unknown keys are ignored.
 
+        Args:
+            d: the fields by name.
+
+        Returns:
+            The record.
+
         >>> Validation.from_dict({"step": 5, "elapsed": 1.0, "train_loss": 2.0,
         ...                       "valid_per": 0.1, "valid_wer": 0.3}).step
         5
@@ -66,12 +72,22 @@ class TrainState:
     history: list[Validation] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of numbers and lists (checkpoint- and JSON-safe)."""
+        """The fields by name, ``history`` as a list of dicts.
+
+        Returns:
+            A plain dict of numbers and lists (checkpoint- and JSON-safe).
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainState:
         """Inverse of :meth:`to_dict`; unknown keys are ignored.
+
+        Args:
+            d: the fields by name (``history`` as a list of dicts).
+
+        Returns:
+            The state.
 
         >>> TrainState.from_dict(TrainState(step=3).to_dict()).step
         3

@@ -19,7 +19,15 @@ from .model import G2PModel
 
 
 def build_model(cfg: TrainConfig, data: Data) -> G2PModel:
-    """The model of ``cfg.model`` for the vocabularies of ``data`` (on the CPU)."""
+    """The model of a run, freshly initialised.
+
+    Args:
+        cfg: the run's configuration (its ``model``).
+        data: the run's data (its vocabulary sizes).
+
+    Returns:
+        The model of ``cfg.model`` for the vocabularies of ``data``, on the CPU.
+    """
     return G2PModel(cfg.model, len(data.letters), len(data.phones))
 
 

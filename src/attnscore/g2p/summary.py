@@ -40,6 +40,12 @@ class Budget:
     def from_dict(cls, d: dict[str, Any]) -> Budget:
         """Inverse of ``dataclasses.asdict``; unknown keys are ignored.
 
+        Args:
+            d: the fields by name.
+
+        Returns:
+            The record.
+
         >>> Budget.from_dict({"steps": 300, "time_budget_min": None}).steps
         300
         """
@@ -84,12 +90,22 @@ class RunSummary:
     config: TrainConfig
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-safe): the fields by name, the nested ones as dicts."""
+        """The fields by name, the nested ones as dicts.
+
+        Returns:
+            A plain, JSON-safe dict (the content of ``summary.json``).
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSummary:
         """Inverse of :meth:`to_dict`; unknown keys are ignored.
+
+        Args:
+            d: what :meth:`to_dict` gave (as read from ``summary.json``).
+
+        Returns:
+            The summary.
 
         Raises:
             KeyError: a field is missing.
