@@ -3,16 +3,11 @@ smoke run gives no verdicts, the full run fails on a miss, bad options exit 2.""
 
 from __future__ import annotations
 
-import json
-import runpy
-import sys
-
 import numpy as np
 import pytest
 import torch
 
 from attnscore import bench
-from attnscore._usage import ArgumentParser, UsageError
 from attnscore.bench import _cases, _core, cpu, cuda
 from reference import broadcast_lengths, np_attention, np_dot_scores, np_masked_softmax
 
@@ -114,89 +109,10 @@ def test_textbook_skipped_when_it_would_not_fit(monkeypatch):
     assert "textbook not run" in built.notes[0]
 
 
-def test_quick_run_is_a_smoke_run(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    argv = ["--quick", "--threads", "1", "--cases", "masked_softmax", "additive_memory"]
-    assert bench.main([*argv, "--json", str(out)]) == 0
-    table = capsys.readouterr().out
-    assert "Smoke run" in table and "no target verdicts" in table
-    assert "| masked_softmax |" in table and "| additive_memory |" in table
-    assert "| met |" not in table and "| NO |" not in table and "| yes |" not in table
-    result = json.loads(out.read_text())
-    rows = {row["case"]: row for row in result["rows"]}
-    assert set(rows["masked_softmax"]["median_s"]) == {"attnscore", "softmax", "textbook"}
-    assert [c["vs"] for c in rows["masked_softmax"]["targets"]] == ["softmax", "textbook"]
-    assert all(c["met"] is None for row in result["rows"] for c in row["targets"])
-    assert rows["additive_memory"]["peak_rss_mib"]["attnscore"] > 0
-    assert result["torch"] == torch.__version__
-
-
-@pytest.mark.parametrize(("bound", "code", "verdict"), [(1e-9, 1, "| NO |"), (1e9, 0, "| yes |")])
-def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
-    monkeypatch.setitem(cpu.FULL, "masked_softmax", cpu.QUICK["masked_softmax"])
-    monkeypatch.setitem(cpu.TARGETS, "masked_softmax", [_core.Target("time", bound, "softmax")])
-    monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.01)
-    assert bench.main(["--cases", "masked_softmax", "--no-memory", "--threads", "1"]) == code
-    out, err = capsys.readouterr()
-    assert "Smoke run" not in out and "| met |" in out and verdict in out
-    assert ("target(s) missed" in err) == (code == 1)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--device", "cuda"], "no GPU"),
-        (["--device", "tpu"], "--device"),
-        (["--threads", "0"], "--threads"),
-        (["--cases", "nope"], "--cases"),
-        (["--json", "out.txt"], "--json"),
-    ],
-)
-def test_bad_options_exit_2_with_one_line(argv, message, capsys, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(bench, "run", _no_run) if argv[0] == "--json" else None
-    assert bench.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1 and message in err
-    assert not list(tmp_path.iterdir())
-
-
-def _no_run(**kwargs):
-    raise AssertionError("bench ran although its options were bad")
-
-
-def test_add_parser_joins_the_command_tree():
-    parser = ArgumentParser(prog="attnscore")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", "--quick", "--cases", "masked_softmax"])
-    assert args.handler is bench.handle and args.quick and args.device == "cpu"
-    with pytest.raises(UsageError, match="--threads"):
-        parser.parse_args(["bench", "--threads", "x"])
-
-
 def test_cuda_case_names():
     names = bench.case_names("cuda")
     assert names[:2] == ["masked_softmax", "dot_fwd"] and "multihead_fwd_bwd" in names
     assert bench.case_names("cpu") == list(cpu.FULL)
-
-
-def _vmhwm_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-
-
-def test_child_prints_its_peak_rss(capsys):
-    """``--child CASE IMPL``: what each peak-RSS subprocess runs, here in this process."""
-    old = torch.get_num_threads()
-    try:
-        assert (
-            bench.main(["--child", "masked_softmax", "attnscore", "--quick", "--threads", "1"]) == 0
-        )
-    finally:
-        torch.set_num_threads(old)
-    peak = float(capsys.readouterr().out)
-    assert 0 < peak <= _vmhwm_mib()
 
 
 @pytest.mark.parametrize(
@@ -302,13 +218,8 @@ def test_render_cuda_result_and_times():
     assert [_core._ms(t) for t in (None, 0.0015, 0.25)] == ["-", "1.500", "250.0"]
 
 
-def test_python_dash_m_bench_in_process(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["attnscore.bench", "--threads", "0"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_module("attnscore.bench", run_name="__main__")
-    assert done.value.code == 2
-    out, err = capsys.readouterr()
-    assert (
-        out == ""
-        and err == "attnscore bench: error: --threads: expected a positive integer, but got '0'\n"
-    )
+def test_run_refuses_unknown_cases():
+    with pytest.raises(
+        ValueError, match=r"Expected `cases` among \[.*\] for cpu, but got \['nope'\]"
+    ):
+        bench.run(cases=["nope"], memory=False, threads=1)

@@ -16,7 +16,7 @@ PUBLIC_MODULES = [
     "attnscore.registry",
     "attnscore.modules",
     "attnscore.plotting",
-    "attnscore.demo",
+    "attnscore.cli.demo",
     "attnscore.cli",
 ]
 

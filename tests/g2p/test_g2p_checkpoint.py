@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnscore._usage import UsageError
+from attnscore.cli.g2p import main
 from attnscore.g2p.checkpoint import (
+    FORMAT,
+    Checkpoint,
+    CheckpointError,
     load_checkpoint,
     load_model,
     resolve_checkpoint,
     save_checkpoint,
 )
-from attnscore.g2p.cli import main
 from attnscore.g2p.config import ModelConfig, TrainConfig
 from attnscore.g2p.data import Vocab
 from attnscore.g2p.model import G2PModel
@@ -128,33 +130,47 @@ def test_files_that_are_not_checkpoints(
     if kind == "old-format":
         assert "but got format 'attnscore.g2p/1'" in err
     if kind == "incomplete":
-        assert "it lacks ['model_config', 'train_config', 'letters', 'phones', 'state']" in err
+        assert "it lacks ['optimizer', 'train_config', 'letters', 'phones', 'state', 'rng']" in err
 
 
-def _save(path: Path, hidden: int = 4) -> None:
+def _checkpoint(hidden: int = 4) -> Checkpoint:
     """An untrained checkpoint of a tiny model (letters a, b; phonemes AE, B)."""
     cfg = TrainConfig(model=ModelConfig(emb=4, enc_hidden=hidden, dec_hidden=hidden))
     letters, phones = Vocab("ab"), Vocab(["AE", "B"])
     model = G2PModel(cfg.model, len(letters), len(phones))
-    save_checkpoint(
-        path,
-        model=model,
-        optimizer=torch.optim.Adam(model.parameters()),
-        cfg=cfg,
+    return Checkpoint(
+        config=cfg,
         letters=letters,
         phones=phones,
         state=TrainState(),
+        model=model.state_dict(),
+        optimizer=torch.optim.Adam(model.parameters()).state_dict(),
         rng=torch.get_rng_state(),
     )
 
 
+def _save(path: Path, hidden: int = 4) -> None:
+    save_checkpoint(path, _checkpoint(hidden))
+
+
 def test_load_checkpoint_of_a_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"expected a checkpoint file, but got '.*nothing\.pt'"):
+    with pytest.raises(
+        CheckpointError, match=r"expected a checkpoint file, but got '.*nothing\.pt'"
+    ):
         load_checkpoint(tmp_path / "nothing.pt")
 
 
+def test_checkpoint_errors_are_value_errors_not_usage_errors() -> None:
+    from attnscore.cli._usage import UsageError
+
+    assert issubclass(CheckpointError, ValueError)
+    assert not issubclass(CheckpointError, UsageError)
+
+
 def test_run_folder_evaluates_with_best_then_last(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"expected best\.pt or last\.pt in '.*', but got neither"):
+    with pytest.raises(
+        CheckpointError, match=r"expected best\.pt or last\.pt in '.*', but got neither"
+    ):
         resolve_checkpoint(tmp_path)
     _save(tmp_path / "last.pt")
     assert resolve_checkpoint(tmp_path) == tmp_path / "last.pt"
@@ -172,7 +188,44 @@ def test_weights_that_do_not_fit_the_stored_config_are_refused(
     path = tmp_path / "x.pt"
     _save(path, hidden=4)
     ckpt = torch.load(path, weights_only=True)
-    ckpt["model_config"]["enc_hidden"] = 6  # as if edited by hand
+    ckpt["train_config"]["model"]["enc_hidden"] = 6  # as if edited by hand
     torch.save(ckpt, path)
     assert main(["predict", str(path), "ab"]) == 2
     assert _one_line(capsys).endswith(f"{path}: expected weights that fit its model config")
+
+
+def test_the_model_config_is_stored_once(tmp_path: Path) -> None:
+    path = tmp_path / "x.pt"
+    _save(path, hidden=6)
+    payload = torch.load(path, weights_only=True)
+    assert payload["format"] == FORMAT == "attnscore.g2p/3"
+    assert "model_config" not in payload and payload["train_config"]["model"]["enc_hidden"] == 6
+    ckpt = load_checkpoint(path)
+    assert ckpt.config.model.enc_hidden == 6 and ckpt.averaged is None
+    assert ckpt.letters.itos == _checkpoint().letters.itos
+
+
+def test_a_format_2_checkpoint_still_loads(tmp_path: Path) -> None:
+    """Version 2 files (written before the model config was stored once) keep loading."""
+    path = tmp_path / "old.pt"
+    ckpt = _checkpoint(hidden=5)
+    payload = ckpt.to_payload()
+    payload["format"] = "attnscore.g2p/2"
+    payload["model_config"] = ckpt.config.model.to_dict()
+    torch.save(payload, path)
+    model, _, phones, cfg = load_model(path)
+    assert cfg.model.enc_hidden == 5 and model.encoder.hidden_size == 5
+    assert phones.itos[4:] == ["AE", "B"]
+
+
+def test_entries_of_the_wrong_type_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "x.pt"
+    payload = _checkpoint().to_payload()
+    payload["letters"], payload["state"] = "ab", [1]
+    torch.save(payload, path)
+    assert main(["predict", str(path), "ab"]) == 2
+    err = _one_line(capsys)
+    assert f"{path}: expected a g2p checkpoint, but its ['letters', 'state'] have types" in err
+    assert "['str', 'list']" in err

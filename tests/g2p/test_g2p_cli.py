@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnscore._usage import ArgumentParser, UsageError
-from attnscore.g2p import cli
-from attnscore.g2p.cli import main
+from attnscore.cli import _g2p_handlers as handlers
+from attnscore.cli import g2p as cli
+from attnscore.cli._usage import ArgumentParser, UsageError
+from attnscore.cli.g2p import main
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -99,6 +100,10 @@ def test_bad_input_is_one_line_and_exit_2(
         (["eval", str(trained), "--json", str(tmp_path / "nodir" / "r.json")], "--json"),
         (["table", str(tmp_path)], "summary.json"),
     ]
+    for name, text in (("not-json", "{"), ("no-history", '{"scoring": "dot"}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(text)
+        cases.append((["table", str(tmp_path / name)], "expected a summary written by"))
     empty = tmp_path / "empty.dict"
     empty.write_text("only-a-word\n")
     cases.append((_train_args(empty, tmp_path / "r"), "at least one valid entry"))
@@ -172,16 +177,16 @@ def test_compare_and_table_report_mean_and_std_over_seeds(
 def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnscore.g2p import config
 
-    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    monkeypatch.setattr(handlers, "usable_cores", lambda: 2)
     args = cli.build_parser().parse_args(["train", "--device", "cpu"])
-    cfg = config.train_config_from_args(args)
+    cfg = handlers.train_config(args)
     assert (cfg.nprocs, cfg.threads) == (1, 2)  # one process, both cores as threads
     assert cfg.steps == config.DEFAULT_STEPS and cfg.time_budget is None
-    monkeypatch.setattr(config, "usable_cores", lambda: 1)
-    cfg = config.train_config_from_args(cli.build_parser().parse_args(["train", "--device", "cpu"]))
+    monkeypatch.setattr(handlers, "usable_cores", lambda: 1)
+    cfg = handlers.train_config(cli.build_parser().parse_args(["train", "--device", "cpu"]))
     assert (cfg.nprocs, cfg.threads) == (1, 1)
     args = cli.build_parser().parse_args(["train", "--time-budget", "2", "--device", "cpu"])
-    cfg = config.train_config_from_args(args)
+    cfg = handlers.train_config(args)
     assert cfg.steps is None and cfg.time_budget == 2.0
 
 
@@ -231,12 +236,10 @@ def test_python_dash_m_in_process(
 
 
 def test_nprocs_with_cuda_is_refused() -> None:
-    from attnscore.g2p import config
-
     args = cli.build_parser().parse_args(["train", "--device", "cpu", "--nprocs", "2"])
     args.device = "cuda"  # as if a GPU were visible
     with pytest.raises(UsageError, match="--nprocs"):
-        config.train_config_from_args(args)
+        handlers.train_config(args)
 
 
 def test_words_figure_checks_its_input() -> None:
@@ -251,14 +254,41 @@ def test_words_figure_checks_its_input() -> None:
 def test_defaults_are_the_documented_recipe() -> None:
     """`g2p train` with no options trains docs/g2p.md's recipe, and the command line and
     the configuration dataclasses agree on every default."""
+    from dataclasses import fields
+
     from attnscore.g2p import config
 
     args = cli.build_parser().parse_args(["train", "--device", "cpu"])
-    cfg = config.train_config_from_args(args)
+    cfg = handlers.train_config(args)
     recipe = (cfg.model.scoring, cfg.batch_size, cfg.lr, cfg.warmup_steps, cfg.average_last)
     assert recipe == ("cosine", 128, 2e-3, 200, 0.2)
     assert (cfg.model.dropout, cfg.label_smoothing, cfg.model.enc_layers) == (0.1, 0.1, 1)
-    plain = config.TrainConfig()
-    for name in ("batch_size", "lr", "warmup_steps", "average_last", "label_smoothing"):
-        assert getattr(cfg, name) == getattr(plain, name), name
     assert cfg.model == config.ModelConfig()
+    # every field but the machine's (threads, device) and the budget is the dataclass default
+    plain = config.TrainConfig()
+    machine = {"model", "threads", "device", "steps"}
+    for f in fields(config.TrainConfig):
+        if f.name not in machine:
+            assert getattr(cfg, f.name) == getattr(plain, f.name), f.name
+    assert cfg.steps == config.DEFAULT_STEPS
+
+
+def test_each_option_sets_the_field_it_names(toy_dict: Path) -> None:
+    argv = [
+        "train", "--data", str(toy_dict), "--keep-stress", "--steps", "7", "--batch-size", "9",
+        "--lr", "0.5", "--warmup-steps", "3", "--emb", "5", "--hidden", "6", "--enc-layers", "2",
+        "--dropout", "0.3", "--label-smoothing", "0.2", "--input-feeding", "--average-last",
+        "0.4", "--eval-every", "11", "--ckpt-every", "12", "--eval-words", "13",
+        "--max-train-words", "14", "--threads", "3", "--device", "cpu", "--no-progress",
+        "--out", "o", "--scoring", "general", "--seed", "4",
+    ]  # fmt: skip
+    from attnscore.g2p.config import ModelConfig
+
+    cfg = handlers.train_config(cli.build_parser().parse_args(argv))
+    assert cfg.model == ModelConfig("general", 5, 6, 6, 2, 0.3, True)
+    assert (cfg.data, cfg.keep_stress, cfg.steps, cfg.batch_size, cfg.lr) == (
+        str(toy_dict), True, 7, 9, 0.5,
+    )  # fmt: skip
+    assert (cfg.warmup_steps, cfg.label_smoothing, cfg.average_last) == (3, 0.2, 0.4)
+    assert (cfg.eval_every, cfg.ckpt_every, cfg.eval_words, cfg.max_train_words) == (11, 12, 13, 14)
+    assert (cfg.threads, cfg.device, cfg.progress, cfg.out, cfg.seed) == (3, "cpu", False, "o", 4)

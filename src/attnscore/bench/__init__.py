@@ -13,28 +13,22 @@ The full run prints each target's verdict and exits 1 if one is missed. ``--quic
 smoke run at small shapes: no verdicts (the targets are for the full shapes), but it lists
 the cells slower than their PyTorch baseline.
 
-The subcommand joins the ``attnscore`` parser through :func:`add_parser`;
-``python -m attnscore.bench`` runs :func:`main`.
+The command line (``attnscore bench``, ``python -m attnscore.bench``) is
+:mod:`attnscore.cli.bench`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import check_output, device_arg, write_atomic
-from .._usage import ArgumentParser, UsageError
 from . import cpu, cuda, matrix
 from ._core import measure, missed, render_rows, slower
 
-__all__ = ["add_parser", "main", "render", "run"]
+__all__ = ["case_names", "missed", "render", "run"]
 
 MIN_RUN_TIME = {
     ("cpu", True): 0.05,
@@ -43,18 +37,6 @@ MIN_RUN_TIME = {
     ("cuda", False): 0.5,
 }
 """Timed seconds per implementation and cell (over all rounds), by (device type, quick)."""
-
-DESCRIPTION = """\
-Time attnscore against the PyTorch call a user would write instead (SDPA,
-nn.MultiheadAttention, torch.softmax, the plain formulation), side by side in
-one process, over rows x masks x dtypes x {forward, forward+backward}, with the
-peak memory of each; then issue 16's table, tiny calls and the decoder step.
-
-  --device cpu    the CPU run (a few minutes on 2 cores)
-  --device cuda   the same cells on a GPU, at larger shapes
-
-The full run prints each target's verdict and exits 1 on a miss. --quick is a
-smoke run at small shapes: no verdicts, but it lists cells slower than PyTorch."""
 
 SMOKE_NOTE = (
     "Smoke run (--quick): small shapes, not the targets' shapes, so no target verdicts "
@@ -82,15 +64,15 @@ def run(
         cases: run only the rows of these names.
 
     Raises:
-        UsageError: a name in ``cases`` that is not a row of ``device``.
+        ValueError: a name in ``cases`` that is not a row of ``device``.
     """
     dev = torch.device(device)
     torch.set_num_threads(threads)
     names = case_names(dev.type)
     unknown = sorted(set(cases or ()) - set(names))
     if unknown:
-        raise UsageError(
-            f"--cases: expected names among {names} for {dev.type}, but got {unknown} instead"
+        raise ValueError(
+            f"Expected `cases` among {names} for {dev.type}, but got {unknown} instead"
         )
     result: dict[str, Any] = {
         "device": dev.type,
@@ -177,93 +159,3 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x): {len(slow)}"]
         lines += [f"- {cell}" for cell in slow]
     return "\n".join(lines)
-
-
-def _threads(value: str) -> int:
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise UsageError(f"--threads: expected a positive integer, but got {value!r}")
-    return threads
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: small shapes, no target verdicts"
-    )
-    parser.add_argument(
-        "--device",
-        type=device_arg,
-        default="cpu",
-        help="cpu (default) or cuda[:N]: the CUDA rows (SDPA, flex, nn.MultiheadAttention)",
-    )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
-    parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
-    parser.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
-    parser.add_argument("--cases", nargs="+", metavar="CASE", help="run only these rows")
-    parser.add_argument("--child", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
-
-
-def handle(args: argparse.Namespace) -> int:
-    """Run ``attnscore bench`` for parsed arguments; the exit code (1 on a missed target)."""
-    if args.child:
-        torch.set_num_threads(args.threads)
-        cpu.child(args.child[0], args.quick, args.child[1])
-        return 0
-    if args.json is not None:
-        check_output(args.json, "--json", (".json",))
-    result = run(
-        device=args.device,
-        quick=args.quick,
-        memory=not args.no_memory,
-        threads=args.threads,
-        cases=args.cases,
-    )
-    print(render(result))
-    if args.json is not None:
-        text = json.dumps(result, indent=2).encode()
-        write_atomic(args.json, lambda f: f.write(text), "--json")
-    misses = missed(result)
-    if misses:
-        print(f"\n{len(misses)} target(s) missed: " + "; ".join(misses), file=sys.stderr)
-        return 1
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``bench`` subcommand to the ``attnscore`` parser's ``subparsers``.
-
-    The subcommand's defaults carry ``handler``, a function ``(args) -> int`` giving the
-    exit code. Bad options raise :class:`~attnscore._usage.UsageError` when the parent is
-    an :class:`attnscore._usage.ArgumentParser`.
-    """
-    parser = subparsers.add_parser(
-        "bench",
-        help="time attnscore against the textbook code and PyTorch",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
-    parser.set_defaults(handler=handle)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnscore.bench [options]``: the same as ``attnscore bench [options]``.
-
-    Returns the exit code: 0, 1 when the full run misses a target, 2 on bad input (one
-    line on stderr).
-    """
-    parser = ArgumentParser(
-        prog="attnscore bench",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-        return handle(args)
-    except UsageError as err:
-        print(f"attnscore bench: error: {err}", file=sys.stderr)
-        return 2

@@ -1,5 +1,5 @@
 """``python -m attnscore.bench``: the same as ``attnscore bench``."""
 
-from . import main
+from ..cli.bench import main
 
 raise SystemExit(main())

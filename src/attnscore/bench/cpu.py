@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 
+from .._memory import peak_rss_mib
 from . import matrix
 from ._core import make_step
 
@@ -25,14 +26,7 @@ def child(case: str, quick: bool, impl: str) -> None:
     (found,) = [c for c in matrix.extras("cpu", quick) if c.name == case]
     built = found.build()
     make_step(built.forwards[impl], built.grad_inputs.get(impl), found.backward)()
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would
-    # report the parent's peak; VmHWM belongs to this process image only.
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                print(int(line.split()[1]) / 1024)
-                return
-    print("nan")  # pragma: no cover - every Linux has VmHWM
+    print(peak_rss_mib())
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -1,139 +1,240 @@
 """Checkpoint files: written atomically, read without unpickling anything but plain data.
 
-A checkpoint holds only tensors, numbers, strings, lists and dicts (the vocabularies as
-lists, the configurations and training state as dicts) and is read with
-``torch.load(..., weights_only=True)``: a file holding anything else, or a file that is not a
-checkpoint at all, is refused with one :class:`~attnscore._usage.UsageError` line.
+A checkpoint (:class:`Checkpoint`) holds only tensors, numbers, strings, lists and dicts
+(the vocabularies as lists, the configuration and training state as dicts; the model
+configuration once, inside the training configuration) and is read with
+``torch.load(..., weights_only=True)``: a file holding anything else, or a file that is not
+a checkpoint at all, is refused with one :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._usage import UsageError
-from .config import ModelConfig, TrainConfig
+from .config import TrainConfig
 from .data import Vocab
 from .model import G2PModel
 from .state import TrainState
 
-FORMAT = "attnscore.g2p/2"
+FORMAT = "attnscore.g2p/3"
 """Value of the ``"format"`` key of every checkpoint this version writes."""
+READABLE_FORMATS = ("attnscore.g2p/2", FORMAT)
+"""The formats :func:`load_checkpoint` reads. Version 2 also stored the model config on
+its own (``"model_config"``, a copy of ``train_config["model"]``); version 3 stores it once."""
 
-_REQUIRED = ("model", "model_config", "train_config", "letters", "phones", "state")
+_ENTRIES: dict[str, type] = {
+    "model": dict,
+    "optimizer": dict,
+    "train_config": dict,
+    "letters": list,
+    "phones": list,
+    "state": dict,
+    "rng": torch.Tensor,
+}
+"""The entries of a checkpoint and their types (``"averaged"``, a dict, is optional)."""
 
 
-def save_checkpoint(
-    path: Path,
-    *,
-    model: G2PModel,
-    optimizer: torch.optim.Optimizer,
-    cfg: TrainConfig,
-    letters: Vocab,
-    phones: Vocab,
-    state: TrainState,
-    rng: torch.Tensor,
-    averaged: dict[str, torch.Tensor] | None = None,
-) -> None:
-    """Write everything needed to resume or evaluate a run to ``path``, atomically.
+class CheckpointError(ValueError):
+    """A file that is not a readable attnscore g2p checkpoint, or a run folder without one."""
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to resume or evaluate a run.
+
+    Attributes:
+        config: the run's configuration (the model's included).
+        letters: the letter vocabulary.
+        phones: the phoneme vocabulary.
+        state: where the run is.
+        model: the model's ``state_dict``.
+        optimizer: the optimizer's ``state_dict``.
+        rng: torch's CPU random state when it was saved.
+        averaged: the weight average over the final steps (the weights to evaluate with),
+            when the run averages and has reached them.
+    """
+
+    config: TrainConfig
+    letters: Vocab
+    phones: Vocab
+    state: TrainState
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: torch.Tensor
+    averaged: dict[str, torch.Tensor] | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        """The plain-data dict written to the file.
+
+        Returns:
+            ``format``, ``model``, ``optimizer``, ``train_config``, ``letters``, ``phones``,
+            ``state``, ``rng`` and, when there is one, ``averaged``: tensors, numbers,
+            strings, lists and dicts only (what ``weights_only`` loading accepts).
+        """
+        payload: dict[str, Any] = {
+            "format": FORMAT,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "train_config": self.config.to_dict(),
+            "letters": list(self.letters.itos),
+            "phones": list(self.phones.itos),
+            "state": self.state.to_dict(),
+            "rng": self.rng,
+        }
+        if self.averaged is not None:
+            payload["averaged"] = self.averaged
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Checkpoint:
+        """Inverse of :meth:`to_payload` (for a payload that :func:`load_checkpoint` checked).
+
+        Args:
+            payload: what :meth:`to_payload` gave (format 2 read too).
+
+        Returns:
+            The checkpoint.
+
+        Raises:
+            ValueError: vocabularies that do not start with the special tokens.
+        """
+        return cls(
+            config=TrainConfig.from_dict(payload["train_config"]),
+            letters=Vocab.from_itos(payload["letters"]),
+            phones=Vocab.from_itos(payload["phones"]),
+            state=TrainState.from_dict(payload["state"]),
+            model=payload["model"],
+            optimizer=payload["optimizer"],
+            rng=payload["rng"],
+            averaged=payload.get("averaged"),
+        )
+
+
+def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path``, atomically.
 
     The file is written to ``path.tmp`` and renamed, so a process killed while saving leaves
-    the previous checkpoint intact. ``averaged`` (the averaged weights, when the run
-    averages) is what :func:`load_model` returns for evaluation.
+    the previous checkpoint intact.
+
+    Args:
+        path: the file to write.
+        checkpoint: what to write.
     """
-    payload: dict[str, Any] = {
-        "format": FORMAT,
-        "model": model.state_dict(),
-        "model_config": model.cfg.to_dict(),
-        "optimizer": optimizer.state_dict(),
-        "train_config": cfg.to_dict(),
-        "letters": list(letters.itos),
-        "phones": list(phones.itos),
-        "state": state.to_dict(),
-        "rng": rng,
-    }
-    if averaged is not None:
-        payload["averaged"] = averaged
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
+    torch.save(checkpoint.to_payload(), tmp)
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
-
-    Raises:
-        UsageError: ``path`` is missing, holds anything but plain data (refused, never
-            unpickled), is not a PyTorch file (text, truncated, empty), or is a PyTorch file
-            of another kind (a list, a bare state dict, another format version).
-    """
-    p = Path(path)
+def _read_payload(p: Path) -> dict[str, Any]:
+    """The checked plain-data dict of checkpoint file ``p``."""
     if not p.is_file():
-        raise UsageError(f"expected a checkpoint file, but got {str(p)!r}")
+        raise CheckpointError(f"expected a checkpoint file, but got {str(p)!r}")
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise UsageError(
+        raise CheckpointError(
             f"{p}: refused: the file holds objects other than tensors, numbers, strings, "
             "lists and dicts (not an attnscore g2p checkpoint; nothing was unpickled)"
         ) from None
     except Exception:
-        raise UsageError(
+        raise CheckpointError(
             f"{p}: expected an attnscore g2p checkpoint, but the file is not a readable "
             "PyTorch file (truncated, or another format)"
         ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    if not isinstance(ckpt, dict) or ckpt.get("format") not in READABLE_FORMATS:
         got = f"a {type(ckpt).__name__}" if not isinstance(ckpt, dict) else "another dict"
         if isinstance(ckpt, dict) and "format" in ckpt:
             got = f"format {ckpt['format']!r}"
-        raise UsageError(
+        raise CheckpointError(
             f"{p}: expected an attnscore g2p checkpoint (format {FORMAT!r}), but got {got}"
         )
-    missing = [k for k in _REQUIRED if k not in ckpt]
+    missing = [k for k in _ENTRIES if k not in ckpt]
     if missing:
-        raise UsageError(f"{p}: expected a complete g2p checkpoint, but it lacks {missing}")
+        raise CheckpointError(f"{p}: expected a complete g2p checkpoint, but it lacks {missing}")
+    wrong = [k for k, kind in _ENTRIES.items() if not isinstance(ckpt[k], kind)]
+    if wrong:
+        raise CheckpointError(
+            f"{p}: expected a g2p checkpoint, but its {wrong} have types "
+            f"{[type(ckpt[k]).__name__ for k in wrong]}"
+        )
     out: dict[str, Any] = ckpt
     return out
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
+
+    Files of format version 2 (:data:`READABLE_FORMATS`) are read too.
+
+    Args:
+        path: the checkpoint file.
+
+    Returns:
+        The checkpoint.
+
+    Raises:
+        CheckpointError: ``path`` is missing, holds anything but plain data (refused, never
+            unpickled), is not a PyTorch file (text, truncated, empty), or is a PyTorch file
+            of another kind (a list, a bare state dict, another format version, entries
+            missing or of the wrong type).
+        ValueError: vocabularies that do not start with the special tokens.
+    """
+    return Checkpoint.from_payload(_read_payload(Path(path)))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, or the one a run folder evaluates with.
 
-    In a run folder that is ``last.pt`` when the run averaged its weights (its final
-    average), else ``best.pt`` (lowest validation WER), else ``last.pt``.
+    In a run folder that is ``best.pt`` (lowest validation WER) when there is one, else
+    ``last.pt``.
+
+    Args:
+        path: a checkpoint file or a run folder.
+
+    Returns:
+        The checkpoint file.
 
     Raises:
-        UsageError: neither a file nor a run folder with a checkpoint.
+        CheckpointError: neither a file nor a run folder with a checkpoint.
     """
     p = Path(path)
     if p.is_dir():
         for name in ("best.pt", "last.pt"):
             if (p / name).is_file():
                 return p / name
-        raise UsageError(f"expected best.pt or last.pt in {str(p)!r}, but got neither")
+        raise CheckpointError(f"expected best.pt or last.pt in {str(p)!r}, but got neither")
     if not p.is_file():
-        raise UsageError(f"expected a checkpoint file or run folder, but got {str(p)!r}")
+        raise CheckpointError(f"expected a checkpoint file or run folder, but got {str(p)!r}")
     return p
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[G2PModel, Vocab, Vocab, TrainConfig]:
-    """``(model in eval mode on device, letters, phones, train config)`` of a checkpoint.
+    """The model of a checkpoint or run folder, ready to decode.
 
     The model carries the averaged weights when the checkpoint has them.
 
+    Args:
+        path: a checkpoint file or a run folder (:func:`resolve_checkpoint`).
+        device: where to put the model.
+
+    Returns:
+        ``(model in eval mode on device, letters, phones, train config)``.
+
     Raises:
-        UsageError: as :func:`load_checkpoint`, or weights that do not fit the stored config.
+        CheckpointError: as :func:`load_checkpoint`, or weights that do not fit the stored
+            config.
     """
     ckpt = load_checkpoint(resolve_checkpoint(path))
-    letters, phones = Vocab.from_itos(ckpt["letters"]), Vocab.from_itos(ckpt["phones"])
-    model = G2PModel(ModelConfig.from_dict(ckpt["model_config"]), len(letters), len(phones))
+    model = G2PModel(ckpt.config.model, len(ckpt.letters), len(ckpt.phones))
     try:
-        model.load_state_dict(ckpt.get("averaged") or ckpt["model"])
+        model.load_state_dict(ckpt.averaged or ckpt.model)
     except RuntimeError:
-        raise UsageError(f"{path}: expected weights that fit its model config") from None
+        raise CheckpointError(f"{path}: expected weights that fit its model config") from None
     model.to(device).eval()
-    return model, letters, phones, TrainConfig.from_dict(ckpt["train_config"])
+    return model, ckpt.letters, ckpt.phones, ckpt.config

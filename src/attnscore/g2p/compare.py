@@ -1,31 +1,30 @@
-"""``g2p compare`` (every scorer x every seed, one budget) and ``g2p table`` (runs -> table).
+"""Comparing scorers: runs trained one at a time, scored on the test split, tabled.
 
-Each training of ``compare`` runs in a fresh (spawned) process, one at a time, so that its
-peak memory is its own and runs do not compete for the cores. Tables report the mean and
-the sample standard deviation over the seeds of each scorer.
+What ``g2p compare`` (every scorer x every seed, one budget) and ``g2p table`` (finished
+runs -> table) compute. Each training runs in a fresh (spawned) process, one at a time, so
+that its peak memory is its own and runs do not compete for the cores. Tables report the
+mean and the sample standard deviation over the seeds of each scorer.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .._io import check_output, save_figure, write_atomic
-from .._usage import UsageError
 from .checkpoint import load_model, resolve_checkpoint
-from .config import TrainConfig, train_config_from_args
+from .config import TrainConfig
 from .data import load_lexicon
 from .evaluate import evaluate_checkpoint, forced_alignment, predict
-from .plots import alignments_figure, comparison_figure
+from .plots import alignments_figure
+from .summary import RunSummary
 from .train import train
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _METRICS = ("per_greedy", "wer_greedy", "per_beam", "wer_beam")
 
@@ -34,8 +33,14 @@ def _child(cfg: TrainConfig) -> None:
     train(cfg)
 
 
-def train_in_subprocess(cfg: TrainConfig) -> dict[str, Any]:
-    """Run :func:`~attnscore.g2p.train.train` in a spawned process; its summary.
+def train_in_subprocess(cfg: TrainConfig) -> RunSummary:
+    """Run :func:`~attnscore.g2p.train.train` in a spawned process.
+
+    Args:
+        cfg: the run's configuration.
+
+    Returns:
+        The run's summary.
 
     Raises:
         RuntimeError: the training process failed.
@@ -48,8 +53,7 @@ def train_in_subprocess(cfg: TrainConfig) -> dict[str, Any]:
             f"Expected training {cfg.model.scoring!r} to succeed, but it exited with "
             f"code {proc.exitcode} instead"
         )
-    summary: dict[str, Any] = json.loads((Path(cfg.out) / "summary.json").read_text())
-    return summary
+    return RunSummary.read(Path(cfg.out))
 
 
 def run_result(
@@ -59,13 +63,22 @@ def run_result(
 
     The test scores are cached in ``RUN/test-beam{beam}-ln{length_norm}.json``.
 
+    Args:
+        run: a finished run folder.
+        beam: beam width of the second decoding (1: greedy only).
+        device: where to decode.
+        length_norm: the beam search's length-normalisation exponent.
+
+    Returns:
+        One table row: ``run``, ``scoring``, ``seed``, ``steps``, ``train_seconds``,
+        ``epochs``, ``peak_rss_mb``, ``parameters`` and the test ``per_greedy``,
+        ``wer_greedy``, ``per_beam``, ``wer_beam``.
+
     Raises:
-        UsageError: ``run`` is not a finished run folder.
+        FileNotFoundError: ``run`` is not a finished run folder (no summary.json).
+        CheckpointError: its checkpoint cannot be read.
     """
-    summary_path = run / "summary.json"
-    if not summary_path.is_file():
-        raise UsageError(f"expected a finished run folder with summary.json, but got {str(run)!r}")
-    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    summary = RunSummary.read(run)
     cache = run / f"test-beam{beam}-ln{length_norm:g}.json"
     if cache.is_file():
         res: dict[str, Any] = json.loads(cache.read_text())
@@ -75,13 +88,13 @@ def run_result(
     beam_res = res.get("beam", res["greedy"])
     return {
         "run": str(run),
-        "scoring": summary["scoring"],
-        "seed": summary.get("seed"),
-        "steps": summary["steps"],
-        "train_seconds": summary["train_seconds"],
-        "epochs": summary["epochs"],
-        "peak_rss_mb": summary["peak_rss_mb"],
-        "parameters": summary["parameters"],
+        "scoring": summary.scoring,
+        "seed": summary.seed,
+        "steps": summary.steps,
+        "train_seconds": summary.train_seconds,
+        "epochs": summary.epochs,
+        "peak_rss_mb": summary.peak_rss_mb,
+        "parameters": summary.parameters,
         "per_greedy": res["greedy"]["per"],
         "wer_greedy": res["greedy"]["wer"],
         "per_beam": beam_res["per"],
@@ -157,71 +170,31 @@ def budget_line(cfg: TrainConfig) -> str:
     return f"budget: equal steps, {cfg.steps} optimizer steps per run"
 
 
-def _write_text(path: Path, text: str, option: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode()), option)
-
-
-def cmd_table(args: argparse.Namespace) -> int:
-    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by scorer)."""
-    if args.out is not None:
-        check_output(Path(args.out), "--out", (".md",))
-    torch.set_num_threads(args.threads)
-    results = [run_result(Path(r), args.beam, args.device, args.length_norm) for r in args.runs]
-    rows = summarize(results)
-    table = format_table(rows, args.beam)
-    if args.out is not None:
-        _write_text(Path(args.out), table + "\n", "--out")
-    print(table)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """``g2p compare``: every scorer x every seed with one budget, then table and figures."""
-    base = train_config_from_args(args, scoring=args.scorings[0], seed=args.seeds[0])
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
-    out.mkdir(exist_ok=True)
-    print(budget_line(base))
-    results: list[dict[str, Any]] = []
-    first_runs: dict[str, Path] = {}
-    for scoring in args.scorings:
-        for seed in args.seeds:
-            run = out / f"{scoring}-seed{seed}"
-            cfg = replace(base, model=replace(base.model, scoring=scoring), seed=seed, out=str(run))
-            if not (run / "summary.json").is_file():
-                train_in_subprocess(cfg)
-            results.append(run_result(run, args.beam, args.device, args.length_norm))
-            first_runs.setdefault(scoring, run)
-    rows = summarize(results)
-    table = format_table(rows, args.beam)
-    _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out")
-    _write_text(out / "compare.md", budget_line(base) + "\n\n" + table + "\n", "--out")
-    print(table)
-    save_figure(comparison_figure(rows), out / "compare.png", "--out")
-    for p in plot_alignments(first_runs, args.words, out):
-        print(f"alignment heatmap: {p}")
-    print(f"table, figures and runs: {out}")
-    return 0
-
-
-def plot_alignments(run_dirs: dict[str, Path], words: list[str], out: Path) -> list[Path]:
-    """Per word, ``out/alignment-WORD.png``: teacher-forced attention of every scorer.
+def alignment_figures(run_dirs: dict[str, Path], words: list[str]) -> dict[str, Figure]:
+    """Per word, the teacher-forced attention of every scorer, side by side.
 
     The pronunciation is the word's first dictionary entry, or the first model's prediction
     for a word outside the dictionary; words with letters the models never saw are skipped.
+
+    Args:
+        run_dirs: scorer name -> a run folder (or checkpoint) of it.
+        words: the words to draw.
+
+    Returns:
+        Lower-cased word -> its figure, in the order of ``words``.
+
+    Raises:
+        CheckpointError: a checkpoint cannot be read.
     """
     models = {s: load_model(resolve_checkpoint(d)) for s, d in run_dirs.items()}
     model0, letters, phones, tcfg = next(iter(models.values()))
     lexicon = load_lexicon(tcfg.data, tcfg.keep_stress).lexicon
-    paths = []
+    figures: dict[str, Figure] = {}
     for word in words:
         w = word.lower()
         if not w or any(c not in letters.stoi for c in w):
             continue
         pron = list(lexicon[w][0]) if w in lexicon else predict(model0, [w], letters, phones)[0][0]
         mats = [forced_alignment(m, w, pron, lt, ph) for m, lt, ph, _ in models.values()]
-        path = out / f"alignment-{w}.png"
-        save_figure(alignments_figure(mats, list(models), w, pron), path, "--words")
-        paths.append(path)
-    return paths
+        figures[w] = alignments_figure(mats, list(models), w, pron)
+    return figures

@@ -1,18 +1,18 @@
 """The configurations of a G2P run: :class:`ModelConfig` inside :class:`TrainConfig`.
 
-This module is the one place that turns parsed command-line options into a configuration
-(:func:`train_config_from_args`). Both configurations are stored in checkpoints as plain
-dicts (:meth:`TrainConfig.to_dict`), so a checkpoint holds no pickled objects.
+Their field defaults are the recipe of docs/g2p.md and the one source of the command
+line's defaults (:mod:`attnscore.cli.g2p`), which builds a configuration from its options
+by field name (:meth:`TrainConfig.from_fields`). Both configurations are stored in
+checkpoints and summaries as plain dicts (:meth:`TrainConfig.to_dict`), so a checkpoint
+holds no pickled objects.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-from .._usage import UsageError
 
 DEFAULT_STEPS = 15_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
@@ -98,57 +98,25 @@ class TrainConfig:
             **{k: v for k, v in d.items() if k in names},
         )
 
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The configuration whose fields, the model's included, are named in one flat mapping.
 
-def train_config_from_args(
-    args: argparse.Namespace, *, scoring: str | None = None, seed: int | None = None
-) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed ``train``/``compare`` options.
+        Args:
+            values: field name -> value, for fields of :class:`TrainConfig` and of
+                :class:`ModelConfig` alike (no name is in both); other names are ignored,
+                and fields it does not name keep their defaults.
 
-    Args:
-        args: options added by :func:`attnscore.g2p.cli.add_parser`.
-        scoring: the scorer (default ``args.scoring``).
-        seed: the seed (default ``args.seed``).
+        Returns:
+            The configuration.
 
-    Raises:
-        UsageError: both ``--steps`` and ``--time-budget``, or ``--nprocs`` with CUDA.
-    """
-    if args.steps is not None and args.time_budget is not None:
-        raise UsageError("expected --steps or --time-budget, but got both")
-    nprocs = args.nprocs
-    if nprocs > 1 and args.device != "cpu":
-        raise UsageError(f"--nprocs: expected 1 with --device {args.device}, but got {nprocs}")
-    model = ModelConfig(
-        scoring=scoring if scoring is not None else args.scoring,
-        emb=args.emb,
-        enc_hidden=args.hidden,
-        dec_hidden=args.hidden,
-        enc_layers=args.enc_layers,
-        dropout=args.dropout,
-        input_feeding=args.input_feeding,
-    )
-    steps = args.steps
-    if steps is None and args.time_budget is None:
-        steps = DEFAULT_STEPS
-    threads = args.threads if args.threads is not None else max(1, usable_cores() // nprocs)
-    return TrainConfig(
-        model=model,
-        out=args.out,
-        data=args.data,
-        keep_stress=args.keep_stress,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        label_smoothing=args.label_smoothing,
-        steps=steps,
-        time_budget=args.time_budget,
-        average_last=args.average_last,
-        seed=seed if seed is not None else args.seed,
-        eval_every=args.eval_every,
-        ckpt_every=args.ckpt_every,
-        eval_words=args.eval_words,
-        max_train_words=args.max_train_words,
-        threads=threads,
-        nprocs=nprocs,
-        device=args.device,
-        progress=not args.no_progress,
-    )
+        >>> cfg = TrainConfig.from_fields({"scoring": "additive", "lr": 1e-3, "other": 1})
+        >>> cfg.model.scoring, cfg.lr, cfg.batch_size
+        ('additive', 0.001, 128)
+        """
+        model_names = {f.name for f in fields(ModelConfig)}
+        names = {f.name for f in fields(cls)} - {"model"}
+        return cls(
+            model=ModelConfig(**{k: v for k, v in values.items() if k in model_names}),
+            **{k: v for k, v in values.items() if k in names},
+        )

@@ -211,13 +211,13 @@ class Batch:
 
     Attributes:
         src: (B, S) int64 letter ids, padded with ``<pad>``.
-        src_lens: (B,) int64 number of letters per word (the encoder's valid_lens).
+        valid_lens: (B,) int64 number of letters per word (the encoder's valid lengths).
         tgt_in: (B, T) int64 ``<s> p1 .. pn`` padded, the decoder input.
         tgt_out: (B, T) int64 ``p1 .. pn </s>`` padded, the decoder target.
     """
 
     src: torch.Tensor
-    src_lens: torch.Tensor
+    valid_lens: torch.Tensor
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
 
@@ -228,21 +228,21 @@ class Batch:
 
 
 def encode_words(words: Sequence[str], letters: Vocab) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad letter ids of ``words`` -> ``(src (B, S) int64, src_lens (B,) int64)``."""
+    """Pad letter ids of ``words`` -> ``(src (B, S) int64, valid_lens (B,) int64)``."""
     if not words or any(len(w) == 0 for w in words):
         raise ValueError(f"Expected non-empty words, but got {list(words)!r} instead")
-    lens = [len(w) for w in words]
-    src = torch.full((len(words), max(lens)), PAD_ID, dtype=torch.long)
+    lengths = [len(w) for w in words]
+    src = torch.full((len(words), max(lengths)), PAD_ID, dtype=torch.long)
     for i, w in enumerate(words):
         src[i, : len(w)] = torch.tensor(letters.encode(list(w)), dtype=torch.long)
-    return src, torch.tensor(lens, dtype=torch.long)
+    return src, torch.tensor(lengths, dtype=torch.long)
 
 
 def make_batch(
     examples: Sequence[tuple[str, tuple[str, ...]]], letters: Vocab, phones: Vocab
 ) -> Batch:
     """Pad a list of ``(word, pronunciation)`` pairs into a :class:`Batch`."""
-    src, src_lens = encode_words([w for w, _ in examples], letters)
+    src, valid_lens = encode_words([w for w, _ in examples], letters)
     T = max(len(p) for _, p in examples) + 1
     tgt_in = torch.full((len(examples), T), PAD_ID, dtype=torch.long)
     tgt_out = torch.full((len(examples), T), PAD_ID, dtype=torch.long)
@@ -250,7 +250,7 @@ def make_batch(
         ids = phones.encode(pr)
         tgt_in[i, : len(ids) + 1] = torch.tensor([BOS_ID, *ids], dtype=torch.long)
         tgt_out[i, : len(ids) + 1] = torch.tensor([*ids, EOS_ID], dtype=torch.long)
-    return Batch(src, src_lens, tgt_in, tgt_out)
+    return Batch(src, valid_lens, tgt_in, tgt_out)
 
 
 def length_batches(

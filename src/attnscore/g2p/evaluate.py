@@ -69,12 +69,12 @@ def predict(
         order = sorted(range(len(words)), key=lambda i: len(words[i]))
         out: dict[int, tuple[list[str], torch.Tensor]] = {}
         for chunk in iter_chunks(order, batch_size):
-            src, lens = encode_words([words[i] for i in chunk], letters)
-            src, lens = src.to(device), lens.to(device)
+            src, lengths = encode_words([words[i] for i in chunk], letters)
+            src, lengths = src.to(device), lengths.to(device)
             if beam <= 1:
-                ids, ws = model.greedy(src, lens)
+                ids, ws = model.greedy(src, lengths)
             else:
-                ids, ws = model.beam_search(src, lens, beam=beam, length_norm=length_norm)
+                ids, ws = model.beam_search(src, lengths, beam=beam, length_norm=length_norm)
             for i, seq, w in zip(chunk, ids, ws, strict=True):
                 out[i] = (phones.decode(seq), w)
         for i in range(len(words)):
@@ -121,7 +121,8 @@ def evaluate_checkpoint(
         only when ``beam > 1``).
 
     Raises:
-        UsageError: an unreadable checkpoint; FileNotFoundError/ImportError: no data.
+        CheckpointError: an unreadable checkpoint (:mod:`attnscore.g2p.checkpoint`).
+        FileNotFoundError, ImportError: no data (:func:`~attnscore.g2p.data.load_lexicon`).
     """
     model, letters, phones, tcfg = load_model(path, device)
     parsed = load_lexicon(data if data is not None else tcfg.data, tcfg.keep_stress)
@@ -149,5 +150,5 @@ def forced_alignment(
     device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
-        model(batch.src.to(device), batch.src_lens.to(device), batch.tgt_in.to(device))
+        model(batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device))
     return model.last_attention_weights()[0].cpu()

@@ -26,12 +26,12 @@ class Encoded:
 
     Attributes:
         keys: (B, S, H) float, projected encoder states (keys and values of the attention).
-        lens: (B,) int64, number of letters per word (valid_lens).
+        valid_lens: (B,) int64, number of letters per word.
         state: (1, B, H) float, initial decoder state.
     """
 
     keys: Tensor
-    lens: Tensor
+    valid_lens: Tensor
     state: Tensor
 
 
@@ -67,41 +67,41 @@ class G2PModel(nn.Module):
         self.out = nn.Linear(H, n_phones)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def encode(self, src: Tensor, src_lens: Tensor) -> Encoded:
+    def encode(self, src: Tensor, valid_lens: Tensor) -> Encoded:
         """Encode letters.
 
         Args:
             src: (B, S) int64 letter ids padded with 0.
-            src_lens: (B,) int64 lengths, all >= 1.
+            valid_lens: (B,) int64 lengths, all >= 1.
         """
-        if src.dim() != 2 or src_lens.shape != src.shape[:1]:
+        if src.dim() != 2 or valid_lens.shape != src.shape[:1]:
             raise ValueError(
-                f"Expected src (B, S) and src_lens (B,), but got {tuple(src.shape)} and "
-                f"{tuple(src_lens.shape)} instead"
+                f"Expected src (B, S) and valid_lens (B,), but got {tuple(src.shape)} and "
+                f"{tuple(valid_lens.shape)} instead"
             )
         x = self.drop(self.src_emb(src))
-        packed = pack_padded_sequence(x, src_lens.cpu(), batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(x, valid_lens.cpu(), batch_first=True, enforce_sorted=False)
         out, h = self.encoder(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         final = torch.cat([h[-2], h[-1]], dim=-1)  # last layer, forward and backward
         state = torch.tanh(self.init_proj(final)).unsqueeze(0)
-        return Encoded(self.key_proj(self.drop(out)), src_lens.to(out.device), state)
+        return Encoded(self.key_proj(self.drop(out)), valid_lens.to(out.device), state)
 
     def _attend(self, dec_out: Tensor, enc: Encoded) -> Tensor:
         """(B, n, H) decoder states -> (B, n, H) attentional vectors ``tanh(W_c [h; c])``."""
-        ctx = self.attention(dec_out, enc.keys, enc.keys, enc.lens)
+        ctx = self.attention(dec_out, enc.keys, enc.keys, enc.valid_lens)
         return torch.tanh(self.combine(torch.cat([dec_out, ctx], dim=-1)))
 
-    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, valid_lens: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits.
 
         Args:
-            src: (B, S) int64 letters; src_lens: (B,) int64; tgt_in: (B, T) int64 ``<s> p1..``.
+            src: (B, S) int64 letters; valid_lens: (B,) int64; tgt_in: (B, T) int64 ``<s> p1..``.
 
         Returns:
             (B, T, n_phones) float logits for ``p1 .. </s>``.
         """
-        enc = self.encode(src, src_lens)
+        enc = self.encode(src, valid_lens)
         y = self.drop(self.tgt_emb(tgt_in))
         if not self.cfg.input_feeding:
             dec_out, _ = self.decoder(y, enc.state)
@@ -131,7 +131,7 @@ class G2PModel(nn.Module):
 
     @torch.no_grad()
     def greedy(
-        self, src: Tensor, src_lens: Tensor, max_len: int | None = None
+        self, src: Tensor, valid_lens: Tensor, max_len: int | None = None
     ) -> tuple[list[list[int]], list[Tensor]]:
         """Greedy decoding.
 
@@ -140,9 +140,9 @@ class G2PModel(nn.Module):
             (len(ids) + 1, S_word) float tensor (one row per emitted token incl. ``</s>``;
             len(ids) rows when decoding stopped at ``max_len`` without ``</s>``).
         """
-        enc = self.encode(src, src_lens)
+        enc = self.encode(src, valid_lens)
         B = src.shape[0]
-        max_len = max_len or int(src_lens.max()) + 10
+        max_len = max_len or int(valid_lens.max()) + 10
         tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)
         state, feed = enc.state, enc.state.new_zeros(B, self.cfg.dec_hidden)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -161,7 +161,7 @@ class G2PModel(nn.Module):
         for b in range(B):
             n = ids[b].index(EOS_ID) if EOS_ID in ids[b] else len(ids[b])
             seqs.append(ids[b][:n])
-            alignments.append(w[b, : n + 1, : int(src_lens[b])].cpu())
+            alignments.append(w[b, : n + 1, : int(valid_lens[b])].cpu())
         return seqs, alignments
 
     def last_attention_weights(self) -> Tensor:
@@ -176,7 +176,7 @@ class G2PModel(nn.Module):
     def beam_search(
         self,
         src: Tensor,
-        src_lens: Tensor,
+        valid_lens: Tensor,
         beam: int = 5,
         max_len: int | None = None,
         length_norm: float = 0.0,
@@ -189,7 +189,7 @@ class G2PModel(nn.Module):
         (length counts ``</s>``; Wu et al. 2016 use a similar penalty): 0 is the plain sum.
 
         Args:
-            src: (B, S) int64 letter ids padded with 0; src_lens: (B,) int64.
+            src: (B, S) int64 letter ids padded with 0; valid_lens: (B,) int64.
             beam: beam width K >= 1.
             max_len: most decoder steps (default: longest word + 10).
             length_norm: exponent alpha >= 0 of the length normalisation.
@@ -201,9 +201,9 @@ class G2PModel(nn.Module):
         if beam < 1:
             raise ValueError(f"Expected beam >= 1, but got {beam} instead")
         B, K = src.shape[0], beam
-        enc = self.encode(src, src_lens)
+        enc = self.encode(src, valid_lens)
         flat = Encoded(
-            enc.keys.repeat_interleave(K, 0), enc.lens.repeat_interleave(K, 0), enc.state
+            enc.keys.repeat_interleave(K, 0), enc.valid_lens.repeat_interleave(K, 0), enc.state
         )
         state = enc.state.repeat_interleave(K, 1)
         feed = state.new_zeros(B * K, self.cfg.dec_hidden)
@@ -214,7 +214,7 @@ class G2PModel(nn.Module):
         lengths = torch.zeros(B, K, device=src.device)
         base = torch.arange(B, device=src.device)[:, None] * K
         toks_hist, parents_hist, att_hist = [], [], []
-        for _ in range(max_len or int(src_lens.max()) + 10):
+        for _ in range(max_len or int(valid_lens.max()) + 10):
             logits, state, feed = self.step(tokens, state, feed, flat)
             att_hist.append(self.last_attention_weights()[:, 0])  # (B*K, S), by parent row
             logp = torch.log_softmax(logits.float(), dim=-1)
@@ -250,7 +250,7 @@ class G2PModel(nn.Module):
             rows_att.reverse()
             n = ids.index(EOS_ID) if EOS_ID in ids else len(ids)
             seqs.append(ids[:n])
-            alignments.append(torch.stack(rows_att[: n + 1])[:, : int(src_lens[b])].cpu())
+            alignments.append(torch.stack(rows_att[: n + 1])[:, : int(valid_lens[b])].cpu())
         return seqs, alignments
 
 

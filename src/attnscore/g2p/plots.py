@@ -1,8 +1,8 @@
 """Every figure of the G2P task, built as ``matplotlib.figure.Figure`` objects (no pyplot).
 
-Figures are returned, never shown; commands save them with :func:`attnscore._io.save_figure`.
-No backend is selected here: a bare ``Figure`` renders to files on any machine, headless
-included.
+Figures are returned, never shown; commands save them with
+:func:`attnscore.cli._files.save_figure`. No backend is selected here: a bare ``Figure``
+renders to files on any machine, headless included.
 """
 
 from __future__ import annotations

@@ -6,6 +6,43 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
+@dataclass(frozen=True)
+class Validation:
+    """One periodic validation of a run (an entry of :attr:`TrainState.history`).
+
+    Attributes:
+        step: optimizer steps done when it ran.
+        elapsed: training seconds by then.
+        train_loss: mean training loss per target token since the previous validation
+            (NaN when no step ran since).
+        valid_per: phoneme error rate on the validation words (greedy decoding).
+        valid_wer: word error rate on the same words.
+    """
+
+    step: int
+    elapsed: float
+    train_loss: float
+    valid_per: float
+    valid_wer: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Validation:
+        """Inverse of ``dataclasses.asdict``; unknown keys are ignored.
+
+        Args:
+            d: the fields by name.
+
+        Returns:
+            The record.
+
+        >>> Validation.from_dict({"step": 5, "elapsed": 1.0, "train_loss": 2.0,
+        ...                       "valid_per": 0.1, "valid_wer": 0.3}).step
+        5
+        """
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 @dataclass
 class TrainState:
     """Progress of a training run, saved in every checkpoint and restored on ``--resume``.
@@ -20,7 +57,7 @@ class TrainState:
         best_wer: lowest validation WER so far, or None before the first validation.
         last_eval: step of the last validation (-1: none yet).
         averaged_steps: steps folded into the weight average so far.
-        history: one entry per validation: step, elapsed, train_loss, valid_per, valid_wer.
+        history: the validations so far, oldest first.
     """
 
     epoch: int = 0
@@ -32,14 +69,29 @@ class TrainState:
     best_wer: float | None = None
     last_eval: int = -1
     averaged_steps: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: list[Validation] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of numbers and lists (checkpoint- and JSON-safe)."""
+        """The fields by name, ``history`` as a list of dicts.
+
+        Returns:
+            A plain dict of numbers and lists (checkpoint- and JSON-safe).
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainState:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """Inverse of :meth:`to_dict`; unknown keys are ignored.
+
+        Args:
+            d: the fields by name (``history`` as a list of dicts).
+
+        Returns:
+            The state.
+
+        >>> TrainState.from_dict(TrainState(step=3).to_dict()).step
+        3
+        """
+        names = {f.name for f in fields(cls)} - {"history"}
+        history = [Validation.from_dict(h) for h in d.get("history", [])]
+        return cls(**{k: v for k, v in d.items() if k in names}, history=history)

@@ -1,4 +1,5 @@
-"""attnscore._io: the one policy for the files commands write, and --device checking."""
+"""The command line's helpers: the one policy for the files commands write
+(attnscore.cli._files), the usage-error parser and the option types (attnscore.cli._usage)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attnscore._io import (
-    FIGURE_FORMATS,
-    check_output,
+from attnscore.cli._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
+from attnscore.cli._usage import (
+    ArgumentParser,
+    UsageError,
     default_device,
     device_arg,
-    save_figure,
-    write_atomic,
+    positive_int,
 )
-from attnscore._usage import ArgumentParser, UsageError, positive_int
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
-"""The command line's one usage-error convention, shared by every subcommand.
+"""The command line's one usage-error convention and the option types every command shares.
 
 Bad input anywhere in the ``attnscore`` command tree raises :class:`UsageError` (argparse
 errors included, through :class:`ArgumentParser`); :func:`attnscore.cli.main` prints it as
 one line on stderr, ``attnscore: error: <message>``, and returns exit code 2. No
-traceback, no partial output file.
+traceback, no partial output file. Code below the command line raises its own errors
+(``ValueError`` and its subclasses); the commands turn them into :class:`UsageError`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ __all__ = [
     "ArgumentParser",
     "UsageError",
     "argument_type",
+    "default_device",
+    "device_arg",
     "fraction",
     "non_negative_float",
     "non_negative_int",
@@ -41,7 +44,7 @@ class ArgumentParser(argparse.ArgumentParser):
     >>> parser.parse_args(["--n", "x"])
     Traceback (most recent call last):
     ...
-    attnscore._usage.UsageError: argument --n: invalid int value: 'x'
+    attnscore.cli._usage.UsageError: argument --n: invalid int value: 'x'
     """
 
     def error(self, message: str) -> NoReturn:
@@ -63,11 +66,11 @@ def argument_type(
         got '<text>'")``, which argparse reports naming the option.
 
     >>> parser = ArgumentParser(prog="demo")
-    >>> _ = parser.add_argument("--num-hiddens", type=positive_int)
-    >>> parser.parse_args(["--num-hiddens", "0"])
+    >>> _ = parser.add_argument("--heads", type=positive_int)
+    >>> parser.parse_args(["--heads", "0"])
     Traceback (most recent call last):
     ...
-    attnscore._usage.UsageError: argument --num-hiddens: expected a positive integer, but got '0'
+    attnscore.cli._usage.UsageError: argument --heads: expected a positive integer, but got '0'
     """
 
     def parse(text: str) -> T:
@@ -89,3 +92,53 @@ non_negative_int = argument_type(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = argument_type(float, lambda v: 0 < v < _INF, "a positive number")
 non_negative_float = argument_type(float, lambda v: 0 <= v < _INF, "a number >= 0")
 fraction = argument_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def device_arg(value: str) -> str:
+    """argparse ``type=`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked here.
+
+    Args:
+        value: the option's text.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        UsageError: an unknown device, or CUDA asked for where torch sees no GPU.
+
+    >>> device_arg("cpu")
+    'cpu'
+    >>> device_arg("tpu")
+    Traceback (most recent call last):
+    ...
+    attnscore.cli._usage.UsageError: --device: expected cpu, cuda or cuda:N, but got 'tpu'
+    """
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device: expected cpu, cuda or cuda:N, but got {value!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device: expected cpu, cuda or cuda:N, but got {value!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU build")
+            raise UsageError(f"--device: CUDA was asked for, but no GPU is available ({build})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(
+                f"--device: expected a GPU index below {torch.cuda.device_count()}, "
+                f"but got {value!r}"
+            )
+    return value
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"``: the default of every ``--device``.
+
+    >>> default_device() in ("cpu", "cuda")
+    True
+    """
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

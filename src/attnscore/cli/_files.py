@@ -6,7 +6,7 @@
 - Files are written through a temporary file in the same folder and renamed into place,
   so a failure leaves no partial file; the mode follows the umask, as ``open()`` would.
 
-Every refusal is a :class:`~attnscore._usage.UsageError` naming the option.
+Every refusal is a :class:`~attnscore.cli._usage.UsageError` naming the option.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FIGURE_FORMATS",
     "check_output",
-    "default_device",
-    "device_arg",
     "save_figure",
     "write_atomic",
 ]
@@ -49,10 +47,10 @@ def check_output(path: Path, option: str, suffixes: Sequence[str]) -> Path:
         UsageError: ``path`` is a folder, its folder does not exist, or its extension is
             not one of ``suffixes``.
 
-    >>> check_output(Path("w.txt"), "--out", FIGURE_FORMATS)
+    >>> check_output(Path("w.txt"), "--out", (".png", ".svg"))
     Traceback (most recent call last):
     ...
-    attnscore._usage.UsageError: --out: expected a file ending in .png, .pdf or .svg, but got w.txt
+    attnscore.cli._usage.UsageError: --out: expected a file ending in .png or .svg, but got w.txt
     """
     path = Path(path)
     if path.is_dir():
@@ -80,6 +78,11 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str) -
     The file gets mode ``0o666 & ~umask`` (as ``open(path, "w")`` would); on any failure,
     including one raised by ``write``, no file is left at ``path`` or beside it.
 
+    Args:
+        path: the file to write.
+        write: writes the content into the binary file it is given.
+        option: the option that named ``path``, for the message.
+
     Raises:
         UsageError: the folder does not exist or cannot be written.
     """
@@ -105,42 +108,15 @@ def save_figure(fig: Figure, path: Path, option: str, *, dpi: int = 120) -> None
 
     The bounding box is fitted to what is drawn, so axis labels and titles are never cut.
 
+    Args:
+        fig: the figure.
+        path: the file, ``.png``, ``.pdf`` or ``.svg``.
+        option: the option that named ``path``, for the message.
+        dpi: resolution of the png.
+
     Raises:
         UsageError: as :func:`check_output` and :func:`write_atomic`.
     """
     path = check_output(Path(path), option, FIGURE_FORMATS)
     fmt = path.suffix.lower().lstrip(".")
     write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"), option)
-
-
-def device_arg(value: str) -> str:
-    """argparse ``type=`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked here.
-
-    Raises:
-        UsageError: an unknown device, or CUDA asked for where torch sees no GPU.
-    """
-    import torch
-
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"--device: expected cpu, cuda or cuda:N, but got {value!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device: expected cpu, cuda or cuda:N, but got {value!r}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU build")
-            raise UsageError(f"--device: CUDA was asked for, but no GPU is available ({build})")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(
-                f"--device: expected a GPU index below {torch.cuda.device_count()}, "
-                f"but got {value!r}"
-            )
-    return value
-
-
-def default_device() -> str:
-    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

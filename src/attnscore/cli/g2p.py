@@ -1,9 +1,16 @@
 """``attnscore g2p train|eval|predict|compare|table``: the G2P task's command line.
 
 :func:`add_parser` hangs the ``g2p`` command (with its sub-commands) under the ``attnscore``
-parser; each sub-command sets ``handler=fn`` with ``fn(args) -> int``, and raises
-:class:`~attnscore._usage.UsageError` on bad input. :func:`main` is ``python -m
-attnscore.g2p``: a parser with only ``g2p``'s sub-commands, errors as one line and exit 2.
+parser; each sub-command sets ``handler=fn`` with ``fn(args) -> int`` (the handlers are in
+:mod:`._g2p_handlers`), and the library's input errors (``ValueError`` with its
+``CheckpointError``, ``FileNotFoundError``, ``ImportError``) become
+:class:`~attnscore.cli._usage.UsageError`. :func:`main` is ``python -m attnscore.g2p``: a
+parser with only ``g2p``'s sub-commands, errors as one line and exit 2.
+
+The training options' defaults are the configuration dataclasses' fields
+(:class:`~attnscore.g2p.config.TrainConfig`, :class:`~attnscore.g2p.config.ModelConfig`),
+and each option's ``dest`` is the field it sets, so :func:`._g2p_handlers.train_config`
+builds the configuration by name (``--hidden`` sets both GRU sizes).
 """
 
 from __future__ import annotations
@@ -12,22 +19,23 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from .._io import default_device, device_arg
-from .._usage import (
+from ..g2p.config import DEFAULT_STEPS, ModelConfig, TrainConfig
+from ..registry import scorer_names
+from ._g2p_handlers import cmd_compare, cmd_eval, cmd_predict, cmd_table, cmd_train
+from ._usage import (
     ArgumentParser,
     UsageError,
+    default_device,
+    device_arg,
     fraction,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
-from ..registry import scorer_names
-from .commands import cmd_eval, cmd_predict, cmd_train
-from .compare import cmd_compare, cmd_table
-from .config import DEFAULT_STEPS, ModelConfig, TrainConfig
+
+__all__ = ["add_parser", "build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -107,17 +115,23 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         help="evaluate with the weights averaged over this final fraction of steps",
     )
     p.add_argument(
-        "--eval-every", type=non_negative_int, default=1000, help="steps between validations"
+        "--eval-every",
+        type=non_negative_int,
+        default=t.eval_every,
+        help="steps between validations",
     )
     p.add_argument(
-        "--ckpt-every", type=non_negative_int, default=200, help="steps between checkpoints"
+        "--ckpt-every",
+        type=non_negative_int,
+        default=t.ckpt_every,
+        help="steps between checkpoints",
     )
     p.add_argument("--eval-words", type=positive_int, help="validate on this many words only")
     p.add_argument("--max-train-words", type=positive_int, help="train on a subset (tests)")
     p.add_argument(
         "--nprocs",
         type=positive_int,
-        default=1,
+        default=t.nprocs,
         # One process with every core as threads: as fast as two DDP processes at batch 128
         # on two quiet cores, and simpler (docs/g2p.md, "Using both cores").
         help="training processes, DDP on gloo (default 1: one process, every core as threads)",
@@ -134,9 +148,9 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
         dest="g2p_command", metavar="COMMAND", required=True, parser_class=ArgumentParser
     )
     p = sub.add_parser("train", help="train one model")
-    p.add_argument("--out", default="runs/g2p", help="run folder (checkpoints, summary)")
+    p.add_argument("--out", default=TrainConfig.out, help="run folder (checkpoints, summary)")
     p.add_argument("--scoring", choices=scorer_names(), default=ModelConfig.scoring)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
     p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     _add_train_options(p)
     p.set_defaults(handler=_usage_errors(cmd_train))
@@ -183,12 +197,20 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=_usage_errors(cmd_table))
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
     """Add the ``g2p`` command, with its sub-commands, to an argparse sub-parser set.
 
     Args:
-        subparsers: what ``parser.add_subparsers()`` returned (an
-            :class:`~attnscore._usage.ArgumentParser` tree, so errors raise UsageError).
+        subparsers: what ``ArgumentParser.add_subparsers()`` returned (an
+            :class:`~attnscore.cli._usage.ArgumentParser` tree, so errors raise UsageError).
+
+    Returns:
+        The ``g2p`` parser.
+
+    >>> parser = ArgumentParser(prog="attnscore")
+    >>> _ = add_parser(parser.add_subparsers())
+    >>> parser.parse_args(["g2p", "predict", "runs/g2p", "knight"]).handler.__name__
+    'cmd_predict'
     """
     g2p = subparsers.add_parser(
         "g2p",
@@ -196,10 +218,18 @@ def add_parser(subparsers: Any) -> None:
         description="Grapheme-to-phoneme conversion on CMUdict with any attention scorer.",
     )
     _fill(g2p)
+    return g2p
 
 
 def build_parser() -> ArgumentParser:
-    """The parser of ``python -m attnscore.g2p`` (the ``g2p`` sub-commands at top level)."""
+    """The parser of ``python -m attnscore.g2p`` (the ``g2p`` sub-commands at top level).
+
+    Returns:
+        The parser; its errors raise :class:`~attnscore.cli._usage.UsageError`.
+
+    >>> build_parser().parse_args(["train", "--device", "cpu"]).batch_size
+    128
+    """
     parser = ArgumentParser(
         prog="attnscore g2p",
         description="Grapheme-to-phoneme conversion on CMUdict with any attention scorer "
@@ -210,7 +240,17 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m attnscore.g2p``; bad input: one line on stderr, exit 2."""
+    """Entry point of ``python -m attnscore.g2p``; bad input: one line on stderr, exit 2.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0, 2 on bad input, 130 when training is interrupted.
+
+    >>> main(["predict", "no-such-run", "knight"])
+    2
+    """
     try:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
         handler: Handler = args.handler
@@ -218,6 +258,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"attnscore g2p: error: {err}", file=sys.stderr)
         return 2
-
-
-__all__ = ["add_parser", "build_parser", "main"]

@@ -1,6 +1,8 @@
-"""The worked examples and exercises of D2L "Attention Scoring Functions", computed.
+"""``attnscore demo``: the worked examples and exercises of D2L "Attention Scoring
+Functions", computed.
 
-:func:`run_demo` prints each example and writes its heatmap; ``attnscore demo`` calls it.
+:func:`run_demo` prints each example and writes its heatmap; the ``demo`` command (added
+by :func:`add_parser`) calls it.
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._io import FIGURE_FORMATS, save_figure
+from ..masking import masked_softmax
+from ..modules import AdditiveAttention, Attention, DotProductAttention, MultiplicativeAttention
+from ..plotting import show_heatmaps
+from ._files import FIGURE_FORMATS, save_figure
 from ._usage import ArgumentParser, UsageError
-from .masking import masked_softmax
-from .modules import AdditiveAttention, Attention, DotProductAttention, MultiplicativeAttention
-from .plotting import show_heatmaps
 
 __all__ = ["add_parser", "run_demo", "toy_inputs"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
-    """Add ``attnscore demo`` to ``subparsers`` and return its parser.
+    """Add ``attnscore demo`` to ``subparsers``; its handler is set as the ``handler`` default.
+
+    Args:
+        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns:
+        The ``demo`` parser.
 
     >>> parser = ArgumentParser(prog="attnscore")
     >>> demo = add_parser(parser.add_subparsers())
@@ -50,6 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
 
 
 def _command(args: argparse.Namespace) -> int:
+    """The handler of ``attnscore demo``: 0, or a UsageError for an unusable ``--out``."""
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} is a file; expected a folder")
@@ -65,6 +74,13 @@ def toy_inputs(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The section's toy example: queries N(0, 1) (2, 1, query_size), keys all ones
     (2, 10, 2), values arange(40) as (2, 10, 4), valid_lens [2, 6].
+
+    Args:
+        query_size: the queries' feature size.
+        generator: draws the queries.
+
+    Returns:
+        ``(queries, keys, values, valid_lens)``.
 
     >>> [tuple(t.shape) for t in toy_inputs(20, torch.Generator().manual_seed(0))]
     [(2, 1, 20), (2, 10, 2), (2, 10, 4), (2,)]
@@ -92,12 +108,19 @@ def run_demo(
     format ``suffix`` names (``.png``, ``.pdf`` or ``.svg``), each atomically, with the
     umask's file mode.
 
-    Returns the paths of the files written.
+    Args:
+        out_dir: the folder of the heatmaps.
+        seed: seeds the random inputs and parameters.
+        echo: prints one block of text.
+        suffix: the figures' extension.
+
+    Returns:
+        The paths of the files written.
 
     Raises:
         FileNotFoundError: the parent of ``out_dir`` does not exist.
-        attnscore._usage.UsageError: ``suffix`` is not a figure format, or a figure cannot
-            be written.
+        attnscore.cli._usage.UsageError: ``suffix`` is not a figure format, or a figure
+            cannot be written.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as folder:

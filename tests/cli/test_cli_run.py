@@ -1,4 +1,4 @@
-"""The attnscore command: one parser tree, demo, run, and its errors."""
+"""``attnscore run``: results, heatmaps, output files, bad input files."""
 
 from __future__ import annotations
 
@@ -6,107 +6,16 @@ import io
 import math
 import os
 import re
-import runpy
 import stat
-import subprocess
-import sys
-import textwrap
-import warnings
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from clitools import one_error_line, python_m, write_inputs
 
-import attnscore
-import attnscore.bench
-import attnscore.g2p.cli
-from attnscore._usage import UsageError
-from attnscore.cli import build_parser, main
+from attnscore.cli import main
 from attnscore.registry import SCORERS, register_scorer, scorer_names
-
-ROOT = Path(__file__).resolve().parents[1]
-SRC = str(Path(attnscore.__file__).parents[1])
-
-
-def _stand_in(name):
-    def add_parser(subparsers):
-        parser = subparsers.add_parser(name, help=f"{name} (stand-in)")
-        parser.add_argument("--fail", action="store_true")
-
-        def handler(args):
-            if args.fail:
-                raise UsageError(f"--fail: {name} was told to fail")
-            return 0
-
-        parser.set_defaults(handler=handler)
-        return parser
-
-    return add_parser
-
-
-@pytest.fixture(autouse=True)
-def _bench_and_g2p_parsers(monkeypatch):
-    """bench and g2p add their own subcommands (their branches). Where a checkout lacks
-    their ``add_parser`` yet, a stand-in takes its place; otherwise the real one runs."""
-    for module, name in ((attnscore.bench, "bench"), (attnscore.g2p.cli, "g2p")):
-        if not hasattr(module, "add_parser"):
-            monkeypatch.setattr(module, "add_parser", _stand_in(name), raising=False)
-
-
-# The same stand-ins for `python -m attnscore` in a child process.
-_CHILD = textwrap.dedent(
-    """
-    import runpy, sys
-    import attnscore.bench, attnscore.g2p.cli
-    from attnscore._usage import UsageError
-
-    def stand_in(name):
-        def add_parser(sub):
-            p = sub.add_parser(name)
-            p.set_defaults(handler=lambda args: 0)
-            return p
-        return add_parser
-
-    for module, name in ((attnscore.bench, "bench"), (attnscore.g2p.cli, "g2p")):
-        if not hasattr(module, "add_parser"):
-            module.add_parser = stand_in(name)
-    sys.argv = ["attnscore", *sys.argv[1:]]
-    runpy.run_module("attnscore", run_name="__main__", alter_sys=True)
-    """
-)
-
-
-def _python_m(*args, cwd=None):
-    """``python -m attnscore ARGS`` on this checkout's package."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-c", _CHILD, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-    )
-
-
-def _one_error_line(err):
-    assert err.count("\n") == 1 and err.startswith("attnscore: error: "), err
-    assert "Traceback" not in err and "\x1b" not in err
-    return err
-
-
-def _write_inputs(path, **overrides):
-    arrays = {
-        "queries": np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32),
-        "keys": np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32),
-        "values": np.random.default_rng(2).normal(size=(2, 5, 6)).astype(np.float32),
-        "valid_lens": np.array([2, 5]),
-    }
-    arrays.update(overrides)
-    arrays = {k: v for k, v in arrays.items() if v is not None}
-    np.savez(path, **arrays)
-    return arrays
 
 
 def _reference(queries, keys, values, valid_lens, scale):
@@ -114,151 +23,20 @@ def _reference(queries, keys, values, valid_lens, scale):
     q, k, v = (torch.as_tensor(a, dtype=torch.float64) for a in (queries, keys, values))
     scores = q @ k.transpose(-1, -2) * scale
     m = scores.shape[-1]
-    lens = torch.as_tensor(valid_lens).reshape(-1, 1, 1)
-    scores = scores.masked_fill(torch.arange(m).reshape(1, 1, m) >= lens, -1e6)
+    lengths = torch.as_tensor(valid_lens).reshape(-1, 1, 1)
+    scores = scores.masked_fill(torch.arange(m).reshape(1, 1, m) >= lengths, -1e6)
     weights = torch.softmax(scores, -1)
     return (weights @ v).numpy(), weights.numpy()
-
-
-# --- one tree ---------------------------------------------------------------------------
-
-
-def test_one_tree_with_every_subcommand():
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    assert list(sub.choices) == ["demo", "run", "bench", "g2p"]
-    assert all(type(p) is type(parser) for p in sub.choices.values())
-    for argv in (["demo"], ["run", "--input", "x.npz"]):
-        assert callable(parser.parse_args(argv).handler)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        ([], "required"),
-        (["nope"], "invalid choice"),
-        (["run"], "--input"),
-        (["run", "--input", "x.npz", "--bogus"], "unrecognized arguments: --bogus"),
-        (["bench", "--no-such-option"], ""),
-        (["g2p", "--no-such-option"], ""),
-    ],
-)
-def test_usage_errors_while_parsing_are_one_line_exit_2(capsys, argv, message):
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert message in _one_error_line(captured.err) and captured.out == ""
-
-
-def test_usage_error_raised_by_a_handler_is_one_line_exit_2(monkeypatch, capsys):
-    import attnscore.demo
-
-    def boom(args):
-        raise UsageError("--out: something the handler found")
-
-    real = attnscore.demo.add_parser
-
-    def add_parser(sub):
-        parser = real(sub)
-        parser.set_defaults(handler=boom)
-        return parser
-
-    monkeypatch.setattr(attnscore.demo, "add_parser", add_parser)
-    assert main(["demo"]) == 2
-    assert _one_error_line(capsys.readouterr().err).endswith("something the handler found\n")
-
-
-def test_help_exits_0(capsys):
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert all(name in out for name in ("demo", "run", "bench", "g2p"))
-
-
-def test_a_handler_exiting_with_a_message_exits_1(monkeypatch, capsys):
-    import attnscore.demo
-
-    def give_up(args):
-        raise SystemExit("attnscore: demo gave up")
-
-    real = attnscore.demo.add_parser
-
-    def add_parser(sub):
-        parser = real(sub)
-        parser.set_defaults(handler=give_up)
-        return parser
-
-    monkeypatch.setattr(attnscore.demo, "add_parser", add_parser)
-    assert main(["demo"]) == 1
-    assert capsys.readouterr().err == "attnscore: demo gave up\n"
-
-
-@pytest.mark.parametrize("module", ["attnscore", "attnscore.cli"])
-def test_python_dash_m_in_process(module, tmp_path, monkeypatch, capsys):
-    """``python -m attnscore`` and ``python -m attnscore.cli`` exit with main()'s code."""
-    monkeypatch.setattr(sys, "argv", [module, "run", "--input", str(tmp_path / "missing.npz")])
-    with warnings.catch_warnings():
-        # attnscore.cli is imported already; -m runs it again as __main__, which runpy notes
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with pytest.raises(SystemExit) as done:
-            runpy.run_module(module, run_name="__main__")
-    assert done.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "--input: no such file" in _one_error_line(captured.err)
-
-
-def test_python_dash_m_usage_error(tmp_path):
-    proc = _python_m("run", "--input", tmp_path / "missing.npz")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "--input: no such file" in _one_error_line(proc.stderr)
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_num_hiddens_must_be_positive_one_line(tmp_path, value):
     # This gave a traceback (exit 1) before.
     src = tmp_path / "in.npz"
-    _write_inputs(src)
-    proc = _python_m("run", "--input", src, "--scoring", "additive", "--num-hiddens", value)
+    write_inputs(src)
+    proc = python_m("run", "--input", src, "--scoring", "additive", "--num-hiddens", value)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "--num-hiddens: expected a positive integer" in _one_error_line(proc.stderr)
-
-
-# --- demo -------------------------------------------------------------------------------
-
-
-def test_demo_prints_book_outputs_and_writes_heatmaps(tmp_path, capsys):
-    out_dir = tmp_path / "demo"
-    assert main(["demo", "--out", str(out_dir), "--seed", "3"]) == 0
-    out = capsys.readouterr().out
-    # additive, dot, general: the toy example's [[2, 3, 4, 5]] and [[10, 11, 12, 13]]
-    assert out.count("[[[ 2.  3.  4.  5.]]") == 3
-    assert out.count("[[10. 11. 12. 13.]]]") == 3
-    assert "summation gives the same weights for every query: True" in out
-    gap = float(re.search(r"largest difference between the two: ([0-9]+\.[0-9]+)", out).group(1))
-    assert gap > 0.01  # exercise 1: distinct keys, different weights
-    pngs = sorted(p.name for p in out_dir.glob("*.png"))
-    assert len(pngs) == 6 and "additive_attention.png" in pngs
-    assert all(str(out_dir / p) in out for p in pngs)
-    assert all((out_dir / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    assert sorted(p.name for p in out_dir.iterdir()) == pngs  # no temporary files left
-
-
-def test_demo_svg_format(tmp_path):
-    assert main(["demo", "--out", str(tmp_path / "d"), "--format", "svg"]) == 0
-    svgs = list((tmp_path / "d").glob("*.svg"))
-    assert len(svgs) == 6 and all(b"<svg" in p.read_bytes()[:500] for p in svgs)
-
-
-def test_demo_refuses_a_missing_parent_and_creates_nothing(tmp_path, capsys):
-    out_dir = tmp_path / "no" / "such" / "demo"
-    assert main(["demo", "--out", str(out_dir)]) == 2
-    err = _one_error_line(capsys.readouterr().err)
-    assert f"folder {out_dir.parent} does not exist" in err
-    assert not (tmp_path / "no").exists()
-
-
-def test_demo_refuses_a_file_as_out(tmp_path, capsys):
-    (tmp_path / "f").write_text("x")
-    assert main(["demo", "--out", str(tmp_path / "f")]) == 2
-    assert "is a file; expected a folder" in _one_error_line(capsys.readouterr().err)
+    assert "--num-hiddens: expected a positive integer" in one_error_line(proc.stderr)
 
 
 # --- run: results -----------------------------------------------------------------------
@@ -267,7 +45,7 @@ def test_demo_refuses_a_file_as_out(tmp_path, capsys):
 @pytest.mark.parametrize("scoring", ["scaled_dot", "additive", "general", "cosine"])
 def test_run_writes_output_weights_and_heatmap(tmp_path, capsys, scoring):
     src = tmp_path / "in.npz"
-    arrays = _write_inputs(src)
+    arrays = write_inputs(src)
     out, png = tmp_path / "out.npz", tmp_path / "w.png"
     argv = ["run", "--input", str(src), "--scoring", scoring]
     assert main([*argv, "--output", str(out), "--heatmap", str(png)]) == 0
@@ -289,7 +67,7 @@ def test_run_writes_output_weights_and_heatmap(tmp_path, capsys, scoring):
 
 def test_run_default_is_scaled_dot_and_dot_is_deprecated_spelling(tmp_path, capsys):
     src = tmp_path / "in.npz"
-    arrays = _write_inputs(src)
+    arrays = write_inputs(src)
     _, ref_w = _reference(
         arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 1 / math.sqrt(4)
     )
@@ -321,7 +99,7 @@ def test_run_pt_in_and_out(tmp_path):
 
 def test_run_float64_inputs_with_a_parametrised_scorer(tmp_path):
     src = tmp_path / "in.npz"
-    _write_inputs(
+    write_inputs(
         src,
         queries=np.random.default_rng(3).normal(size=(2, 3, 4)),
         keys=np.random.default_rng(4).normal(size=(2, 5, 4)),
@@ -335,7 +113,7 @@ def test_run_float64_inputs_with_a_parametrised_scorer(tmp_path):
 
 def test_run_num_hiddens_sizes_the_additive_scorer(tmp_path, capsys):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     outs = []
     for h in ("1", "16"):
         out = tmp_path / f"o{h}.npz"
@@ -349,10 +127,10 @@ def test_run_num_hiddens_sizes_the_additive_scorer(tmp_path, capsys):
 @pytest.mark.parametrize("scoring", ["scaled_dot", "cosine", "general"])
 def test_run_refuses_num_hiddens_without_a_hidden_layer(tmp_path, capsys, scoring):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     argv = ["run", "--input", str(src), "--scoring", scoring, "--num-hiddens", "4"]
     assert main(argv) == 2
-    err = _one_error_line(capsys.readouterr().err)
+    err = one_error_line(capsys.readouterr().err)
     assert f"--num-hiddens: the {scoring} scorer has no hidden layer" in err
     assert "applies to additive" in err
 
@@ -384,7 +162,7 @@ def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
     )
     try:
         src = tmp_path / "in.npz"
-        arrays = _write_inputs(src)
+        arrays = write_inputs(src)
         out = tmp_path / "o.npz"
         assert main(["run", "--input", str(src), "--scoring", name, "--output", str(out)]) == 0
         ref_out, ref_w = _reference(
@@ -403,7 +181,7 @@ def test_run_nan_input_warns_and_heatmap_shows_nan(tmp_path, capsys):
     keys = np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32)
     keys[1, 0, 0] = np.nan  # an attended key of example 1
     keys[0, 4, 0] = np.nan  # a masked key of example 0: harmless
-    _write_inputs(src, keys=keys)
+    write_inputs(src, keys=keys)
     out, svg = tmp_path / "o.npz", tmp_path / "w.svg"
     assert main(["run", "--input", str(src), "--output", str(out), "--heatmap", str(svg)]) == 0
     err = capsys.readouterr().err
@@ -419,7 +197,7 @@ def test_run_finite_output_no_warning_despite_nan_in_padding(tmp_path, capsys):
     keys = np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32)
     values = np.random.default_rng(2).normal(size=(2, 5, 6)).astype(np.float32)
     keys[0, 3], values[0, 4] = np.nan, np.inf  # beyond valid_lens[0] = 2
-    _write_inputs(src, keys=keys, values=values)
+    write_inputs(src, keys=keys, values=values)
     assert main(["run", "--input", str(src), "--output", str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == ""
 
@@ -428,18 +206,18 @@ def test_run_finite_output_no_warning_despite_nan_in_padding(tmp_path, capsys):
 
 
 def test_run_heatmap_titles_each_example(tmp_path, monkeypatch):
-    import attnscore._io
+    from attnscore.cli import _files
 
     figures = []
-    real = attnscore._io.save_figure
+    real = _files.save_figure
 
     def keep(fig, path, option, **kwargs):
         figures.append(fig)
         return real(fig, path, option, **kwargs)
 
-    monkeypatch.setattr("attnscore.cli.save_figure", keep)
+    monkeypatch.setattr("attnscore.cli.run.save_figure", keep)
     src = tmp_path / "in.npz"
-    _write_inputs(
+    write_inputs(
         src,
         queries=np.ones((11, 1, 4), np.float32),
         keys=np.ones((11, 5, 4), np.float32),
@@ -478,7 +256,7 @@ def umask():
 @pytest.mark.parametrize(("mask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_run_file_modes_follow_the_umask(tmp_path, umask, mask, mode):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     umask(mask)
     out, png = tmp_path / "o.npz", tmp_path / "w.png"
     assert main(["run", "--input", str(src), "--output", str(out), "--heatmap", str(png)]) == 0
@@ -498,36 +276,36 @@ def test_run_file_modes_follow_the_umask(tmp_path, umask, mask, mode):
 )
 def test_run_refuses_output_paths_before_any_work(tmp_path, capsys, option, name, message):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     before = sorted(tmp_path.iterdir())
     other = ["--heatmap", str(tmp_path / "ok.png")] if option == "--output" else []
     other = other or ["--output", str(tmp_path / "ok.npz")]
     target = tmp_path / name if name != "." else tmp_path
     assert main(["run", "--input", str(src), option, str(target), *other]) == 2
     captured = capsys.readouterr()
-    assert message.format(tmp=tmp_path) in _one_error_line(captured.err)
+    assert message.format(tmp=tmp_path) in one_error_line(captured.err)
     assert captured.out == ""
     assert sorted(tmp_path.iterdir()) == before  # nothing written, no folder created
 
 
 def test_run_device_cpu(tmp_path):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     assert main(["run", "--input", str(src), "--device", "cpu"]) == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_run_device_cuda_without_gpu_one_line(tmp_path, capsys):
     src = tmp_path / "in.npz"
-    _write_inputs(src)
+    write_inputs(src)
     assert main(["run", "--input", str(src), "--device", "cuda"]) == 2
-    err = _one_error_line(capsys.readouterr().err)
+    err = one_error_line(capsys.readouterr().err)
     assert "--device: CUDA was asked for, but no GPU is available" in err
 
 
 def test_run_device_unknown(tmp_path, capsys):
     assert main(["run", "--input", str(tmp_path / "x.npz"), "--device", "tpu"]) == 2
-    assert "--device: expected cpu, cuda or cuda:N" in _one_error_line(capsys.readouterr().err)
+    assert "--device: expected cpu, cuda or cuda:N" in one_error_line(capsys.readouterr().err)
 
 
 # --- run: bad input files -----------------------------------------------------------------
@@ -573,15 +351,15 @@ def _truncated_member(p):
             "expected `queries` in .* to be numeric, but got int",
         ),
         ("in.txt", lambda p: p.write_text("x"), "expected a .npz or .pt file, but got in.txt"),
-        ("in.npz", lambda p: _write_inputs(p, keys=None), r"lacks array\(s\) \['keys'\]"),
-        ("in.npz", lambda p: _write_inputs(p, valid_lens=np.array([1, 2, 3])), "valid_lens"),
-        ("in.npz", lambda p: _write_inputs(p, valid_lens=np.array([1, -2])), "non-negative"),
+        ("in.npz", lambda p: write_inputs(p, keys=None), r"lacks array\(s\) \['keys'\]"),
+        ("in.npz", lambda p: write_inputs(p, valid_lens=np.array([1, 2, 3])), "valid_lens"),
+        ("in.npz", lambda p: write_inputs(p, valid_lens=np.array([1, -2])), "non-negative"),
         (
             "in.npz",
-            lambda p: _write_inputs(p, keys=np.zeros((2, 5, 3), np.float32)),
+            lambda p: write_inputs(p, keys=np.zeros((2, 5, 3), np.float32)),
             "feature size",
         ),
-        ("in.npz", lambda p: _write_inputs(p, queries=np.ones(4, np.float32)), r"\(B, n, q\)"),
+        ("in.npz", lambda p: write_inputs(p, queries=np.ones(4, np.float32)), r"\(B, n, q\)"),
     ],
 )
 def test_run_bad_input_one_clear_line_exit_2_no_output(tmp_path, capsys, name, setup, message):
@@ -589,7 +367,7 @@ def test_run_bad_input_one_clear_line_exit_2_no_output(tmp_path, capsys, name, s
     setup(src)
     out = tmp_path / "out.npz"
     assert main(["run", "--input", str(src), "--output", str(out)]) == 2
-    err = _one_error_line(capsys.readouterr().err)
+    err = one_error_line(capsys.readouterr().err)
     assert re.search(message, err), err
     assert "--input" in err
     assert "allow_pickle" not in err and "KeyError" not in err and "trust" not in err
@@ -599,48 +377,18 @@ def test_run_bad_input_one_clear_line_exit_2_no_output(tmp_path, capsys, name, s
 @pytest.mark.parametrize("scoring", ["additive", "general"])
 def test_run_zero_feature_queries_with_a_sized_scorer(tmp_path, capsys, scoring):
     src = tmp_path / "in.npz"
-    _write_inputs(src, queries=np.ones((2, 3, 0), np.float32))
+    write_inputs(src, queries=np.ones((2, 3, 0), np.float32))
     out = tmp_path / "out.npz"
     assert main(["run", "--input", str(src), "--scoring", scoring, "--output", str(out)]) == 2
-    err = _one_error_line(capsys.readouterr().err)
+    err = one_error_line(capsys.readouterr().err)
     assert f"--scoring {scoring}: Expected `query_size` to be a positive int, but got 0" in err
     assert not out.exists()
 
 
 def test_truncated_npz_file(tmp_path, capsys):
     src = tmp_path / "full.npz"
-    _write_inputs(src)
+    write_inputs(src)
     cut = tmp_path / "cut.npz"
     cut.write_bytes(src.read_bytes()[:200])
     assert main(["run", "--input", str(cut)]) == 2
-    assert "not an .npz archive" in _one_error_line(capsys.readouterr().err)
-
-
-# --- .gitignore ---------------------------------------------------------------------------
-
-
-@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout")
-def test_gitignore_covers_command_outputs():
-    paths = [
-        "demo/additive_attention.png",
-        "runs/additive/model.pt",
-        "attnscore-demo/exercise1_dot.png",
-        "weights.png",
-        "att.pdf",
-        "w.svg",
-        "out.npz",
-        "g2p_attention.png",
-    ]
-    proc = subprocess.run(
-        ["git", "check-ignore", "--no-index", *paths],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert sorted(proc.stdout.split()) == sorted(paths)
-    kept = subprocess.run(
-        ["git", "check-ignore", "--no-index", "docs/img/exercise1_additive.png"],
-        cwd=ROOT,
-        capture_output=True,
-    )
-    assert kept.returncode == 1  # the docs' own figures stay tracked
+    assert "not an .npz archive" in one_error_line(capsys.readouterr().err)

@@ -1,0 +1,277 @@
+"""The handlers of ``attnscore g2p train|eval|predict|compare|table``: ``handler(args) -> int``.
+
+Each turns parsed options into calls of :mod:`attnscore.g2p`, prints the results and writes
+the files asked for (through :mod:`._files`). Bad input raises
+:class:`~attnscore.cli._usage.UsageError`; the library's own errors are turned into it by
+:mod:`.g2p`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..g2p.checkpoint import load_model
+from ..g2p.compare import (
+    alignment_figures,
+    budget_line,
+    format_table,
+    run_result,
+    summarize,
+    train_in_subprocess,
+)
+from ..g2p.config import DEFAULT_STEPS, TrainConfig, usable_cores
+from ..g2p.data import Vocab
+from ..g2p.evaluate import EvalResult, evaluate_checkpoint, predict
+from ..g2p.plots import comparison_figure, words_figure
+from ..g2p.summary import SUMMARY_FILE
+from ..g2p.train import train
+from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
+from ._usage import UsageError
+
+__all__ = [
+    "check_words",
+    "cmd_compare",
+    "cmd_eval",
+    "cmd_predict",
+    "cmd_table",
+    "cmd_train",
+    "train_config",
+]
+
+
+def train_config(
+    args: argparse.Namespace, *, scoring: str | None = None, seed: int | None = None
+) -> TrainConfig:
+    """The :class:`~attnscore.g2p.config.TrainConfig` of parsed ``train``/``compare`` options.
+
+    Every option whose ``dest`` names a configuration field sets that field; besides,
+    ``--hidden`` sets both GRU sizes, ``--no-progress`` clears ``progress``, the budget is
+    :data:`~attnscore.g2p.config.DEFAULT_STEPS` steps when neither ``--steps`` nor
+    ``--time-budget`` is given, and ``--threads`` defaults to the usable cores per process.
+
+    Args:
+        args: options added by :func:`attnscore.cli.g2p.add_parser`.
+        scoring: the scorer (default ``args.scoring``).
+        seed: the seed (default ``args.seed``).
+
+    Returns:
+        The configuration.
+
+    Raises:
+        UsageError: both ``--steps`` and ``--time-budget``, or ``--nprocs`` with CUDA.
+    """
+    if args.steps is not None and args.time_budget is not None:
+        raise UsageError("expected --steps or --time-budget, but got both")
+    nprocs = args.nprocs
+    if nprocs > 1 and args.device != "cpu":
+        raise UsageError(f"--nprocs: expected 1 with --device {args.device}, but got {nprocs}")
+    values = dict(vars(args))
+    values.update(enc_hidden=args.hidden, dec_hidden=args.hidden, progress=not args.no_progress)
+    if args.steps is None and args.time_budget is None:
+        values["steps"] = DEFAULT_STEPS
+    if args.threads is None:
+        values["threads"] = max(1, usable_cores() // nprocs)
+    if scoring is not None:
+        values["scoring"] = scoring
+    if seed is not None:
+        values["seed"] = seed
+    return TrainConfig.from_fields(values)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``g2p train``: train one model; prints its summary line.
+
+    Args:
+        args: the ``train`` options.
+
+    Returns:
+        0, or 130 when interrupted (the last checkpoint is kept).
+
+    Raises:
+        UsageError: as :func:`train_config`.
+    """
+    cfg = train_config(args)
+    try:
+        summary = train(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        print("interrupted: the last checkpoint is kept; continue with --resume", file=sys.stderr)
+        return 130
+    if summary is not None:
+        last = summary.history[-1] if summary.history else None
+        per = last.valid_per if last is not None else float("nan")
+        wer = last.valid_wer if last is not None else float("nan")
+        print(
+            f"trained {summary.scoring}: {summary.steps} steps, "
+            f"{summary.epochs:.2f} epochs, {summary.train_seconds / 60:.1f} min; "
+            f"valid PER {100 * per:.2f}% WER {100 * wer:.2f}% -> {cfg.out}"
+        )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search).
+
+    Args:
+        args: the ``eval`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: a ``--json`` path that cannot be written.
+    """
+    if args.json is not None:
+        check_output(Path(args.json), "--json", (".json",))
+    torch.set_num_threads(args.threads)
+    res = evaluate_checkpoint(
+        args.checkpoint,
+        args.split,
+        args.beam,
+        args.data,
+        args.max_words,
+        device=args.device,
+        length_norm=args.length_norm,
+    )
+    print(EvalResult(**res["greedy"]).line(f"{args.split} greedy"))
+    if "beam" in res:
+        print(EvalResult(**res["beam"]).line(f"{args.split} beam={args.beam}"))
+    if args.json is not None:
+        _write_text(Path(args.json), json.dumps(res, indent=2) + "\n", "--json")
+    return 0
+
+
+def check_words(words: list[str], letters: Vocab) -> list[str]:
+    """Lower-case ``words``.
+
+    Args:
+        words: the words of ``g2p predict``.
+        letters: the model's letter vocabulary.
+
+    Returns:
+        The words, lower-cased.
+
+    Raises:
+        UsageError: a word with letters the model never saw, or an empty word.
+    """
+    out = []
+    for w in words:
+        lw = w.lower()
+        unknown = sorted({c for c in lw if c not in letters.stoi})
+        if not lw or unknown:
+            raise UsageError(
+                f"expected words made of the training letters, but got {w!r} "
+                f"(unknown: {''.join(unknown) or 'empty word'})"
+            )
+        out.append(lw)
+    return out
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``g2p predict``: pronounce words; with ``--heatmap F`` also draw one figure ``F``.
+
+    The figure has one panel per word. Without ``--heatmap`` nothing is written. The output
+    path is checked before anything is printed.
+
+    Args:
+        args: the ``predict`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: a ``--heatmap`` path that cannot be written, or a word the model cannot
+            spell (:func:`check_words`).
+    """
+    if args.heatmap is not None:
+        check_output(Path(args.heatmap), "--heatmap", FIGURE_FORMATS)
+    torch.set_num_threads(1)
+    model, letters, phones, _ = load_model(args.checkpoint, args.device)
+    words = check_words(args.words, letters)
+    prons, atts = predict(
+        model, words, letters, phones, beam=args.beam, length_norm=args.length_norm
+    )
+    if args.heatmap is not None:
+        fig = words_figure(words, prons, atts, title=model.cfg.scoring)
+        save_figure(fig, Path(args.heatmap), "--heatmap")
+    for w, p in zip(words, prons, strict=True):
+        print(f"{w}\t{' '.join(p)}")
+    if args.heatmap is not None:
+        print(f"attention heatmap: {args.heatmap}", file=sys.stderr)
+    return 0
+
+
+def _write_text(path: Path, text: str, option: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode()), option)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by scorer).
+
+    Args:
+        args: the ``table`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: an ``--out`` path that cannot be written.
+    """
+    if args.out is not None:
+        check_output(Path(args.out), "--out", (".md",))
+    torch.set_num_threads(args.threads)
+    results = [run_result(Path(r), args.beam, args.device, args.length_norm) for r in args.runs]
+    table = format_table(summarize(results), args.beam)
+    if args.out is not None:
+        _write_text(Path(args.out), table + "\n", "--out")
+    print(table)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``g2p compare``: every scorer x every seed with one budget, then table and figures.
+
+    Runs already finished in ``--out`` are reused.
+
+    Args:
+        args: the ``compare`` options.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: as :func:`train_config`, or an ``--out`` whose folder does not exist.
+    """
+    base = train_config(args, scoring=args.scorings[0], seed=args.seeds[0])
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
+    out.mkdir(exist_ok=True)
+    print(budget_line(base))
+    results = []
+    first_runs: dict[str, Path] = {}
+    for scoring in args.scorings:
+        for seed in args.seeds:
+            run = out / f"{scoring}-seed{seed}"
+            cfg = replace(base, model=replace(base.model, scoring=scoring), seed=seed, out=str(run))
+            if not (run / SUMMARY_FILE).is_file():
+                train_in_subprocess(cfg)
+            results.append(run_result(run, args.beam, args.device, args.length_norm))
+            first_runs.setdefault(scoring, run)
+    rows = summarize(results)
+    table = format_table(rows, args.beam)
+    _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out")
+    _write_text(out / "compare.md", budget_line(base) + "\n\n" + table + "\n", "--out")
+    print(table)
+    save_figure(comparison_figure(rows), out / "compare.png", "--out")
+    for word, fig in alignment_figures(first_runs, args.words).items():
+        path = out / f"alignment-{word}.png"
+        save_figure(fig, path, "--words")
+        print(f"alignment heatmap: {path}")
+    print(f"table, figures and runs: {out}")
+    return 0

@@ -1,0 +1,79 @@
+"""The ``attnscore`` command tree and its entry point.
+
+``attnscore demo | run | bench | g2p ...``: each command's module adds its parser through
+``add_parser(subparsers)``, which sets ``handler(args) -> int`` as a default. :func:`main`
+parses, calls the handler, and turns every :class:`~attnscore.cli._usage.UsageError`
+(from parsing or from running) into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from ._usage import ArgumentParser, UsageError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> ArgumentParser:
+    """The whole command tree: ``demo``, ``run``, ``bench`` and ``g2p`` with their own
+    subcommands, and ``--version``.
+
+    Returns:
+        The ``attnscore`` parser; every parser in it raises
+        :class:`~attnscore.cli._usage.UsageError` on bad options.
+
+    >>> args = build_parser().parse_args(["run", "--input", "in.npz"])
+    >>> args.scoring, args.handler.__name__
+    ('scaled_dot', '_run')
+    """
+    from .. import __version__
+    from . import bench, demo, g2p, run
+
+    parser = ArgumentParser(
+        prog="attnscore",
+        description="Attention scoring functions and attention pooling (D2L section "
+        "'Attention Scoring Functions').",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"attnscore {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (demo, run, bench, g2p):
+        command.add_parser(sub)
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``attnscore`` command; returns the exit code.
+
+    Bad input anywhere (options, missing or corrupt files, wrong arrays, bad shapes) gives
+    one line on stderr, ``attnscore: error: ...``, and exit code 2, and leaves no output
+    file behind.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 when a command fails in its own terms (``bench`` missing a target,
+        a handler exiting with a message), 2 on bad input.
+
+    >>> main(["run", "--input", "no-such-file.npz"])
+    2
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args))
+    except UsageError as err:
+        print(f"attnscore: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except SystemExit as done:  # --help, --version, or a handler that exits
+        if done.code is None or isinstance(done.code, int):
+            return done.code or 0
+        print(done.code, file=sys.stderr)
+        return 1

@@ -1,0 +1,178 @@
+"""The attnscore command tree: one parser, one error convention, --version, python -m."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from clitools import one_error_line, python_m
+
+import attnscore
+import attnscore.cli.demo
+from attnscore.cli import build_parser, main
+from attnscore.cli._usage import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_one_tree_with_every_subcommand():
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    assert list(sub.choices) == ["demo", "run", "bench", "g2p"]
+    assert all(type(p) is type(parser) for p in sub.choices.values())
+    for argv in (["demo"], ["run", "--input", "x.npz"], ["bench"], ["g2p", "table", "r"]):
+        assert callable(parser.parse_args(argv).handler)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "required"),
+        (["nope"], "invalid choice"),
+        (["run"], "--input"),
+        (["run", "--input", "x.npz", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["bench", "--threads", "0"], "--threads: expected a positive integer"),
+        (["g2p", "--no-such-option"], "required"),
+        (["g2p", "train", "--steps", "0"], "--steps: expected a positive integer"),
+    ],
+)
+def test_usage_errors_while_parsing_are_one_line_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in one_error_line(captured.err) and captured.out == ""
+
+
+def test_usage_error_raised_by_a_handler_is_one_line_exit_2(monkeypatch, capsys):
+    def boom(args):
+        raise UsageError("--out: something the handler found")
+
+    real = attnscore.cli.demo.add_parser
+
+    def add_parser(sub):
+        parser = real(sub)
+        parser.set_defaults(handler=boom)
+        return parser
+
+    monkeypatch.setattr(attnscore.cli.demo, "add_parser", add_parser)
+    assert main(["demo"]) == 2
+    assert one_error_line(capsys.readouterr().err).endswith("something the handler found\n")
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("demo", "run", "bench", "g2p", "--version"))
+
+
+def test_version_prints_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"attnscore {attnscore.__version__}\n" == "attnscore 0.1.0\n"
+    assert captured.err == ""
+
+
+def test_version_through_python_dash_m():
+    proc = python_m("--version")
+    assert proc.returncode == 0 and proc.stdout == "attnscore 0.1.0\n" and proc.stderr == ""
+
+
+def test_a_handler_exiting_with_a_message_exits_1(monkeypatch, capsys):
+    def give_up(args):
+        raise SystemExit("attnscore: demo gave up")
+
+    real = attnscore.cli.demo.add_parser
+
+    def add_parser(sub):
+        parser = real(sub)
+        parser.set_defaults(handler=give_up)
+        return parser
+
+    monkeypatch.setattr(attnscore.cli.demo, "add_parser", add_parser)
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err == "attnscore: demo gave up\n"
+
+
+@pytest.mark.parametrize("module", ["attnscore", "attnscore.cli"])
+def test_python_dash_m_in_process(module, tmp_path, monkeypatch, capsys):
+    """``python -m attnscore`` and ``python -m attnscore.cli`` exit with main()'s code."""
+    monkeypatch.setattr(sys, "argv", [module, "run", "--input", str(tmp_path / "missing.npz")])
+    with warnings.catch_warnings():
+        # the package is imported already; -m runs its __main__ again, which runpy notes
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(SystemExit) as done:
+            runpy.run_module(module, run_name="__main__")
+    assert done.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--input: no such file" in one_error_line(captured.err)
+
+
+def test_python_dash_m_usage_error(tmp_path):
+    proc = python_m("run", "--input", tmp_path / "missing.npz")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--input: no such file" in one_error_line(proc.stderr)
+
+
+def test_the_console_script_is_main():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'attnscore = "attnscore.cli:main"' in text
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_gitignore_covers_command_outputs():
+    paths = [
+        "demo/additive_attention.png",
+        "runs/additive/model.pt",
+        "attnscore-demo/exercise1_dot.png",
+        "weights.png",
+        "att.pdf",
+        "w.svg",
+        "out.npz",
+        "g2p_attention.png",
+    ]
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert sorted(proc.stdout.split()) == sorted(paths)
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "docs/img/exercise1_additive.png"],
+        cwd=ROOT,
+        capture_output=True,
+    )
+    assert kept.returncode == 1  # the docs' own figures stay tracked
+
+
+def test_the_library_never_imports_the_command_line():
+    """The layers: attnscore, its G2P task and its benchmark import nothing of
+    ``attnscore.cli`` (whose UsageError is the command line's alone)."""
+    import pkgutil
+
+    import attnscore.g2p
+
+    g2p = [
+        f"attnscore.g2p.{m.name}"
+        for m in pkgutil.iter_modules(attnscore.g2p.__path__)
+        if m.name != "__main__"
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {['attnscore', 'attnscore.bench', *g2p]!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('attnscore.cli')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[]\n" and len(g2p) > 10
