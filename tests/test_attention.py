@@ -518,3 +518,67 @@ def test_scaled_scores_have_unit_variance():
     assert abs(scores.var().item() - 1.0) < 0.15
     assert abs(attnscore.scoring.dot_product_scores(q, k, 1.0).var().item() / d - 1.0) < 0.15
     assert math.isclose(float(DotProductAttention(scale=1.0).scale), 1.0)
+
+
+# ---- the decoder's keys: projected once ---------------------------------------------------
+
+
+def _counted_additive():
+    module = AdditiveAttention(4, 3, 8).eval()
+    calls = []
+    module.W_k.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape))
+    return module, calls
+
+
+def _fresh_scores(module, q, k):
+    """The textbook's scores from the module's current weights (no cache involved)."""
+    feats = torch.tanh(module.W_q(q).unsqueeze(2) + module.W_k(k).unsqueeze(1))
+    return module.w_v(feats).squeeze(-1)
+
+
+def _plain_softmax(scores, lens):
+    allowed = torch.arange(scores.shape[-1]) < lens[:, None, None]
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+
+
+def test_decoder_steps_project_the_same_keys_once():
+    module, calls = _counted_additive()
+    keys, lens = torch.randn(2, 6, 4), torch.tensor([3, 6])
+    with torch.no_grad():
+        for _ in range(3):  # three decoder steps over the same encoder outputs
+            q = torch.randn(2, 1, 3)
+            out = module(q, keys, keys, lens)
+            expected = _plain_softmax(_fresh_scores(module, q, keys), lens) @ keys
+            torch.testing.assert_close(out, expected)
+    assert len(calls) == 1 + 3  # one projection for the steps, plus the references'
+
+
+@pytest.mark.parametrize("change", ["keys in place", "W_k in place", "other keys", "grad"])
+def test_kept_keys_projection_is_never_stale(change):
+    module, calls = _counted_additive()
+    keys, lens = torch.randn(2, 6, 4), torch.tensor([3, 6])
+    q = torch.randn(2, 1, 3)
+    with torch.no_grad():
+        module(q, keys, keys, lens)
+        if change == "keys in place":
+            keys.mul_(-2.0)
+        elif change == "W_k in place":
+            module.W_k.weight.add_(1.0)
+        elif change == "other keys":
+            keys = keys.clone() * 3.0
+    with torch.set_grad_enabled(change == "grad"):
+        out = module(q, keys, keys, lens)
+    expected = _plain_softmax(_fresh_scores(module, q, keys), lens) @ keys
+    torch.testing.assert_close(out, expected)
+    assert len(calls) == 3  # projected again (and once for the reference)
+    if change == "grad":
+        assert module._keys_cache is None and out.requires_grad
+
+
+def test_inference_mode_keys_are_projected_every_call():
+    module, calls = _counted_additive()
+    with torch.inference_mode():
+        keys, q = torch.randn(2, 6, 4), torch.randn(2, 1, 3)
+        module(q, keys, keys)
+        module(q, keys, keys)
+    assert len(calls) == 2

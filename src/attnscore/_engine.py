@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs, check_dropout
+from ._checks import check_attention_inputs, check_dropout, in_transform
 from ._mask import AttentionMask
 from .kernels import _attention
 from .masking import build_mask
-from .normalizers import Normalizer, get_normalizer, softmax
+from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
@@ -123,20 +123,35 @@ def prepare(
     return Prepared(q, k, v, mask)
 
 
-def zero_padding(prepared: Prepared) -> Prepared:
-    """Zero padded keys and values (keys no query may attend) and idle queries (queries that
+def _some(flags: Tensor) -> bool:
+    """Whether any flag is set; True wherever looking would cost a device sync or is not
+    possible (CUDA, tracing), so that the caller then zeroes unconditionally."""
+    if flags.device.type != "cpu" or in_transform(flags):
+        return True
+    return bool(flags.any())
+
+
+def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepared:
+    """Zero padded values and keys (keys no query may attend) and idle queries (queries that
     may attend no key), so that 0 * NaN cannot carry garbage stored there into outputs,
-    weights or gradients of the plain pipeline."""
+    weights or gradients of the plain pipeline.
+
+    Values always (the weighted sum multiplies them by zero weights); keys and queries only
+    when ``keys_and_queries``: their garbage reaches nothing but gradients (a score at a
+    masked position is never read by the normalizers), so without gradients the copies
+    are saved. Nothing is copied where there is no padding (seen on the CPU).
+    """
     mask = prepared.mask
     if mask.unmasked:
         return prepared
     q, k, v = prepared.queries, prepared.keys, prepared.values
     padded_keys = mask.padded_keys()
-    if padded_keys is not None:
-        k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
+    if padded_keys is not None and _some(padded_keys):
         v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-    idle = mask.idle_queries()
-    if idle is not None:
+        if keys_and_queries:
+            k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
+    idle = mask.idle_queries() if keys_and_queries else None
+    if idle is not None and _some(idle):
         q = q.masked_fill(idle.unsqueeze(-1), 0.0)
     return Prepared(q, k, v, mask)
 
@@ -161,7 +176,11 @@ def attend(
         result = fused(prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p)
         if result is not None:
             return result
-    prepared = zero_padding(prepared)
+    # Keys and queries matter to gradients only, but also to custom normalizers (which may
+    # read masked scores) and to captured graphs (which may later run with gradients).
+    built_in = normalize in NORMALIZERS.values()
+    keys_and_queries = torch.is_grad_enabled() or not built_in or in_transform(prepared.queries)
+    prepared = zero_padding(prepared, keys_and_queries=keys_and_queries)
     # In the inputs' dtype throughout, as the plain formulation computes it; the softmax
     # reduces 16-bit scores in float32.
     scores = scoring(prepared.queries, prepared.keys)

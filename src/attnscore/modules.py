@@ -11,12 +11,13 @@ units; ``...`` is (B,) or (B, H).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_dropout
+from ._checks import check_dropout, in_transform
 from ._engine import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
 from .normalizers import Normalizer, get_normalizer
 from .scoring import (
@@ -51,6 +52,11 @@ def _check_features(linear: nn.Module, x: Tensor, name: str, size_name: str) -> 
             f"Expected `{name}` with last dimension {size_name}={expected}, but got shape "
             f"{tuple(x.shape)} instead."
         )
+
+
+def _is_lazy(linear: nn.Module) -> bool:
+    """An ``nn.LazyLinear`` whose weight is not materialised yet."""
+    return isinstance(linear, nn.LazyLinear) and linear.has_uninitialized_params()
 
 
 class Attention(nn.Module):
@@ -198,6 +204,8 @@ class Attention(nn.Module):
         self.attention_weights  # noqa: B018
         state = self.__dict__.copy()
         state["_weights_fn"] = None
+        if "_keys_cache" in state:  # a weak reference: not picklable, and only a cache
+            state["_keys_cache"] = None
         return state
 
     def extra_repr(self) -> str:
@@ -261,6 +269,7 @@ class AdditiveAttention(Attention):
         self.W_k = nn.Linear(k, h, bias=False) if k else nn.LazyLinear(h, bias=False)
         self.W_q = nn.Linear(q, h, bias=False) if q else nn.LazyLinear(h, bias=False)
         self.w_v = nn.Linear(h, 1, bias=False)
+        self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
         self.normalize = bool(normalize)
         if normalize or bias:
             self.b = nn.Parameter(torch.zeros(h))
@@ -280,7 +289,31 @@ class AdditiveAttention(Attention):
         w = self.w_v.weight
         if self.g is not None:
             w = self.g * w / w.norm()
-        return additive_scores_from_projections(qh, self.W_k(keys), w, lengths)
+        return additive_scores_from_projections(qh, self._projected_keys(keys), w, lengths)
+
+    def _projected_keys(self, keys: Tensor) -> Tensor:
+        """``W_k keys``, computed once for the keys a decoder passes at every step.
+
+        Without gradients (decoding under ``torch.no_grad``), the projection of the last
+        keys tensor is kept and reused while the same tensor comes back unchanged (same
+        object, same version: no in-place change since) and ``W_k`` is unchanged. With
+        gradients nothing is kept: a kept projection would tie steps of autograd graphs.
+        Inference-mode tensors keep no version counter, so they are never reused; nor is
+        anything while tracing or compiling (a graph must hold the projection).
+        """
+        weight = self.W_k.weight
+        if torch.is_grad_enabled() or keys.is_inference() or _is_lazy(self.W_k) or (
+            in_transform(keys)
+        ):
+            self._keys_cache = None
+            return self.W_k(keys)  # type: ignore[no-any-return]
+        stamp = (keys._version, weight._version, weight.data_ptr(), weight.dtype)
+        cached = self._keys_cache
+        if cached is not None and cached[0]() is keys and cached[1] == stamp:
+            return cached[2]
+        projected: Tensor = self.W_k(keys)
+        self._keys_cache = (weakref.ref(keys), stamp, projected)
+        return projected
 
 
 class DotProductAttention(Attention):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnscore import bench
-from attnscore.bench import _core, cpu
+from attnscore.bench import _core, matrix
 from attnscore.cli._usage import ArgumentParser, UsageError
 from attnscore.cli.bench import add_parser, handle, main
 
@@ -22,25 +22,32 @@ def test_quick_run_is_a_smoke_run(tmp_path, capsys):
     assert main([*argv, "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "Smoke run" in table and "no target verdicts" in table
-    assert "| masked_softmax |" in table and "| additive_memory |" in table
-    assert "| met |" not in table and "| NO |" not in table and "| yes |" not in table
+    assert "| masked_softmax | lengths (B,) | float32 | fwd |" in table
+    assert "| additive_memory |" in table and "slower than their PyTorch baseline" in table
+    assert "| met |" not in table and "**NO**" not in table and "| yes |" not in table
     result = json.loads(out.read_text())
-    rows = {row["case"]: row for row in result["rows"]}
-    assert set(rows["masked_softmax"]["median_s"]) == {"attnscore", "softmax", "textbook"}
-    assert [c["vs"] for c in rows["masked_softmax"]["targets"]] == ["softmax", "textbook"]
+    rows = [row for row in result["rows"] if row["case"] == "masked_softmax"]
+    assert len(rows) == 3 * 3 * 2  # masks x dtypes x steps
+    first = next(r for r in rows if r["mask"] == "lengths (B,)" and r["dtype"] == "float32")
+    assert set(first["median_s"]) == {"attnscore", "softmax", "textbook"}
+    assert [c["vs"] for c in first["targets"]] == ["softmax", "softmax", "textbook"]
     assert all(c["met"] is None for row in result["rows"] for c in row["targets"])
-    assert rows["additive_memory"]["peak_rss_mib"]["attnscore"] > 0
+    (memory,) = [row for row in result["rows"] if row["case"] == "additive_memory"]
+    assert memory["peak_rss_mib"]["attnscore"] > 0
     assert result["torch"] == torch.__version__
 
 
-@pytest.mark.parametrize(("bound", "code", "verdict"), [(1e-9, 1, "| NO |"), (1e9, 0, "| yes |")])
+@pytest.mark.parametrize(
+    ("bound", "code", "verdict"), [(1e-9, 1, "| **NO** |"), (1e9, 0, "| yes |")]
+)
 def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
-    monkeypatch.setitem(cpu.FULL, "masked_softmax", cpu.QUICK["masked_softmax"])
-    monkeypatch.setitem(cpu.TARGETS, "masked_softmax", [_core.Target("time", bound, "softmax")])
-    monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.01)
+    monkeypatch.setitem(matrix.SHAPES["cpu"], "masked_softmax", {"B": 2, "n": 3, "m": 8})
+    monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", bound, "softmax")])
+    monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.001)
     assert main(["--cases", "masked_softmax", "--no-memory", "--threads", "1"]) == code
     out, err = capsys.readouterr()
     assert "Smoke run" not in out and "| met |" in out and verdict in out
+    assert out.count("| masked_softmax |") == 18
     assert ("target(s) missed" in err) == (code == 1)
 
 
@@ -87,7 +94,7 @@ def test_child_prints_its_peak_rss(capsys):
     """``--child CASE IMPL``: what each peak-RSS subprocess runs, here in this process."""
     old = torch.get_num_threads()
     try:
-        assert main(["--child", "masked_softmax", "attnscore", "--quick", "--threads", "1"]) == 0
+        assert main(["--child", "additive_memory", "attnscore", "--quick", "--threads", "1"]) == 0
     finally:
         torch.set_num_threads(old)
     peak = float(capsys.readouterr().out)

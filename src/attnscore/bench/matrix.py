@@ -206,6 +206,7 @@ TINY: Shapes = {"B": 2, "n": 4, "m": 8, "d": 8, "H": 2, "E": 16, "h": 8}
 
 DECODER: Shapes = {"B": 128, "m": 20, "h": 256}
 ADDITIVE_MEMORY: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
+ADDITIVE_MEMORY_QUICK: Shapes = {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}
 ADDITIVE_COMPILED: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
 SOFTMAX_COMPILED: Shapes = {"B": 64, "n": 256, "m": 1024}
 
@@ -259,19 +260,21 @@ def extras(device_type: str, quick: bool) -> list[Case]:
             mask="lengths (B,)",
         )
     )
-    if device_type == "cpu" and not quick:
+    if device_type == "cpu":
+        s = ADDITIVE_MEMORY_QUICK if quick else ADDITIVE_MEMORY
         out.append(
             Case(
                 "additive_memory",
-                ADDITIVE_MEMORY,
+                s,
                 "float32",
-                partial(_cases.additive_memory, ADDITIVE_MEMORY, device=device),
+                partial(_cases.additive_memory, s, device=device),
                 [Target("rss_mib", 1024.0)],
                 backward=True,
                 timed=False,
                 mask="lengths (B,)",
             )
         )
+    if device_type == "cpu" and not quick:
         out.append(
             Case(
                 "additive_compiled",
