@@ -10,6 +10,10 @@ while a kernel runs, so this module imports triton with ``TRITON_INTERPRET=1`` s
 the variable at once, and sets it again only for the duration of each of its tests: other
 tests never see it. With a GPU, the same tests run the compiled kernels on CUDA tensors.
 Tests marked ``cuda`` (larger shapes, the hardware tanh) need a GPU and skip without one.
+Every autotune candidate of the additive forward and every backward tile runs here (one
+forced at a time); the plain PyTorch twins (``attnscore.kernels._plain``) are a second,
+independent reference. The compiled form of the same kernels is checked by
+tests/test_triton_aot.py.
 """
 
 from __future__ import annotations
@@ -128,7 +132,12 @@ def _force_loop(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize(("shape", "loop"), [((2, 3, 7), False), ((5, 33), False), ((3, 29), True)])
+@pytest.mark.parametrize(
+    ("shape", "loop"),
+    # m = 24 and 40 are multiples of every vector width (8, 4, 2 elements): those rows are
+    # read in vectors, up to VEC - 1 positions past L (NaN here) that must not be used.
+    [((2, 3, 7), False), ((5, 33), False), ((3, 29), True), ((4, 6, 24), False), ((5, 40), True)],
+)
 def test_masked_softmax_forward_and_backward(
     cuda_mod: ModuleType,
     monkeypatch: pytest.MonkeyPatch,
@@ -180,6 +189,43 @@ def test_masked_softmax_gradcheck(cuda_mod: ModuleType) -> None:
     assert torch.autograd.gradcheck(MS.apply, (x,))
 
 
+@pytest.mark.parametrize(
+    ("m", "dtype", "vec"),
+    [(1024, torch.float32, 4), (1024, torch.bfloat16, 8), (1024, torch.float16, 8),
+     (1024, torch.float64, 2), (300, torch.float32, 4), (300, torch.bfloat16, 4),
+     (302, torch.float32, 2), (7, torch.float16, 1)],
+)  # fmt: skip
+def test_masked_softmax_vector_width(
+    cuda_mod: ModuleType, m: int, dtype: torch.dtype, vec: int
+) -> None:
+    """16 bytes of elements per vector, halved until the width divides m (rows start on a
+    vector boundary); the launch declares it to the kernel."""
+    ts = sys.modules["attnscore.kernels._triton_softmax"]
+    assert ts._vec(m, dtype) == vec
+    x = torch.empty(3, m, dtype=dtype, device="meta")
+    launch = ts.fwd_launch(x, torch.empty(3, dtype=torch.int64, device="meta"), x)
+    assert launch.meta["VEC"] == vec
+
+
+def test_masked_softmax_matches_plain_twin(
+    cuda_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnscore.kernels import _plain
+
+    gen = torch.Generator().manual_seed(8)
+    for loop in (False, True):
+        if loop:
+            _force_loop(monkeypatch)
+        x = torch.randn(3, 5, 40, generator=gen, dtype=torch.float64)
+        lens = _lengths((3, 5), 40, gen)
+        g = torch.randn(3, 5, 40, generator=gen, dtype=torch.float64)
+        y = cuda_mod.masked_softmax_forward(on(x), on(lens)).cpu()
+        y_plain = _plain.masked_softmax_forward(x, lens)
+        assert (y - y_plain).abs().max() <= 1e-12
+        dx = cuda_mod.masked_softmax_backward(on(g), on(y), on(lens)).cpu()
+        assert (dx - _plain.masked_softmax_backward(g, y_plain, lens)).abs().max() <= 1e-12
+
+
 def test_masked_softmax_low_precision_within_twice_torch(cuda_mod: ModuleType) -> None:
     """16-bit: error at most ~2x (+1 ulp for the interpreter's rounding) that of torch's
     own float32-reduced softmax rounded to the same dtype."""
@@ -228,10 +274,11 @@ def _additive_inputs(
     return qh, kh, w_v, lens
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_additive_forward_and_backward(cuda_mod: ModuleType, dtype: torch.dtype) -> None:
-    # Sizes cross every block: 2 query blocks, 2 key blocks, 2 chunks of h.
-    B, n, m, h = 2, 37, 45, 11
+def _check_additive(
+    cuda_mod: ModuleType, dtype: torch.dtype, B: int, n: int, m: int, h: int
+) -> None:
+    """Scores and gradients against the float64 textbook, with NaN wherever the kernels
+    must not look, and exact zeros where the lengths say so."""
     qh, kh, w_v, lens = _additive_inputs(B, n, m, h, dtype)
     keep = torch.arange(m) < lens[..., None]  # (B, n, m)
     key_used = torch.arange(m) < lens.amax(1, keepdim=True)  # (B, m)
@@ -255,12 +302,121 @@ def test_additive_forward_and_backward(cuda_mod: ModuleType, dtype: torch.dtype)
     )
     dq, dk, dw = (t.cpu() for t in grads)
     assert (dq.dtype, dk.dtype, dw.dtype) == (dtype, dtype, dtype)
+    assert dq.is_contiguous() and dk.is_contiguous()
     assert torch.equal(dq[lens == 0], torch.zeros_like(dq[lens == 0]))  # zero grads
     assert torch.equal(dk[~key_used], torch.zeros_like(dk[~key_used]))
     for ours, theirs in ((dq, qr.grad), (dk, kr.grad), (dw, wr.grad)):
         assert theirs is not None
         scale = float(theirs.abs().max())
         assert (ours.double() - theirs).abs().max() <= _budget(dtype) * scale * 2
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_additive_forward_and_backward(cuda_mod: ModuleType, dtype: torch.dtype) -> None:
+    # Sizes cross every block of the (32, 32) tiles these small shapes get.
+    _check_additive(cuda_mod, dtype, 2, 37, 45, 11)
+
+
+def test_additive_nan_key_reaches_only_rows_attending_it(cuda_mod: ModuleType) -> None:
+    """A NaN key that one query of a block attends: that query's scores and the key's own
+    gradient may be NaN, every other query's scores and gradients stay exact."""
+    qh, kh, w_v, _ = _additive_inputs(1, 6, 10, 4, torch.float64, seed=10)
+    lens = torch.tensor([[10, 3, 0, 7, 5, 1]])
+    kh_nan = kh.clone()
+    kh_nan[0, 8] = float("nan")  # attended by query 0 only
+    g = torch.randn(1, 6, 10, dtype=torch.float64)
+    scores = cuda_mod.additive_scores_forward(on(qh), on(kh_nan), on(w_v), on(lens)).cpu()
+    dq, dk, _ = (t.cpu() for t in cuda_mod.additive_scores_backward(
+        on(g), on(qh), on(kh_nan), on(w_v), on(lens)))  # fmt: skip
+    qr, kr = qh.clone().requires_grad_(), kh.clone().requires_grad_()
+    ref = ref_additive(qr, kr, w_v, lens)
+    keep = torch.arange(10) < lens[..., None]
+    ref.backward(torch.where(keep, g, 0.0))
+    assert torch.isnan(scores[0, 0, 8])
+    assert (scores[0, 1:] - ref.detach()[0, 1:]).abs().max() <= 1e-12
+    assert qr.grad is not None and kr.grad is not None
+    assert (dq[0, 1:] - qr.grad[0, 1:]).abs().max() <= 1e-12
+    others = [j for j in range(10) if j != 8]
+    assert torch.isnan(dk[0, 8]).all() and torch.isnan(dq[0, 0]).all()
+    assert (dk[0, others] - kr.grad[0, others]).abs().max() <= 1e-12
+
+
+def _additive_module() -> ModuleType:
+    return sys.modules["attnscore.kernels._triton_additive"]
+
+
+@pytest.mark.parametrize("config", range(5))
+def test_additive_forward_each_autotune_config(
+    cuda_mod: ModuleType, monkeypatch: pytest.MonkeyPatch, config: int
+) -> None:
+    """Each candidate alone (what the interpreter runs is the first after pruning), at
+    sizes that cross its tiles; the backward runs on its own tiling."""
+    ta = _additive_module()
+    cfg = ta.FWD_CONFIGS[config]
+    monkeypatch.setattr(ta._fwd_kernel, "configs", [cfg])
+    bi, bj = cfg.kwargs["BI"], cfg.kwargs["BJ"]
+    _check_additive(cuda_mod, torch.float32, 2, bi + 5, bj + 7, 3)
+
+
+@pytest.mark.parametrize("tile", range(4))
+def test_additive_backward_each_tile(
+    cuda_mod: ModuleType, monkeypatch: pytest.MonkeyPatch, tile: int
+) -> None:
+    ta = _additive_module()
+    bi, bj, warps = ta.BWD_TILES[tile]
+    monkeypatch.setattr(ta, "BWD_TILES", ((bi, bj, warps),))
+    _check_additive(cuda_mod, torch.float32, 2, bi + 3, bj + 9, 3)
+
+
+def test_additive_matches_plain_twin(cuda_mod: ModuleType) -> None:
+    from attnscore.kernels import _plain
+
+    qh, kh, w_v, lens = _additive_inputs(2, 37, 45, 11, torch.float64, seed=9)
+    g = torch.randn(2, 37, 45, dtype=torch.float64)
+    ours = cuda_mod.additive_scores_forward(on(qh), on(kh), on(w_v), on(lens)).cpu()
+    assert (ours - _plain.additive_scores_forward(qh, kh, w_v, lens)).abs().max() <= 1e-12
+    grads = cuda_mod.additive_scores_backward(on(g), on(qh), on(kh), on(w_v), on(lens))
+    plain = _plain.additive_scores_backward(g, qh, kh, w_v, lens)
+    for a, b in zip(grads, plain, strict=True):
+        assert (a.cpu() - b).abs().max() <= 1e-11 * (1 + float(b.abs().max()))
+
+
+def _programs(B: int, n: int, m: int, bi: int, bj: int) -> int:
+    return B * -(-n // bi) * -(-m // bj)
+
+
+@pytest.mark.parametrize(
+    "shape", [(8, 128, 512, 128), (4, 1024, 1024, 256), (4, 100, 300, 100), (1, 5, 7, 3)]
+)
+def test_additive_launches_fill_the_gpu_and_bound_memory(
+    cuda_mod: ModuleType, shape: tuple[int, int, int, int]
+) -> None:
+    """Forward candidates and the backward tile have >= 264 programs (2 per SM of an H100)
+    whenever some tile can; the backward's tile has the fewest partial sums among those."""
+    ta = _additive_module()
+    B, n, m, h = shape
+    meta = {"dtype": torch.float32, "device": "meta"}
+    qh, kh, w = torch.empty(B, n, h, **meta), torch.empty(B, m, h, **meta), torch.empty(h, **meta)
+    lens = torch.empty(B, n, dtype=torch.int64, device="meta")
+    fwd = ta.fwd_launch(qh, kh, w, lens, torch.empty(B, n, m, **meta), approx=False)
+    grids = [_programs(B, n, m, c.kwargs["BI"], c.kwargs["BJ"]) for c in ta.FWD_CONFIGS]
+    got = [fwd.grid(v)[0] for v in fwd.variants()]
+    if max(grids) >= 264:
+        assert got and min(got) >= 264 and len(got) == sum(x >= 264 for x in grids)
+    else:
+        assert got == [max(grids)]
+    launch, bufs = ta.bwd_launch(torch.empty(B, n, m, **meta), qh, kh, w, lens, approx=False)
+    programs = launch.grid({})[0]
+    floats = sum(b.numel() for b in bufs)
+    full = [(bi, bj) for bi, bj, _ in ta.BWD_TILES if _programs(B, n, m, bi, bj) >= 264]
+    if full:
+        assert programs >= 264
+        fewest = min(h * B * (n * -(-m // bj) + m * -(-n // bi)) for bi, bj in full)
+        assert floats - programs * h == fewest  # dq and dk partials (dw: one per program)
+    else:
+        assert programs == max(_programs(B, n, m, bi, bj) for bi, bj, _ in ta.BWD_TILES)
+    if shape == (4, 1024, 1024, 256):  # ADDITIVE_LARGE: the extra memory stays bounded
+        assert floats * 4 <= 100 * 2**20
 
 
 def test_additive_gradcheck(cuda_mod: ModuleType) -> None:
@@ -311,15 +467,54 @@ def test_additive_empty_and_bad_shapes(cuda_mod: ModuleType) -> None:
         cuda_mod.additive_scores_forward(qh, on(torch.randn(2, 5, 4)), w_v, lens[:, :2])
 
 
+def test_tanh_error_table(cuda_mod: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """The documented tanh errors: the exact kernel measured, the hardware tanh emulated
+    (every value off by the bound in the direction that adds up: its error is then
+    bound * max_ij sum_h |w_h tanh_ijh|, computed here directly)."""
+    from attnscore.kernels import _tanh_error as te
+
+    def kernel(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+        return cuda_mod.additive_scores_forward(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+
+    shape = (1, 4, 8, 16)
+    rows = {(r.tanh, r.dtype, r.how): r for r in te.table(kernel, shape)}
+    exact = rows["exact", "float32", "the kernel under the interpreter"]
+    assert exact.tanh_error <= 1e-6 and exact.score_error <= 2e-6
+    qh, kh, w_v, _ = te.inputs(*shape)
+    t = torch.tanh(qh[:, :, None, :] + kh[:, None, :, :])
+    ref = t @ w_v
+    spread = float((t * w_v).abs().sum(-1).max() / ref.abs().max())
+    for bound, name in te.BOUNDS:
+        worst = rows["approx", "float32", f"emulated: {name}, worst-case signs"]
+        random = rows["approx", "float32", f"emulated: {name}, random signs"]
+        assert worst.tanh_error == bound
+        assert abs(worst.score_error - bound * spread) <= 1e-6 + 1e-3 * bound * spread
+        assert random.score_error < worst.score_error
+    for dtype in ("bfloat16", "float16"):
+        rounding = rows["exact", dtype, "float64 sum rounded to the dtype"].score_error
+        assert 0 < rounding <= {"bfloat16": 2**-8, "float16": 2**-11}[dtype]
+        hw = rows["approx", dtype, "emulated: hardware bound, worst-case signs"].score_error
+        assert hw <= rounding + te.HARDWARE_BOUND * spread * 2
+    assert te.main(["--shape", *map(str, shape)]) == 0
+    assert "| exact | float32 | the kernel under the interpreter |" in capsys.readouterr().out
+
+
+def test_tanh_error_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnscore.kernels import _tanh_error as te
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert te.main([]) == 2
+
+
 def test_tanh_mode_and_supports(cuda_mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATTNSCORE_TANH", raising=False)
-    assert cuda_mod.tanh_mode() == "exact"
-    monkeypatch.setenv("ATTNSCORE_TANH", "approx")
+    assert cuda_mod.tanh_mode() == "auto"
+    monkeypatch.setenv("ATTNSCORE_TANH", " Approx ")
     assert cuda_mod.tanh_mode() == "approx"
     x = torch.randn(2)
     assert not cuda_mod._approx(x)  # never on CPU / under the interpreter
     monkeypatch.setenv("ATTNSCORE_TANH", "fast")
-    with pytest.raises(ValueError, match="Expected ATTNSCORE_TANH to be 'exact' or 'approx'"):
+    with pytest.raises(ValueError, match="Expected ATTNSCORE_TANH to be 'auto', 'exact' or"):
         cuda_mod.tanh_mode()
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -328,6 +523,81 @@ def test_tanh_mode_and_supports(cuda_mod: ModuleType, monkeypatch: pytest.Monkey
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert cuda_mod.supports(x, x.double(), x.half())
     assert not cuda_mod.supports(x, torch.ones(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    ("mode", "dtypes", "hardware"),
+    [
+        ("auto", (torch.bfloat16,), True),
+        ("auto", (torch.float16, torch.bfloat16, torch.float16), True),
+        ("auto", (torch.float32,), False),
+        ("auto", (torch.bfloat16, torch.bfloat16, torch.float32), False),
+        ("exact", (torch.bfloat16,), False),
+        ("approx", (torch.float32,), True),
+        ("approx", (torch.float32, torch.float64), False),
+        ("auto", (torch.float64,), False),
+    ],
+)
+def test_hardware_tanh_choice(
+    cuda_mod: ModuleType, mode: str, dtypes: tuple[torch.dtype, ...], hardware: bool
+) -> None:
+    """Default: the hardware tanh for 16-bit inputs only; float32 on request; never float64."""
+    assert cuda_mod.uses_hardware_tanh(*dtypes, mode=mode) is hardware
+
+
+def test_approx_on_cuda_tensors_follows_the_mode(
+    cuda_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device check passes for CUDA tensors outside the interpreter (meta stand-ins
+    here, no GPU needed), and then the mode and dtypes decide."""
+
+    class FakeCuda:
+        def __init__(self, dtype: torch.dtype) -> None:
+            self.dtype = dtype
+            self.device = torch.device("cuda")
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("ATTNSCORE_TANH", raising=False)
+    assert cuda_mod._approx(FakeCuda(torch.bfloat16), FakeCuda(torch.bfloat16))
+    assert not cuda_mod._approx(FakeCuda(torch.float32))
+    monkeypatch.setenv("ATTNSCORE_TANH", "approx")
+    assert cuda_mod._approx(FakeCuda(torch.float32))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not cuda_mod._approx(FakeCuda(torch.float32))
+
+
+def test_launch_lets_the_autotuner_choose_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the interpreter an autotuned launch goes through the autotuner with the
+    grid as a function of the chosen meta-parameters; inside, the first candidate runs."""
+    from attnscore.kernels._triton_launch import Launch
+
+    calls: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    class Kernel:  # a @triton.jit function: launched by kernel[grid](...)
+        def __init__(self, who: str) -> None:
+            self.who = self.__name__ = who
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **meta: Any) -> None:
+                calls.append((self.who, grid, args, meta))
+
+            return launch
+
+    class Tuner(Kernel):  # triton.autotune's wrapper: no __name__, the function in .fn
+        def __init__(self) -> None:
+            self.who = "autotuner"
+            self.fn = Kernel("first candidate")
+
+    launch = Launch(Tuner(), (1, 2), {"ACC": "f32"},
+                    lambda meta: (meta["BI"] * 10,), ({"BI": 3}, {"BI": 4}))  # fmt: skip
+    assert launch.name == "first candidate"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    launch.run()
+    who, grid, args, meta = calls.pop()
+    assert (who, args, meta, grid({"BI": 4})) == ("autotuner", (1, 2), {"ACC": "f32"}, (40,))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    launch.run()
+    assert calls.pop() == ("first candidate", (30,), (1, 2), {"ACC": "f32", "BI": 3})
 
 
 # -------------------------------------------------------- dot-product attention (SDPA)
@@ -428,6 +698,19 @@ def test_gpu_approx_tanh_error(gpu_mod: ModuleType, monkeypatch: pytest.MonkeyPa
     rel = float((ours.cpu().double() - ref).abs().max() / ref.abs().max())
     print(f"tanh.approx.f32: max error {rel:.2e} of max |score|")
     assert rel < 1e-2
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_gpu_additive_backward_is_deterministic(gpu_mod: ModuleType) -> None:
+    """Partial sums added by torch.sum in a fixed order: bitwise equal run to run."""
+    dev = torch.device("cuda")
+    qh, kh, w_v, lens = (t.to(dev) for t in _additive_inputs(4, 300, 500, 64, torch.float32))
+    g = torch.randn(4, 300, 500, device=dev)
+    first = gpu_mod.additive_scores_backward(g, qh, kh, w_v, lens)
+    for _ in range(3):
+        again = gpu_mod.additive_scores_backward(g, qh, kh, w_v, lens)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 @pytest.mark.cuda

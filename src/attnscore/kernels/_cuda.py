@@ -12,25 +12,39 @@ float32). :func:`supports` says whether a set of tensors can be taken.
 
 **Masked softmax** (``_triton_softmax``): one program per row (short rows packed several
 to a program); the row's valid part is loaded once when m <= 8192 (4096 in float64), else
-an online-softmax pass over the valid column blocks and a writing pass. Padded entries are
-never read. Issue 10 measured a first-try kernel of this kind at 0.79x (fp32) / 0.69x (bf16)
-of unmasked ``torch.softmax`` at (64, 256, 1024) on an H100; this one is not yet measured.
+an online-softmax pass over the valid column blocks and a writing pass. Loads are 16-byte
+vectors when m allows (the bound rounded up to the vector width, the tail dropped with
+``tl.where``); padded entries are never used. Issue 10 measured a first-try kernel of
+this kind at 0.79x (fp32) / 0.69x (bf16) of unmasked ``torch.softmax`` at
+(64, 256, 1024) on an H100; this one is not yet measured.
 
-**Additive scores** (``_triton_additive``): (32 queries x 32 keys) tiles, h in chunks of 8;
-the backward recomputes tanh in a per-query-block kernel (grad_qh, partial grad_w_v) and a
-per-key-block kernel (grad_kh): deterministic, no atomics, nothing of size B*n*m*h.
+**Additive scores** (``_triton_additive``): (query block x key block) tiles, autotuned
+among a few sizes; the forward walks h one unit at a time over a tile held in registers
+(inputs pre-transposed to (B, h, n) and (B, h, m), no exchange between lanes). The
+backward uses the same tiling: each tile recomputes tanh once per (i, j, h) and writes
+partial sums of grad_qh, grad_kh and grad_w_v, which ``torch.sum`` adds up:
+deterministic, no atomics, nothing of size B*n*m*h.
+
+**Compile-time evidence** (no GPU has run these kernels): ``python -m
+attnscore.kernels._aot --markdown`` compiles every kernel for sm_80 and sm_90 at the
+launch configurations of the benchmark shapes and prints registers, spills, shared memory,
+grid sizes and PTX facts; ``tests/test_triton_aot.py`` asserts them (docs/benchmarks.md).
 
 **tanh mode** (``ATTNSCORE_TANH``, read on every call; :func:`tanh_mode`):
 
-* ``exact`` (default): tanh|x| = (1 - e) / (1 + e), e = exp(-2|x|), with a Taylor series
-  for |x| < 1/8. Max relative error of tanh measured under the interpreter: 5.5e-7 in
-  float32, 5e-14 in float64; stable for any |x|.
-* ``approx``: the hardware ``tanh.approx.f32`` (inline PTX; CUDA only, never under the
-  interpreter, where ``exact`` runs instead). Its relative error is about 2^-11 per call,
-  so the issue's rule (float32 within 2e-4 relative of a float64 reference) cannot be shown
-  to hold without hardware: hence not the default. On the H100 of issue 10 it was 2.8x
-  faster (0.050 vs 0.139 ms, B=8 n=128 m=512 h=128); the forward >= 8x target probably
-  needs it. float64 inputs always use ``exact``.
+* ``auto`` (default): the hardware ``tanh.approx.f32`` when every input is float16 or
+  bfloat16, ``exact`` otherwise (float32, float64, mixed with those).
+* ``exact``: tanh|x| = (1 - e) / (1 + e), e = exp(-2|x|), with a Taylor series for
+  |x| < 1/8. Max relative error of tanh measured under the interpreter: 5.5e-7 in float32,
+  5e-14 in float64; stable for any |x|.
+* ``approx``: the hardware tanh for float32 too (never for float64). Its documented
+  maximum relative error is about 2^-11 per call: below the rounding of float16 (2^-11
+  relative) and bfloat16 (2^-8) outputs, but far above float32's, hence not the float32
+  default. Its effect on scores, emulated on the CPU, is in docs/benchmarks.md.
+  On the H100 of issue 10 it was 2.8x faster (0.050 vs 0.139 ms, B=8 n=128 m=512
+  h=128).
+
+The hardware instruction exists only on CUDA: under the interpreter ``exact`` always runs.
 
 **Dot-product attention**: ``scaled_dot_product_attention`` in 4-D layout with a boolean
 mask from the lengths, (B, 1, 1, m) for per-example lengths and (B, 1, n, m) for per-query
@@ -54,6 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._triton_additive import additive_bwd, additive_fwd
+from ._triton_launch import hardware_tanh
 from ._triton_softmax import masked_softmax_bwd, masked_softmax_fwd
 
 __all__ = [
@@ -64,10 +79,11 @@ __all__ = [
     "masked_softmax_forward",
     "supports",
     "tanh_mode",
+    "uses_hardware_tanh",
 ]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_TANH_MODES = ("exact", "approx")
+_TANH_MODES = ("auto", "exact", "approx")
 
 
 def _interpreting() -> bool:
@@ -87,28 +103,35 @@ def supports(*tensors: Tensor) -> bool:
 
 
 def tanh_mode() -> str:
-    """The tanh of the additive kernels, from ``ATTNSCORE_TANH``: ``"exact"`` (default) or
-    ``"approx"`` (hardware tanh.approx.f32, float32 on CUDA only; see the module docstring).
+    """The tanh of the additive kernels, from ``ATTNSCORE_TANH``: ``"auto"`` (default:
+    hardware tanh for float16/bfloat16 inputs, exact otherwise), ``"exact"`` or ``"approx"``
+    (hardware tanh.approx.f32 for float32 too); see the module docstring.
 
     Raises:
         ValueError: ``ATTNSCORE_TANH`` is set to anything else.
     """
-    mode = os.environ.get("ATTNSCORE_TANH", "").strip().lower() or "exact"
+    mode = os.environ.get("ATTNSCORE_TANH", "").strip().lower() or "auto"
     if mode not in _TANH_MODES:
         raise ValueError(
-            "Expected ATTNSCORE_TANH to be 'exact' or 'approx', but got "
+            "Expected ATTNSCORE_TANH to be 'auto', 'exact' or 'approx', but got "
             f"{os.environ['ATTNSCORE_TANH']!r} instead"
         )
     return mode
 
 
+def uses_hardware_tanh(*dtypes: torch.dtype, mode: str) -> bool:
+    """Whether additive kernels on CUDA inputs of these dtypes use ``tanh.approx.f32`` in
+    tanh ``mode`` (``"auto"``, ``"exact"`` or ``"approx"``; see :func:`tanh_mode`): in
+    ``auto`` only when every dtype is float16 or bfloat16; never with float64."""
+    return hardware_tanh(*dtypes, mode=mode)
+
+
 def _approx(*tensors: Tensor) -> bool:
-    """Whether to use the hardware tanh for these tensors."""
-    return (
-        tanh_mode() == "approx"
-        and not _interpreting()
-        and all(t.device.type == "cuda" and t.dtype != torch.float64 for t in tensors)
-    )
+    """Whether to use the hardware tanh for these tensors (CUDA only, not interpreted)."""
+    mode = tanh_mode()
+    if _interpreting() or any(t.device.type != "cuda" for t in tensors):
+        return False
+    return uses_hardware_tanh(*(t.dtype for t in tensors), mode=mode)
 
 
 def _lengths(lengths: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -130,7 +153,8 @@ def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
     Returns:
         Tensor of x's shape and dtype: softmax of ``x[..., :L]``, then exact zeros; rows
         with L == 0 are all zeros. 16-bit inputs are reduced in float32. Positions >= L are
-        never read, so NaN there changes nothing.
+        never used (at most the rest of the 16-byte vector holding position L - 1 is
+        read), so NaN there changes nothing.
 
     Raises:
         ValueError: lengths of the wrong dtype or shape.
@@ -144,7 +168,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     """Gradient of :func:`masked_softmax_forward` with respect to x.
 
     Args:
-        grad_y: (..., m) gradient of the output; read only below the lengths.
+        grad_y: (..., m) gradient of the output; used only below the lengths.
         y: (..., m) the forward's output, same dtype.
         lengths: int64 of shape ``y.shape[:-1]``.
 
@@ -185,9 +209,9 @@ def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 
     Returns:
         scores (B, n, m) in qh's dtype, exact 0 for j >= lengths[b, i] (whole rows for
-        length 0). Keys beyond the longest length of each 32-query block and queries of
-        length 0 are never read; garbage in keys another row may read cannot reach a row's
-        scores. tanh per :func:`tanh_mode`.
+        length 0). Keys beyond the longest length of each query block (32 to 64 queries)
+        and queries of length 0 are never read; garbage in keys another row may read
+        cannot reach a row's scores. tanh per :func:`tanh_mode`.
 
     Raises:
         ValueError: mismatched shapes, lengths of the wrong dtype or shape, or a bad
@@ -212,8 +236,10 @@ def additive_scores_backward(
 
     Returns:
         (grad_qh (B, n, h), grad_kh (B, m, h), grad_w_v (h,)) in the dtypes of qh, kh, w_v;
-        reduced in float32 (float64 for float64 inputs). No (B, n, m, h) tensor: the extra
-        memory is one (B * ceil(n / 32), h) buffer of partial grad_w_v sums.
+        reduced in float32 (float64 for float64 inputs); deterministic run to run. No
+        (B, n, m, h) tensor: the extra memory is the partial sums of each (BI, BJ) tile,
+        B h (n ceil(m / BJ) + m ceil(n / BI)) floats plus transposed copies of qh and kh
+        (BI, BJ from 32 to 128, chosen per shape; 96 MiB at B=4 n=m=1024 h=256).
 
     Raises:
         ValueError: as :func:`additive_scores_forward`.

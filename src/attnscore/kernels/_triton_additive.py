@@ -6,39 +6,74 @@
     scores[b, i, j] = sum_h w_v[h] * tanh(qh[b, i, h] + kh[b, j, h])   for j < lengths[b, i]
                     = 0                                                 otherwise
 
-Each program owns a (BLOCK_I, BLOCK_J) tile of scores and walks h in chunks of BLOCK_H, so
-the tanh values only ever exist as one (BLOCK_I, BLOCK_J, BLOCK_H) block in registers.
+The launchers first transpose qh to (B, h, n) and kh to (B, h, m), so that the values of
+one hidden unit for a block of queries (or keys) are contiguous.
 
-Backward (tanh recomputed, d = g * w_v * (1 - tanh^2)):
+**Forward** (``_fwd_kernel``): each program owns a (BI, BJ) tile of scores in registers
+and walks h one unit at a time: load BI query values and BJ key values of unit h, add
+``w_v[h] * tanh(q_i + k_j)`` to every entry. Every thread works on its own entries: no
+reduction, no exchange between lanes. The tile size and warp count are autotuned
+(``triton.autotune``, keyed on (B, n, m, h), the tanh and the dtypes; each new key costs
+one timing run of the candidates) among ``FWD_CONFIGS``, keeping only those whose grid
+has at least ``MIN_PROGRAMS`` programs (2 per SM of an H100) when some do, else the
+first with the largest grid.
 
-* ``_bwd_rows_kernel``, one program per (b, block of queries): grad_qh = sum_j d, and this
-  program's part of grad_w_v = sum_{i,j} g * tanh (summed over programs afterwards, in the
-  reduction dtype: deterministic, no atomics).
-* ``_bwd_keys_kernel``, one program per (b, block of keys): grad_kh = sum_i d.
+**Backward** (``_bwd_kernel``), on the forward's tiling: each (BI, BJ) program loads its
+tile of grad_scores once, then for each h recomputes t = tanh(q_i + k_j) once and writes
+three partial sums, for this tile alone:
 
-So the backward evaluates tanh twice per (i, j, h) and the forward once. Keys at or beyond
-the longest length of the query block (forward, grad_qh) or of the batch element (grad_kh)
-are never loaded; queries with length 0 are never loaded; grad_scores is read only below
-the lengths. float16/bfloat16 are computed and reduced in float32, float64 in float64.
+* grad_qh: w_v[h] * sum_j g (1 - t^2), one value per query, into a (B, m / BJ, h, n)
+  buffer;
+* grad_kh: w_v[h] * sum_i g (1 - t^2), one value per key, into (B, n / BI, h, m);
+* grad_w_v: sum_{i, j} g t, one value, into (programs, h).
+
+A second pass sums the partial buffers over their tile axis (``torch.sum``: deterministic,
+no atomics). The tile is chosen per shape (:func:`_bwd_tile`): the one with the smallest
+partial buffers among those with at least ``MIN_PROGRAMS`` programs.
+
+**What is read.** Keys at or beyond the longest length of a query block, and queries with
+length 0, are never loaded (their loads are masked off); a tile entirely beyond that
+length loads nothing else and writes zeros. grad_scores is read only below the lengths.
+Entries (i, j) with j >= lengths[b, i] are masked out of every sum, so garbage in keys that
+another row of the block attends cannot reach this row's results.
+
+float16/bfloat16 are computed and reduced in float32, float64 in float64.
 
 tanh: ``APPROX=True`` uses the hardware ``tanh.approx.f32`` (inline PTX, real CUDA only),
 otherwise an exp-based formula accurate to float32 rounding (see :func:`_tanh`). The
 launchers take the choice as an argument; :mod:`attnscore.kernels._cuda` picks it.
-Block sizes are first choices, not tuned on hardware.
+Tile sizes are first choices, not tuned on hardware; their register and spill counts on
+sm_80/sm_90 are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["additive_bwd", "additive_fwd"]
+from ._triton_launch import MIN_PROGRAMS, Launch, config_meta
 
-BLOCK_I = 32
-BLOCK_J = 32
-BLOCK_H = 8
+__all__ = [
+    "BWD_TILES",
+    "FWD_CONFIGS",
+    "BwdBuffers",
+    "additive_bwd",
+    "additive_fwd",
+    "bwd_launch",
+    "fwd_launch",
+]
+
+#: Forward candidates: (BI queries, BJ keys) per tile and warps per program.
+FWD_CONFIGS = [
+    triton.Config({"BI": bi, "BJ": bj}, num_warps=w)
+    for bi, bj, w in ((32, 32, 4), (32, 32, 2), (64, 32, 4), (32, 64, 4), (64, 64, 8))
+]
+#: Backward tiles (BI, BJ, warps), fewest partial sums first (see :func:`_bwd_tile`).
+BWD_TILES = ((128, 64, 8), (64, 64, 8), (64, 32, 4), (32, 32, 4))
 
 
 @triton.jit
@@ -65,127 +100,119 @@ def _tanh(x, APPROX: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(
-    q_ptr, k_ptr, w_ptr, len_ptr, s_ptr, n, m, H,
-    BI: tl.constexpr, BJ: tl.constexpr, BH: tl.constexpr, ACC: tl.constexpr, APPROX: tl.constexpr,
-):  # fmt: skip
-    # 1-D grid over (b, query block, key block), key block fastest: neighbours share queries.
-    pid = tl.program_id(0).to(tl.int64)
+def _tile(pid, len_ptr, n, m, BI: tl.constexpr, BJ: tl.constexpr):
+    """Decode a program id of the 1-D grid over (b, query block, key block), key block
+    fastest (neighbours share queries), and load the block's clamped lengths."""
     n_jb = tl.cdiv(m, BJ)
     n_ib = tl.cdiv(n, BI)
     jb = pid % n_jb
     ib = (pid // n_jb) % n_ib
-    b = pid // (n_jb * n_ib)
+    b = (pid // (n_jb * n_ib)).to(tl.int64)
     i = ib * BI + tl.arange(0, BI)
     j = jb * BJ + tl.arange(0, BJ)
     row_ok = i < n
     L = tl.load(len_ptr + b * n + i, mask=row_ok, other=0)
     L = tl.minimum(tl.maximum(L, 0), m)
+    return b, ib, jb, i, j, row_ok, L
+
+
+@triton.jit
+def _fwd_kernel(
+    qt_ptr, kt_ptr, w_ptr, len_ptr, s_ptr, B, n, m, H,
+    BI: tl.constexpr, BJ: tl.constexpr, ACC: tl.constexpr, APPROX: tl.constexpr,
+):  # fmt: skip
+    # qt (B, H, n), kt (B, H, m): unit h of a block of queries / keys is contiguous.
+    b, _, jb, i, j, row_ok, L = _tile(tl.program_id(0), len_ptr, n, m, BI, BJ)
     max_len = tl.max(L, axis=0)
     key_ok = j < max_len  # keys no row of this block may attend are never loaded
     q_ok = row_ok & (L > 0)  # nor are queries that attend nothing
+    q_ptrs = qt_ptr + b * H * n + i
+    k_ptrs = kt_ptr + b * H * m + j
     acc = tl.zeros([BI, BJ], ACC)
     # A tile entirely beyond the block's lengths runs no iteration and stores zeros.
     h_end = tl.where(jb * BJ < max_len, H, 0)
-    for h0 in range(0, h_end, BH):
-        hh = h0 + tl.arange(0, BH)
-        h_ok = hh < H
-        q = tl.load(q_ptr + (b * n + i[:, None]) * H + hh[None, :],
-                    mask=q_ok[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-        k = tl.load(k_ptr + (b * m + j[:, None]) * H + hh[None, :],
-                    mask=key_ok[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-        w = tl.load(w_ptr + hh, mask=h_ok, other=0.0).to(ACC)
-        t = _tanh(q[:, None, :] + k[None, :, :], APPROX)
-        acc += tl.sum(t * w[None, None, :], axis=2)
-    valid = j[None, :] < L[:, None]
-    out = tl.where(valid, acc, 0.0)  # also drops NaN from garbage in other rows' keys
-    tl.store(s_ptr + (b * n + i[:, None]) * m + j[None, :], out.to(s_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (j[None, :] < m))  # fmt: skip
+    for h in range(0, h_end):
+        q = tl.load(q_ptrs, mask=q_ok, other=0.0).to(ACC)
+        k = tl.load(k_ptrs, mask=key_ok, other=0.0).to(ACC)
+        w = tl.load(w_ptr + h).to(ACC)
+        acc += w * _tanh(q[:, None] + k[None, :], APPROX)
+        q_ptrs += n
+        k_ptrs += m
+    # The key index again, built in 2-D: sharing the 1-D j with the loop made Triton
+    # convert the layout of the keys inside the loop (through shared memory, every h).
+    j2 = jb * BJ + tl.arange(0, BJ)[None, :]
+    out = tl.where(j2 < L[:, None], acc, 0.0)  # also drops NaN from other rows' keys
+    tl.store(s_ptr + (b * n + i[:, None]) * m + j2, out.to(s_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (j2 < m))  # fmt: skip
+
+
+def _fwd_grid(B: int, n: int, m: int, meta: dict[str, Any]) -> tuple[int]:
+    return (B * triton.cdiv(n, meta["BI"]) * triton.cdiv(m, meta["BJ"]),)
+
+
+def _keep_full_grids(configs: list[Any], named_args: dict[str, Any], **_: Any) -> list[Any]:
+    """The configurations whose grid has at least MIN_PROGRAMS programs, or, when none has,
+    the first with the largest grid (autotune's ``early_config_prune``)."""
+    B, n, m = named_args["B"], named_args["n"], named_args["m"]
+    sizes = [_fwd_grid(B, n, m, c.kwargs)[0] for c in configs]
+    full = [c for c, size in zip(configs, sizes, strict=True) if size >= MIN_PROGRAMS]
+    return full or [configs[sizes.index(max(sizes))]]
+
+
+_fwd_kernel = triton.autotune(
+    configs=FWD_CONFIGS,
+    key=["B", "n", "m", "H", "APPROX"],
+    prune_configs_by={"early_config_prune": _keep_full_grids},
+)(_fwd_kernel)
 
 
 @triton.jit
-def _bwd_rows_kernel(
-    g_ptr, q_ptr, k_ptr, w_ptr, len_ptr, dq_ptr, dw_ptr, n, m, H,
-    BI: tl.constexpr, BJ: tl.constexpr, BH: tl.constexpr, ACC: tl.constexpr, APPROX: tl.constexpr,
+def _bwd_kernel(
+    g_ptr, qt_ptr, kt_ptr, w_ptr, len_ptr, dq_ptr, dk_ptr, dw_ptr, n, m, H,
+    BI: tl.constexpr, BJ: tl.constexpr, ACC: tl.constexpr, APPROX: tl.constexpr,
 ):  # fmt: skip
-    # One program per (b, query block): grad_qh rows and a partial grad_w_v.
-    pid = tl.program_id(0).to(tl.int64)
-    n_ib = tl.cdiv(n, BI)
-    ib = pid % n_ib
-    b = pid // n_ib
-    i = ib * BI + tl.arange(0, BI)
-    row_ok = i < n
-    L = tl.load(len_ptr + b * n + i, mask=row_ok, other=0)
-    L = tl.minimum(tl.maximum(L, 0), m)
+    # Partial sums of this (BI, BJ) tile: dq (B, n_jb, H, n), dk (B, n_ib, H, m), dw (grid, H).
+    pid = tl.program_id(0)
+    b, ib, jb, i, j, row_ok, L = _tile(pid, len_ptr, n, m, BI, BJ)
     max_len = tl.max(L, axis=0)
-    q_ok = row_ok & (L > 0)
-    # h outermost: the accumulators are (BI, BH) and (BH,), not (BI, H).
-    for h0 in range(0, H, BH):
-        hh = h0 + tl.arange(0, BH)
-        h_ok = hh < H
-        q = tl.load(q_ptr + (b * n + i[:, None]) * H + hh[None, :],
-                    mask=q_ok[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-        w = tl.load(w_ptr + hh, mask=h_ok, other=0.0).to(ACC)
-        dq = tl.zeros([BI, BH], ACC)
-        dw = tl.zeros([BH], ACC)
-        for j0 in range(0, max_len, BJ):
-            j = j0 + tl.arange(0, BJ)
-            valid = j[None, :] < L[:, None]
-            g = tl.load(g_ptr + (b * n + i[:, None]) * m + j[None, :], mask=valid,
-                        other=0.0).to(ACC)  # fmt: skip
-            k = tl.load(k_ptr + (b * m + j[:, None]) * H + hh[None, :],
-                        mask=(j < max_len)[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-            t = _tanh(q[:, None, :] + k[None, :, :], APPROX)
-            # Entries of keys valid for another row only: garbage there must not reach sums.
-            t = tl.where(valid[:, :, None], t, 0.0)
-            gg = g[:, :, None]
-            dq += tl.sum(tl.where(valid[:, :, None], gg * (1.0 - t * t), 0.0), axis=1)
-            dw += tl.sum(tl.sum(gg * t, axis=1), axis=0)
-        tl.store(dq_ptr + (b * n + i[:, None]) * H + hh[None, :],
-                 (dq * w[None, :]).to(dq_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & h_ok[None, :])  # fmt: skip
-        tl.store(dw_ptr + pid * H + hh, dw, mask=h_ok)
-
-
-@triton.jit
-def _bwd_keys_kernel(
-    g_ptr, q_ptr, k_ptr, w_ptr, len_ptr, maxlen_ptr, dk_ptr, n, m, H,
-    BI: tl.constexpr, BJ: tl.constexpr, BH: tl.constexpr, ACC: tl.constexpr, APPROX: tl.constexpr,
-):  # fmt: skip
-    # One program per (b, key block): grad_kh rows, summing over every query block.
-    pid = tl.program_id(0).to(tl.int64)
-    n_jb = tl.cdiv(m, BJ)
-    jb = pid % n_jb
-    b = pid // n_jb
-    j = jb * BJ + tl.arange(0, BJ)
-    max_len = tl.load(maxlen_ptr + b)  # longest length of batch element b
     key_ok = j < max_len
-    # Key blocks no query of this element attends run no iteration and store zeros.
-    n_end = tl.where(jb * BJ < max_len, n, 0)
-    for h0 in range(0, H, BH):
-        hh = h0 + tl.arange(0, BH)
-        h_ok = hh < H
-        k = tl.load(k_ptr + (b * m + j[:, None]) * H + hh[None, :],
-                    mask=key_ok[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-        w = tl.load(w_ptr + hh, mask=h_ok, other=0.0).to(ACC)
-        dk = tl.zeros([BJ, BH], ACC)
-        for i0 in range(0, n_end, BI):
-            i = i0 + tl.arange(0, BI)
-            row_ok = i < n
-            L = tl.load(len_ptr + b * n + i, mask=row_ok, other=0)
-            L = tl.minimum(tl.maximum(L, 0), m)
-            valid = j[None, :] < L[:, None]
-            q_ok = row_ok & (L > 0)
-            q = tl.load(q_ptr + (b * n + i[:, None]) * H + hh[None, :],
-                        mask=q_ok[:, None] & h_ok[None, :], other=0.0).to(ACC)  # fmt: skip
-            g = tl.load(g_ptr + (b * n + i[:, None]) * m + j[None, :], mask=valid,
-                        other=0.0).to(ACC)  # fmt: skip
-            t = _tanh(q[:, None, :] + k[None, :, :], APPROX)
-            d = tl.where(valid[:, :, None], g[:, :, None] * (1.0 - t * t), 0.0)
-            dk += tl.sum(d, axis=0)
-        tl.store(dk_ptr + (b * m + j[:, None]) * H + hh[None, :],
-                 (dk * w[None, :]).to(dk_ptr.dtype.element_ty),
-                 mask=(j < m)[:, None] & h_ok[None, :])  # fmt: skip
+    q_ok = row_ok & (L > 0)
+    valid = j[None, :] < L[:, None]
+    n_jb = tl.cdiv(m, BJ)
+    n_ib = tl.cdiv(n, BI)
+    dq_ptrs = dq_ptr + ((b * n_jb + jb) * H) * n + i
+    dk_ptrs = dk_ptr + ((b * n_ib + ib) * H) * m + j
+    dw_ptrs = dw_ptr + pid.to(tl.int64) * H
+    key_in = j < m
+    if jb * BJ < max_len:
+        g = tl.load(g_ptr + (b * n + i[:, None]) * m + j[None, :], mask=valid, other=0.0)
+        g = g.to(ACC)
+        q_ptrs = qt_ptr + b * H * n + i
+        k_ptrs = kt_ptr + b * H * m + j
+        for h in range(0, H):
+            q = tl.load(q_ptrs, mask=q_ok, other=0.0).to(ACC)
+            k = tl.load(k_ptrs, mask=key_ok, other=0.0).to(ACC)
+            w = tl.load(w_ptr + h).to(ACC)
+            # Entries of keys valid for another row only: their t must not reach the sums.
+            t = tl.where(valid, _tanh(q[:, None] + k[None, :], APPROX), 0.0)
+            gt = g * t
+            d = g - gt * t  # g (1 - t^2)
+            tl.store(dq_ptrs, w * tl.sum(d, axis=1), mask=row_ok)
+            tl.store(dk_ptrs, w * tl.sum(d, axis=0), mask=key_in)
+            tl.store(dw_ptrs + h, tl.sum(tl.sum(gt, axis=1), axis=0))
+            q_ptrs += n
+            k_ptrs += m
+            dq_ptrs += n
+            dk_ptrs += m
+    else:  # no row of the block attends these keys: zero partial sums, nothing read
+        zq = tl.zeros([BI], ACC)
+        zk = tl.zeros([BJ], ACC)
+        for h in range(0, H):
+            tl.store(dq_ptrs, zq, mask=row_ok)
+            tl.store(dk_ptrs, zk, mask=key_in)
+            tl.store(dw_ptrs + h, 0.0)
+            dq_ptrs += n
+            dk_ptrs += m
 
 
 def _acc(*tensors: Tensor) -> tuple[tl.dtype, torch.dtype]:
@@ -195,8 +222,29 @@ def _acc(*tensors: Tensor) -> tuple[tl.dtype, torch.dtype]:
     return tl.float32, torch.float32
 
 
-def _block_h(H: int) -> int:
-    return min(BLOCK_H, triton.next_power_of_2(max(H, 1)))
+def _transposed(x: Tensor) -> Tensor:
+    """(B, k, h) -> contiguous (B, h, k)."""
+    return x.transpose(1, 2).contiguous()
+
+
+def fwd_launch(
+    qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor, scores: Tensor, *, approx: bool
+) -> Launch:
+    """The launch :func:`additive_fwd` makes (B n m > 0); any device (``meta`` tensors for
+    the compile report). Its ``configs`` are the autotune candidates at this shape."""
+    B, n, H = qh.shape
+    m = kh.shape[1]
+    acc, _ = _acc(qh, kh, w_v)
+    args = (_transposed(qh), _transposed(kh), w_v, lengths, scores, B, n, m, H)
+    named = {"B": B, "n": n, "m": m}
+    configs = tuple(config_meta(c) for c in _keep_full_grids(_fwd_kernel.configs, named))
+    return Launch(
+        _fwd_kernel,
+        args,
+        {"ACC": acc, "APPROX": approx},
+        lambda meta: _fwd_grid(B, n, m, meta),
+        configs,
+    )
 
 
 def additive_fwd(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor, *, approx: bool) -> Tensor:
@@ -204,42 +252,72 @@ def additive_fwd(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor, *, approx
 
     All contiguous, on one device; lengths int64. See the module docstring.
     """
-    B, n, H = qh.shape
+    B, n, _ = qh.shape
     m = kh.shape[1]
     scores = torch.empty((B, n, m), dtype=qh.dtype, device=qh.device)
-    if B * n * m == 0:
-        return scores
-    acc, _ = _acc(qh, kh, w_v)
-    grid = (B * triton.cdiv(n, BLOCK_I) * triton.cdiv(m, BLOCK_J),)
-    _fwd_kernel[grid](
-        qh, kh, w_v, lengths, scores, n, m, H,
-        BI=BLOCK_I, BJ=BLOCK_J, BH=_block_h(H), ACC=acc, APPROX=approx, num_warps=4,
-    )  # fmt: skip
+    if B * n * m:
+        fwd_launch(qh, kh, w_v, lengths, scores, approx=approx).run()
     return scores
+
+
+def _bwd_tile(B: int, n: int, m: int) -> tuple[int, int, int]:
+    """(BI, BJ, warps) of the backward: of ``BWD_TILES``, the one with the fewest partial
+    sums, h (n ceil(m / BJ) + m ceil(n / BI)) per batch element, among those with at least
+    MIN_PROGRAMS programs; if none has, the one with the most programs."""
+
+    def programs(tile: tuple[int, int, int]) -> int:
+        return B * triton.cdiv(n, tile[0]) * triton.cdiv(m, tile[1])
+
+    def partials(tile: tuple[int, int, int]) -> int:
+        return n * triton.cdiv(m, tile[1]) + m * triton.cdiv(n, tile[0])
+
+    full = [t for t in BWD_TILES if programs(t) >= MIN_PROGRAMS]
+    if full:
+        return min(full, key=partials)
+    return max(BWD_TILES, key=programs)
+
+
+class BwdBuffers(NamedTuple):
+    """The backward's partial sums (float32, float64 for float64 inputs)."""
+
+    dq: Tensor  # (B, ceil(m / BJ), h, n)
+    dk: Tensor  # (B, ceil(n / BI), h, m)
+    dw: Tensor  # (programs, h)
+
+
+def bwd_launch(
+    grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor, *, approx: bool
+) -> tuple[Launch, BwdBuffers]:
+    """The launch :func:`additive_bwd` makes (B n m h > 0) and the partial-sum buffers it
+    fills; any device (``meta`` tensors for the compile report)."""
+    B, n, H = qh.shape
+    m = kh.shape[1]
+    acc, acc_torch = _acc(qh, kh, w_v)
+    BI, BJ, warps = _bwd_tile(B, n, m)
+    n_ib, n_jb = triton.cdiv(n, BI), triton.cdiv(m, BJ)
+    programs = B * n_ib * n_jb
+    bufs = BwdBuffers(
+        torch.empty((B, n_jb, H, n), dtype=acc_torch, device=qh.device),
+        torch.empty((B, n_ib, H, m), dtype=acc_torch, device=qh.device),
+        torch.empty((programs, H), dtype=acc_torch, device=qh.device),
+    )
+    args = (grad_scores, _transposed(qh), _transposed(kh), w_v, lengths, *bufs, n, m, H)
+    meta = {"BI": BI, "BJ": BJ, "ACC": acc, "APPROX": approx, "num_warps": warps}
+    return Launch(_bwd_kernel, args, meta, lambda _: (programs,)), bufs
 
 
 def additive_bwd(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor, *, approx: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_qh, grad_kh, grad_w_v) in the dtypes of qh, kh, w_v; grad_scores (B, n, m)
-    contiguous. Allocates O(B n h + B m h + B (n / BLOCK_I) h), never O(B n m h)."""
+    contiguous. Allocates the partial sums of :class:`BwdBuffers`, never O(B n m h)."""
     B, n, H = qh.shape
     m = kh.shape[1]
-    dq = torch.zeros_like(qh)
-    dk = torch.zeros_like(kh)
-    acc, acc_torch = _acc(qh, kh, w_v)
     if B * n * m * H == 0:
-        return dq, dk, torch.zeros_like(w_v)
-    bh = _block_h(H)
-    n_ib = triton.cdiv(n, BLOCK_I)
-    dw_parts = torch.zeros((B * n_ib, H), dtype=acc_torch, device=qh.device)
-    _bwd_rows_kernel[(B * n_ib,)](
-        grad_scores, qh, kh, w_v, lengths, dq, dw_parts, n, m, H,
-        BI=BLOCK_I, BJ=BLOCK_J, BH=bh, ACC=acc, APPROX=approx, num_warps=4,
-    )  # fmt: skip
-    max_len = lengths.clamp(0, m).amax(1).contiguous()
-    _bwd_keys_kernel[(B * triton.cdiv(m, BLOCK_J),)](
-        grad_scores, qh, kh, w_v, lengths, max_len, dk, n, m, H,
-        BI=BLOCK_I, BJ=BLOCK_J, BH=bh, ACC=acc, APPROX=approx, num_warps=4,
-    )  # fmt: skip
-    return dq, dk, dw_parts.sum(0).to(w_v.dtype)
+        return torch.zeros_like(qh), torch.zeros_like(kh), torch.zeros_like(w_v)
+    launch, bufs = bwd_launch(grad_scores, qh, kh, w_v, lengths, approx=approx)
+    launch.run()
+    # The second pass: fixed-order sums over the tile axis (deterministic, no atomics).
+    dq = torch.empty_like(qh).copy_(bufs.dq.sum(1).transpose(1, 2))
+    dk = torch.empty_like(kh).copy_(bufs.dk.sum(1).transpose(1, 2))
+    return dq, dk, bufs.dw.sum(0).to(w_v.dtype)
