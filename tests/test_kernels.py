@@ -319,7 +319,8 @@ def test_large_outputs_and_several_threads_match_the_reference():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert len(_cpu._split(alens.reshape(-1) * 16 + 1, 2, 1 << 30)) == 2
+        work = alens.reshape(-1) * 16 + 1
+        assert len(_cpu._split(work.numel(), lambda: work, 2, 1 << 30)) == 2
         y = K.masked_softmax(x, lens)
         args = [t.clone().requires_grad_(True) for t in (qh, kh, w)]
         g = torch.randn(2, 64, 64, dtype=torch.float64)
@@ -433,3 +434,79 @@ def test_cache_folder_and_cpu_flags(first_load, tmp_path, monkeypatch):
 def test_openmp_switch_values_turn_the_openmp_build_off(first_load, monkeypatch, value):
     monkeypatch.setenv("ATTNSCORE_OPENMP", value)
     assert not first_load._want_openmp()
+
+
+# ---------------------------------------------------------------- softmax by a boolean mask
+from attnscore.kernels import _ops  # noqa: E402
+
+MASK_SHAPES = {
+    "full": (3, 4, 9),
+    "shared by the batch": (4, 9),
+    "per example": (3, 1, 9),
+    "per key": (9,),
+}
+
+
+def ref_softmax_dense(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """float64, row by row: softmax over the allowed entries, zeros elsewhere."""
+    allowed = allowed.expand(x.shape)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    xf, af, of = (
+        x.double().reshape(-1, x.shape[-1]),
+        allowed.reshape(-1, x.shape[-1]),
+        out.view(-1, x.shape[-1]),
+    )
+    for r in range(xf.shape[0]):
+        keep = af[r].nonzero().flatten()
+        if len(keep):
+            of[r, keep] = torch.softmax(xf[r, keep], 0)
+    return out
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", MASK_SHAPES)
+def test_masked_softmax_dense_matches_reference(fast, dtype, shape):
+    x = torch.randn(3, 4, 9).to(dtype)
+    allowed = torch.rand(MASK_SHAPES[shape]) < 0.5
+    if shape == "full":
+        allowed[0, 1] = False  # a row that allows nothing
+    dirty = torch.where(allowed.expand(x.shape), x, float("nan")).requires_grad_(True)
+    y = run(fast, _ops.masked_softmax_dense, dirty, allowed)
+    assert y.dtype == dtype and y.shape == x.shape
+    expected = ref_softmax_dense(x, allowed)
+    np.testing.assert_allclose(y.double().detach().numpy(), expected.numpy(), atol=TOL[dtype])
+    assert torch.all(y[~allowed.expand(x.shape)] == 0)
+    g = torch.randn(3, 4, 9).to(dtype)
+    y.backward(g)
+    x64 = x.double().requires_grad_(True)
+    ref_softmax_dense_grad = torch.autograd.grad(
+        (_softmax64(x64, allowed) * g.double()).sum(), x64
+    )[0]
+    assert torch.isfinite(dirty.grad).all()
+    np.testing.assert_allclose(
+        dirty.grad.double().numpy(), ref_softmax_dense_grad.numpy(), atol=TOL[dtype] * 4
+    )
+
+
+def _softmax64(x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Differentiable float64 reference: -inf fill, softmax, rows with nothing allowed 0."""
+    allowed = allowed.expand(x.shape)
+    w = torch.softmax(x.masked_fill(~allowed, -torch.inf), -1)
+    return torch.where(allowed, w, 0.0)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", [None, *DTYPES])
+def test_mask_summary(fast, dtype):
+    allowed = torch.rand(2, 3, 5, 7) < 0.3
+    allowed[0, 1, 2] = False
+    allowed[1, :, :, 4] = False
+    additive, row_any, col_any = run(fast, _ops.mask_summary, allowed, dtype)
+    assert torch.equal(row_any, allowed.any(-1)) and torch.equal(col_any, allowed.any(-2))
+    if dtype is None:
+        assert additive is None
+        return
+    assert additive.dtype == dtype and additive.shape == allowed.shape
+    assert torch.all(additive[allowed] == 0)
+    assert torch.all(additive[~allowed] == float("-inf"))

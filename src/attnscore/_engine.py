@@ -32,7 +32,7 @@ from typing_extensions import Unpack
 
 from ._checks import check_attention_inputs, check_dropout, in_transform
 from ._mask import AttentionMask
-from .kernels import _attention
+from .kernels import _attention, _ops
 from .masking import build_mask
 from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
@@ -145,13 +145,20 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     if mask.unmasked:
         return prepared
     q, k, v = prepared.queries, prepared.keys, prepared.values
-    padded_keys = mask.padded_keys()
+    padded_keys: Tensor | None
+    idle: Tensor | None
+    if mask.attend is None:
+        padded_keys, idle = mask.padded_keys(), mask.idle_queries()
+    else:  # one read of the boolean mask finds both
+        dense = mask.dense()
+        assert dense is not None
+        _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
+        padded_keys, idle = ~col_any, ~row_any
     if padded_keys is not None and _some(padded_keys):
         v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
         if keys_and_queries:
             k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-    idle = mask.idle_queries() if keys_and_queries else None
-    if idle is not None and _some(idle):
+    if keys_and_queries and idle is not None and _some(idle):
         q = q.masked_fill(idle.unsqueeze(-1), 0.0)
     return Prepared(q, k, v, mask)
 

@@ -1,12 +1,18 @@
-"""How much memory this process has used: the one peak-memory reader of attnscore.
+"""This process's memory: the one peak-memory reader of attnscore, and glibc's ``malloc``
+tuned to keep freed blocks.
 
 ``attnscore bench`` (the peak of each measuring subprocess) and the G2P runs (their
-summaries) both report it.
+summaries) both report the peak; both keep freed memory (the bench so that its timings do
+not depend on whether an allocation happens to fault fresh pages, training for speed).
 """
 
 from __future__ import annotations
 
-__all__ = ["peak_rss_mib"]
+import ctypes
+
+__all__ = ["keep_freed_memory", "peak_rss_mib"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 def peak_rss_mib() -> float:
@@ -29,3 +35,26 @@ def peak_rss_mib() -> float:
     except OSError:  # pragma: no cover - not Linux
         pass
     return float("nan")  # pragma: no cover
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's ``malloc`` to keep freed blocks of up to 32 MiB for reuse.
+
+    Every training step (and every benchmark repetition) allocates and frees the same
+    few-MiB buffers. By default glibc serves blocks above 128 KiB with ``mmap`` and unmaps
+    them on free, so each step faults its buffers in afresh, page by page; on the 2-core
+    machine this project measures on, a fresh 2.6 MiB zero tensor took 4.6 ms against
+    0.18 ms for a reused one, and whether a call hit fresh pages made the same benchmark
+    vary by 2x. Raising the mmap and trim thresholds keeps the memory in the heap.
+    Process-wide, so it is called where a long run starts (G2P training, ``attnscore
+    bench``), never on import.
+
+    Returns:
+        True if glibc took both settings; False elsewhere (no glibc: nothing changes).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))

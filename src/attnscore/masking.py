@@ -34,6 +34,12 @@ def _check_values(t: Tensor, name: str) -> None:
     if t.numel() == 0 or (not compiling and in_functorch(t)):
         return
     floating = t.is_floating_point()
+    if not floating and not compiling and t.device.type == "cpu":
+        if t.min().item() >= 0:  # the common case: one reduction, one read
+            return
+        raise ValueError(
+            f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead."
+        )
     bad = ((t < 0) | ~torch.isfinite(t) | (t != torch.floor(t))) if floating else None
     ok = ~bad.any() if bad is not None else t.min() >= 0
     if compiling or t.device.type != "cpu":
@@ -52,7 +58,7 @@ def _check_values(t: Tensor, name: str) -> None:
 def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
     """Check that ``lengths`` holds non-negative whole numbers; return them as int64."""
     t = check_tensor(lengths, name)
-    if t.dtype == torch.bool or t.is_complex():
+    if t.dtype != torch.int64 and (t.dtype == torch.bool or t.is_complex()):
         raise TypeError(
             f"Expected `{name}` to be an integer tensor (or a floating tensor of whole "
             f"numbers), but got dtype {t.dtype} instead."
@@ -62,13 +68,20 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
             f"Expected `{name}` on the device of the scores ({device}), but got {t.device} instead."
         )
     _check_values(t, name)
-    return t.to(torch.int64)
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
 def _canonical_lengths(
-    valid_lens: object, batch_shape: torch.Size, n: int, m: int, device: torch.device
+    valid_lens: object,
+    batch_shape: torch.Size,
+    n: int,
+    m: int,
+    device: torch.device,
+    *,
+    clamp: bool = True,
 ) -> Tensor:
-    """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m.
+    """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m
+    (``clamp=False``: for a consumer that clamps itself, such as the masked softmax op).
 
     Accepted shapes, with ``batch_shape`` = (B, ...): (B,) one length per example;
     (B, n) one per query, shared across the other batch dimensions (e.g. heads);
@@ -78,11 +91,12 @@ def _canonical_lengths(
     full = (*batch_shape, n)
     B = batch_shape[0]
     ones = (1,) * (len(batch_shape) - 1)
-    if t.shape == (B,):
-        t = t.reshape(B, *ones, 1)
-    elif t.shape == (B, n):
-        t = t.reshape(B, *ones, n)
-    elif tuple(t.shape) != full:
+    shape = tuple(t.shape)
+    if shape == (B,):
+        t = t.view(B, *ones, 1)
+    elif shape == (B, n):
+        t = t.view(B, *ones, n) if ones else t
+    elif shape != full:
         expected = f"({B},) or ({B}, {n})"
         if len(batch_shape) > 1:
             expected += f" or {full}"
@@ -91,7 +105,7 @@ def _canonical_lengths(
             f"{(*batch_shape, n, m)}, but got shape {tuple(t.shape)} instead."
         )
     # Lengths above m mean "every key is valid" (documented), so clamping loses nothing.
-    return t.clamp(max=m).expand(full)
+    return (t.clamp(max=m) if clamp else t).expand(full)
 
 
 def build_mask(
@@ -274,5 +288,5 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
     if valid_lens is None:
         return torch.softmax(X, dim=-1)  # 16-bit: PyTorch reduces in float32 too
     *batch, n, m = X.shape
-    lengths = _canonical_lengths(valid_lens, torch.Size(batch), n, m, X.device)
+    lengths = _canonical_lengths(valid_lens, torch.Size(batch), n, m, X.device, clamp=False)
     return _ops.masked_softmax(X, lengths)

@@ -111,8 +111,10 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(dropout))
         get_normalizer(normalizer)  # fail at construction, not at the first call
         self.normalizer = normalizer
-        self._weights: Tensor | None = None
-        self._weights_fn: WeightsFn | None = None
+        # The last call's weights: a tensor once computed, or the function computing them
+        # (fast paths compute them only when asked), or None before any call. One attribute,
+        # replaced whole, so that concurrent calls never mix two calls' halves.
+        self._weights: Tensor | WeightsFn | None = None
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         """Scores (..., n, m) for checked queries (..., n, q) and keys (..., m, k).
@@ -177,7 +179,8 @@ class Attention(nn.Module):
             causal=causal,
         )
         output, weights_fn = self._attend(prepared)
-        self._weights, self._weights_fn = None, weights_fn
+        # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call.
+        self.__dict__["_weights"] = weights_fn
         return output
 
     def _attend(self, prepared: Prepared) -> tuple[Tensor, WeightsFn]:
@@ -193,17 +196,18 @@ class Attention(nn.Module):
     @property
     def attention_weights(self) -> Tensor | None:
         """The last call's weights (..., n, m), before dropout and detached; None before."""
-        if self._weights is None and self._weights_fn is not None:
-            with torch.no_grad():
-                self._weights = self._weights_fn().detach()
-            self._weights_fn = None
-        return self._weights
+        weights = self._weights
+        if weights is None or isinstance(weights, Tensor):
+            return weights
+        with torch.no_grad():
+            computed = weights().detach()
+        self.__dict__["_weights"] = computed
+        return computed
 
     def __getstate__(self) -> dict[str, object]:
         # The weights function is a closure (not picklable); keep the computed weights.
         self.attention_weights  # noqa: B018
         state = self.__dict__.copy()
-        state["_weights_fn"] = None
         if "_keys_cache" in state:  # a weak reference: not picklable, and only a cache
             state["_keys_cache"] = None
         return state
@@ -302,17 +306,20 @@ class AdditiveAttention(Attention):
         anything while tracing or compiling (a graph must hold the projection).
         """
         weight = self.W_k.weight
-        if torch.is_grad_enabled() or keys.is_inference() or _is_lazy(self.W_k) or (
-            in_transform(keys)
+        if (
+            torch.is_grad_enabled()
+            or keys.is_inference()
+            or _is_lazy(self.W_k)
+            or (in_transform(keys))
         ):
-            self._keys_cache = None
+            self.__dict__["_keys_cache"] = None
             return self.W_k(keys)  # type: ignore[no-any-return]
         stamp = (keys._version, weight._version, weight.data_ptr(), weight.dtype)
         cached = self._keys_cache
         if cached is not None and cached[0]() is keys and cached[1] == stamp:
             return cached[2]
         projected: Tensor = self.W_k(keys)
-        self._keys_cache = (weakref.ref(keys), stamp, projected)
+        self.__dict__["_keys_cache"] = (weakref.ref(keys), stamp, projected)
         return projected
 
 

@@ -16,7 +16,6 @@ from torch import Tensor
 
 from ._checks import compute_dtype
 from ._mask import AttentionMask
-from ._softmax import softmax_dense
 from .kernels import _ops
 
 __all__ = ["NORMALIZERS", "Normalizer", "get_normalizer", "hardmax", "softmax"]
@@ -36,7 +35,9 @@ def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     if mask.attend is None:
         assert mask.lengths is not None
         return _ops.masked_softmax(scores, mask.lengths)
-    return softmax_dense(scores, mask.dense())
+    dense = mask.dense()
+    assert dense is not None
+    return _ops.masked_softmax_dense(scores, dense)
 
 
 def hardmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:

@@ -109,7 +109,7 @@ def additive_scores_from_projections(
 ) -> Tensor:
     """Additive scores ``w_vᵀ tanh(qh_i + kh_j)`` from projected queries and keys.
 
-    Runs :func:`attnscore.kernels.additive_scores_by_lengths`: neither forward nor backward
+    Runs :func:`attnscore.kernels.additive_scores`: neither forward nor backward
     holds the (..., n, m, h) tensor of the textbook formulation.
 
     Args:

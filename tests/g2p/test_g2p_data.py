@@ -162,7 +162,7 @@ G2P_MODULES = [
     "attnscore.g2p.progress", "attnscore.g2p.data", "attnscore.g2p.dataset",
     "attnscore.g2p.metrics", "attnscore.g2p.model", "attnscore.g2p.checkpoint",
     "attnscore.g2p.evaluate", "attnscore.g2p.plots", "attnscore.g2p.schedule",
-    "attnscore.g2p.malloc", "attnscore.g2p.distributed", "attnscore.g2p.stepper",
+    "attnscore.g2p.distributed", "attnscore.g2p.stepper",
     "attnscore.g2p.budget", "attnscore.g2p.loop", "attnscore.g2p.train", "attnscore.g2p.compare",
     "attnscore.cli.g2p", "attnscore.cli._g2p_handlers",
 ]  # fmt: skip

@@ -370,7 +370,7 @@ def test_keep_freed_memory_reuses_freed_blocks() -> None:
 
     code = """if True:
         import ctypes, sys
-        from attnscore.g2p.malloc import keep_freed_memory
+        from attnscore._memory import keep_freed_memory
         if sys.argv[1] == "keep" and not keep_freed_memory():
             print("no-glibc"); raise SystemExit
         libc = ctypes.CDLL("libc.so.6")

@@ -19,14 +19,16 @@ The command line (``attnscore bench``, ``python -m attnscore.bench``) is
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .._memory import keep_freed_memory
 from . import cpu, cuda, matrix
-from ._core import measure, missed, render_rows, slower
+from ._core import measure, missed, ratio_text, render_rows, slower
 
 __all__ = ["case_names", "missed", "render", "run"]
 
@@ -52,6 +54,7 @@ def run(
     memory: bool = True,
     threads: int = 2,
     cases: Sequence[str] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run the bench rows on ``device`` and return the results (what ``--json`` writes).
 
@@ -62,12 +65,16 @@ def run(
             subprocess).
         threads: torch threads.
         cases: run only the rows of these names.
+        progress: print one line per cell to stderr as it is measured.
 
     Raises:
         ValueError: a name in ``cases`` that is not a row of ``device``.
     """
     dev = torch.device(device)
     torch.set_num_threads(threads)
+    # Freed blocks stay in the heap: otherwise whether a call's buffers happen to fault in
+    # fresh pages decides its time (2x apart on the 2-core machine), on both sides.
+    result_notes = ["malloc keeps freed memory"] if keep_freed_memory() else []
     names = case_names(dev.type)
     unknown = sorted(set(cases or ()) - set(names))
     if unknown:
@@ -81,6 +88,7 @@ def run(
         "torch": torch.__version__,
         "threads": threads,
         "memory": memory,
+        "notes": result_notes,
     }
     if dev.type == "cpu":
         from .. import kernels
@@ -91,12 +99,10 @@ def run(
         result["kernel_build"] = kernels.build_info().as_dict()
         result["kernel_cold_compile_s"] = cpu.cold_compile_seconds()
         result["kernels_enabled"] = kernels.enabled()
-    todo = matrix.cases(dev.type, quick)
+    todo = [c for c in matrix.cases(dev.type, quick) if not cases or c.name in cases]
     min_time = MIN_RUN_TIME[dev.type, quick]
     rows = []
-    for case in todo:
-        if cases and case.name not in cases:
-            continue
+    for i, case in enumerate(todo, 1):
         rss: dict[str, float | None] = {}
         if memory and any(t.kind == "rss_mib" for t in case.targets):
             rss = {"attnscore": cpu.peak_rss(case.name, quick, "attnscore", threads)}
@@ -112,6 +118,14 @@ def run(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
+        if progress:
+            ratios = "; ".join(ratio_text(c) for c in row["targets"])
+            print(
+                f"[{i}/{len(todo)}] {case.name} | {case.mask or '-'} | {case.dtype} | "
+                f"{row['step']}: {ratios}",
+                file=sys.stderr,
+                flush=True,
+            )
     result["rows"] = rows
     return result
 
@@ -151,6 +165,12 @@ def render(result: dict[str, Any]) -> str:
             "",
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "
             "allocated before it (inputs and parameters), reset per case and implementation.",
+        ]
+    if "malloc keeps freed memory" in result.get("notes", ()):
+        lines += [
+            "",
+            "Allocator: glibc keeps freed blocks for reuse (mallopt), for every implementation "
+            "alike, so no timing depends on faulting in fresh pages.",
         ]
     notes = sorted({note for row in result["rows"] for note in row["notes"]})
     lines += ["", *(f"- {note}" for note in notes)] if notes else []

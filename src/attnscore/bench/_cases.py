@@ -24,7 +24,6 @@ timed call, on both sides, as a user's code builds it per batch.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -232,7 +231,7 @@ def _scorer_row(
     dtype: torch.dtype,
     device: torch.device,
     backward: bool,
-    plain_scores: Callable[[nn.Module, Tensor, Tensor], Tensor],
+    plain_scores: Callable[[Any, Tensor, Tensor], Tensor],
 ) -> Built:
     B, n, m, d = s["B"], s["n"], s["m"], s["d"]
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], dtype, device, backward)
@@ -254,19 +253,20 @@ def _scorer_row(
     )
 
 
-def _additive_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
+def _additive_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
     """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v."""
     features = torch.tanh(module.W_q(q).unsqueeze(2) + module.W_k(k).unsqueeze(1))
     scores: Tensor = module.w_v(features).squeeze(-1)
     return scores
 
 
-def _general_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
-    return (q @ module.W_a.weight) @ k.transpose(1, 2)
+def _general_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
+    W_a: Tensor = module.W_a.weight
+    return (q @ W_a) @ k.transpose(1, 2)
 
 
-def _cosine_scores(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
-    scale = module.log_scale.exp()
+def _cosine_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
+    scale: Tensor = module.log_scale.exp()
     return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(1, 2)
 
 
@@ -353,9 +353,16 @@ def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
     book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
     book.load_state_dict(ours.state_dict(), strict=True)
-    modules = {"attnscore": torch.compile(ours), "textbook": torch.compile(book)}
+    modules: dict[str, Callable[..., Tensor]] = {
+        "attnscore": torch.compile(ours),
+        "textbook": torch.compile(book),
+    }
+
+    def forward(module: Callable[..., Tensor]) -> Forward:
+        return lambda: module(q, k, v, vl)
+
     return Built(
-        {name: (lambda mod=mod: mod(q, k, v, vl)) for name, mod in modules.items()},
+        {name: forward(module) for name, module in modules.items()},
         {"attnscore": list(ours.parameters()), "textbook": list(book.parameters())},
         same=("textbook",),
         notes=["additive_compiled: both modules under torch.compile (default mode)"],
@@ -375,8 +382,3 @@ def compiled_softmax(s: Shapes, *, device: torch.device) -> Built:
         same=("eager",),
         notes=["masked_softmax_compiled: attnscore = torch.compile(masked_softmax), eager = not"],
     )
-
-
-def round_up(x: int, to: int) -> int:
-    """``x`` rounded up to a multiple of ``to``."""
-    return int(math.ceil(x / to) * to)

@@ -16,11 +16,14 @@ allocations and frees that ``torch.profiler`` records during the step.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +124,22 @@ def resident_mib(tensors: Sequence[Tensor]) -> float:
     return sum(storages.values()) / 2**20
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence the process's file descriptor 2: the profiler's C++ side writes two log
+    lines per use there (the step has run before, so its own warnings were seen)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_mib(step: Callable[[], Any], device: torch.device) -> float:
     """Run ``step`` once; the peak memory it allocated above what was allocated before."""
     if device.type == "cuda":
@@ -132,9 +151,9 @@ def peak_mib(step: Callable[[], Any], device: torch.device) -> float:
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    events = prof.profiler.kineto_results.events()
     changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
     current = peak = 0
     for _, nbytes in changes:
@@ -149,8 +168,9 @@ def _first_line(err: BaseException) -> str:
 
 def _time(
     steps: dict[str, Callable[[], Any]], threads: int, min_time: float, device: torch.device
-) -> dict[str, float]:
-    """Median seconds per step of each implementation, timed in interleaved rounds."""
+) -> dict[str, list[float]]:
+    """Seconds per step of each implementation in each of :data:`ROUNDS` interleaved
+    rounds (the order alternates between rounds)."""
     from torch.utils import benchmark
 
     per_round = max(min_time / ROUNDS, 1e-3)
@@ -164,10 +184,11 @@ def _time(
         once = max(time.perf_counter() - start, 1e-7)
         numbers[name] = max(1, int(per_round / once))
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(ROUNDS):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(numbers[name]).median)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    names = list(steps)
+    for r in range(ROUNDS):
+        for name in names if r % 2 == 0 else names[::-1]:
+            samples[name].append(timers[name].timeit(numbers[name]).median)
+    return samples
 
 
 def measure(
@@ -202,10 +223,11 @@ def measure(
             notes.append(f"{name} not measured: {_first_line(err)}")
             continue
         steps[name] = step
-    times = _time(steps, threads, min_time, device) if case.timed and steps else {}
+    samples = _time(steps, threads, min_time, device) if case.timed and steps else {}
+    times = {name: statistics.median(values) for name, values in samples.items()}
     del built, steps
     rss = rss or {}
-    checks = [_check(t, times, peaks, rss, judge) for t in case.targets]
+    checks = [_check(t, samples, peaks, rss, judge) for t in case.targets]
     return {
         "case": case.name,
         "mask": case.mask,
@@ -222,22 +244,27 @@ def measure(
 
 def _check(
     t: Target,
-    times: dict[str, float],
+    samples: dict[str, list[float]],
     peaks: dict[str, float],
     rss: dict[str, float | None],
     judge: bool,
 ) -> dict[str, Any]:
     value: float | None = None
     judged = judge
-    if t.kind in ("time", "peak"):
-        table = times if t.kind == "time" else peaks
-        ours, base = table.get("attnscore"), table.get(t.vs or "")
-        if t.kind == "peak" and ours is not None and base is not None:
-            # Below 1 MiB both ways the ratio says nothing (allocator granularity).
-            ours, base = max(ours, 1.0), max(base, 1.0)
+    times = {name: statistics.median(values) for name, values in samples.items()}
+    if t.kind == "time":
+        ours, base = samples.get("attnscore"), samples.get(t.vs or "")
         judged = judged and bool(base)  # no baseline, no verdict
-        if ours is not None and base:
-            value = ours / base
+        if ours and base:
+            # The median of the rounds' ratios: each round times both side by side, so a
+            # drift of the machine's speed cancels.
+            value = statistics.median(a / b for a, b in zip(ours, base, strict=True))
+    elif t.kind == "peak":
+        ours_mib, base_mib = peaks.get("attnscore"), peaks.get(t.vs or "")
+        judged = judged and bool(base_mib)
+        if ours_mib is not None and base_mib:
+            # Below 1 MiB both ways the ratio says nothing (allocator granularity).
+            value = max(ours_mib, 1.0) / max(base_mib, 1.0)
     elif t.kind == "peak_mib":
         value = peaks.get("attnscore")
     elif t.kind == "rss_mib":

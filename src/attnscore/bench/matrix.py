@@ -26,13 +26,13 @@ LENGTH_MASKS = ("lengths (B,)", "lengths (B, n)", "causal + lengths")
 
 SHAPES: dict[str, dict[str, Shapes]] = {
     "cpu": {
-        "masked_softmax": {"B": 32, "n": 256, "m": 1024},
-        "dot": {"B": 16, "n": 512, "m": 512, "d": 64},
-        "heads": {"B": 8, "H": 8, "n": 256, "m": 256, "d": 64},
-        "multihead": {"B": 16, "n": 256, "E": 512, "H": 8},
-        "additive": {"B": 8, "n": 64, "m": 256, "h": 128, "d": 64},
-        "general": {"B": 16, "n": 256, "m": 256, "d": 64},
-        "cosine": {"B": 16, "n": 256, "m": 256, "d": 64},
+        "masked_softmax": {"B": 16, "n": 128, "m": 1024},
+        "dot": {"B": 8, "n": 512, "m": 512, "d": 64},
+        "heads": {"B": 4, "H": 8, "n": 256, "m": 256, "d": 64},
+        "multihead": {"B": 8, "n": 256, "E": 256, "H": 4},
+        "additive": {"B": 4, "n": 64, "m": 256, "h": 128, "d": 64},
+        "general": {"B": 8, "n": 256, "m": 256, "d": 64},
+        "cosine": {"B": 8, "n": 256, "m": 256, "d": 64},
     },
     "quick": {
         "masked_softmax": {"B": 8, "n": 32, "m": 128},

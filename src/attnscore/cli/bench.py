@@ -57,6 +57,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
     parser.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines (one per cell, on stderr)"
+    )
+    parser.add_argument(
         "--cases", nargs="+", metavar="ROW", help="run only these rows (e.g. dot multihead)"
     )
     parser.add_argument("--child", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
@@ -102,6 +105,7 @@ def handle(args: argparse.Namespace) -> int:
         memory=not args.no_memory,
         threads=args.threads,
         cases=args.cases,
+        progress=not args.quiet,
     )
     print(bench.render(result))
     if args.json is not None:

@@ -6,7 +6,7 @@ Sub-modules, one job each, imported in this order (no cycles): :mod:`.config`
 batches), :mod:`.dataset` (a run's data), :mod:`.metrics` (PER/WER), :mod:`.model`
 (encoder-decoder, scorers from :mod:`attnscore.registry`), :mod:`.checkpoint` (safe files,
 CheckpointError), :mod:`.evaluate` (decoding), :mod:`.plots` (figures), :mod:`.schedule`
-(learning rate), :mod:`.malloc` (glibc keeps freed memory), :mod:`.distributed` (DDP
+(learning rate), :mod:`.distributed` (DDP
 processes), :mod:`.stepper` (one optimizer step), :mod:`.budget` (time budget -> steps),
 :mod:`.loop` (the training loop), :mod:`.train` (entry points), :mod:`.compare` (runs ->
 tables). The command line is :mod:`attnscore.cli.g2p`; nothing here raises its

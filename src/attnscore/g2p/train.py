@@ -4,8 +4,9 @@
 process's share. The parts, one job each: :mod:`.dataset` (the data), :mod:`.budget` (a
 time budget turned into steps), :mod:`.stepper` (one optimizer step, DDP sharding),
 :mod:`.schedule` (the learning rate), :mod:`.loop` (the loop, validation, checkpoints,
-weight averaging), :mod:`.distributed` (process group, spawning), :mod:`.malloc` (glibc
-keeps freed memory), :mod:`.summary` (what the run reports).
+weight averaging), :mod:`.distributed` (process group, spawning), :mod:`.summary` (what the
+run reports); glibc keeps freed memory while training
+(:func:`attnscore._memory.keep_freed_memory`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import torch
 
+from .._memory import keep_freed_memory
 from .budget import steps_for_time_budget
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
 from .dataset import prepare_data
 from .distributed import distributed_env, process_group, spawn
 from .loop import Trainer
-from .malloc import keep_freed_memory
 from .summary import Budget, RunSummary
 
 

@@ -2,7 +2,7 @@
 
 Every Triton kernel is compiled for sm_80 (A100) and sm_90 (H100) at the launch
 configurations its launcher picks for the benchmark shapes of
-:mod:`attnscore.bench._cases` and for a few odd ones, on a machine without a GPU:
+:mod:`attnscore.bench.matrix` (its CUDA shapes) and for a few odd ones, on a machine without a GPU:
 
 * the launchers build their :class:`~attnscore.kernels._triton_launch.Launch` from
   ``meta`` tensors (shapes and dtypes, no memory), exactly as for a real call;
@@ -49,8 +49,12 @@ from typing import Any
 
 import torch
 
-from ..bench._cases import ADDITIVE_LARGE, ADDITIVE_SMALL, SOFTMAX
+from ..bench.matrix import ADDITIVE_MEMORY as ADDITIVE_LARGE
+from ..bench.matrix import SHAPES
 from ._triton_launch import MIN_PROGRAMS, Launch, hardware_tanh
+
+SOFTMAX = SHAPES["cuda"]["masked_softmax"]
+ADDITIVE_SMALL = SHAPES["cuda"]["additive"]
 
 #: Target architectures: compute capability -> largest shared memory per block (bytes,
 #: with the opt-in carve-out: 163 KiB on A100, 227 KiB on H100).

@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 3:
+    if lib.attnscore_kernels_abi() != 5:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -233,8 +233,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.attnscore_advise_huge.argtypes = [p, i]
     lib.attnscore_advise_huge.restype = None
     signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
-        "masked_softmax": ([p, p, p, i, i, i], [p, p, p, p, i, i]),
-        "masked_softmax_backward": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
+        # (..., m, div): div rows share one length
+        "masked_softmax": ([p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),
+        "masked_softmax_backward": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
+        "masked_softmax_dense": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
+        "mask_summary": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
         "additive_scores": ([p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
         # its driver also takes B, to find each range's accumulators
         "additive_scores_backward": (
@@ -245,13 +248,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     suffixes = {
         "masked_softmax": ("f64", "f32", "bf16", "f16"),
         "masked_softmax_backward": ("f64", "f32", "bf16", "f16"),
+        "masked_softmax_dense": ("f64", "f32", "bf16", "f16"),
+        "mask_summary": ("f64", "f32", "bf16", "f16"),
         "additive_scores": ("f64", "f32"),
         "additive_scores_backward": ("f64", "f32"),
     }
     f16 = bool(lib.attnscore_have_f16())
     for name, (kernel, driver) in signatures.items():
         for suf in suffixes[name]:
-            if suf == "f16" and not f16:
+            if suf == "f16" and not f16 and name != "mask_summary":
                 continue
             for symbol, argtypes in ((f"{name}_{suf}", kernel), (f"{name}_par_{suf}", driver)):
                 fn = getattr(lib, symbol)

@@ -32,8 +32,10 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
+    "mask_summary",
     "masked_softmax",
     "masked_softmax_backward",
+    "masked_softmax_dense",
 ]
 
 _pool: ThreadPoolExecutor | None = None
@@ -55,27 +57,28 @@ _HUGE_MIN_BYTES = 4 << 20
 
 def _empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     """torch.empty on CPU, hinted to use huge pages so first-touch page faults stay cheap."""
-    t = torch.empty(tuple(shape), dtype=dtype)
+    t = torch.empty(shape, dtype=dtype)
     nbytes = t.numel() * t.element_size()
     if nbytes >= _HUGE_MIN_BYTES:
         _lib().attnscore_advise_huge(t.data_ptr(), nbytes)
     return t
 
 
-def _split(work: Tensor, threads: int, bound: int) -> list[tuple[int, int]]:
+def _split(R: int, work: Callable[[], Tensor], threads: int, bound: int) -> list[tuple[int, int]]:
     """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work.
 
-    ``bound`` is an upper bound of the total work: below two threads' minimum the rows are
-    one range, without looking at ``work`` (no tensor op: small calls stay cheap).
+    ``work()`` gives each row's work (R,); ``bound`` is an upper bound of the total: below
+    two threads' minimum the rows are one range, and ``work`` is never computed (small
+    calls run no tensor op for it).
     """
-    R = work.numel()
     if threads < 2 or bound < 2 * _MIN_WORK_PER_THREAD:
         return [(0, R)]
-    total = int(work.sum())
+    work_ = work()
+    total = int(work_.sum())
     parts = max(1, min(threads, R, total // _MIN_WORK_PER_THREAD))
     if parts == 1:
         return [(0, R)]
-    cum = work.cumsum(0)
+    cum = work_.cumsum(0)
     targets = torch.arange(1, parts, dtype=cum.dtype) * total // parts
     cuts = [0, *(torch.searchsorted(cum, targets) + 1).tolist(), R]
     ranges = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
@@ -83,6 +86,19 @@ def _split(work: Tensor, threads: int, bound: int) -> list[tuple[int, int]]:
 
 
 Args = tuple[Sequence[Any], Sequence[Any]]
+
+
+_functions: dict[tuple[int, str], Callable[..., None]] = {}
+
+
+def _function(lib: ctypes.CDLL, name: str) -> Callable[..., None]:
+    """The library's C function ``name`` (looked up once: ctypes' lookup costs a few
+    microseconds, which small calls notice)."""
+    key = (id(lib), name)
+    fn = _functions.get(key)
+    if fn is None:
+        fn = _functions[key] = getattr(lib, name)
+    return fn
 
 
 def _run(
@@ -99,7 +115,7 @@ def _run(
     ``<op>_par_<suffix>(*head_0, cuts, parts, *tail, *driver_tail)`` runs them on torch's
     OpenMP threads, or a Python thread pool calls the kernel once per range.
     """
-    fn: Callable[..., None] = getattr(lib, kernel)
+    fn: Callable[..., None] = _function(lib, kernel)
     if len(ranges) == 1:
         head, tail = args(0)
         fn(*head, *ranges[0], *tail)
@@ -108,7 +124,7 @@ def _run(
         op, suffix = kernel.rsplit("_", 1)
         cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
         head, tail = args(0)
-        driver = getattr(lib, f"{op}_par_{suffix}")
+        driver = _function(lib, f"{op}_par_{suffix}")
         driver(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
         return
     _run_threads(fn, ranges, args)
@@ -131,6 +147,26 @@ def _run_threads(
     call(0)
     for f in futures:
         f.result()
+
+
+def _shared_lengths(lengths: Tensor) -> tuple[Tensor, int]:
+    """``lengths`` (..., n) as (entries, div): a contiguous tensor whose entry r // div is
+    row r's length. Lengths expanded over trailing dimensions (one per example, shared by
+    its heads and queries) are not copied: div is the number of rows sharing an entry."""
+    sizes, strides = lengths.shape, lengths.stride()
+    k, div = len(sizes), 1
+    while k and (strides[k - 1] == 0 or sizes[k - 1] == 1):
+        k -= 1
+        div *= sizes[k]
+    base = lengths.as_strided(sizes[:k], strides[:k])
+    if base.is_contiguous():
+        return base, div
+    return lengths.reshape(-1).contiguous(), 1
+
+
+def _row_lengths(shared: Tensor, div: int) -> Tensor:
+    """One length per row, from :func:`_shared_lengths`' form."""
+    return shared.reshape(-1).repeat_interleave(div) if div > 1 else shared.reshape(-1)
 
 
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -157,15 +193,20 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
         return _plain.masked_softmax(x, lengths)
     dtype = _softmax_dtype(x.dtype)
     m = x.shape[-1]
-    xc = x.to(dtype).contiguous()
-    rows = lengths.reshape(-1).contiguous()
+    xc = x if x.dtype == dtype and x.is_contiguous() else x.to(dtype).contiguous()
     y = _empty(x.shape, dtype)
-    if rows.numel() and m:
+    R = lengths.numel()
+    if R and m:
+        shared, div = _shared_lengths(lengths)
         # exps cost per valid entry, writing zeros a little per padded one
-        bound = rows.numel() * (m + m // 8)
-        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads(), bound)
-        head = (xc.data_ptr(), rows.data_ptr(), y.data_ptr())
-        _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+        ranges = _split(
+            R,
+            lambda: _row_lengths(shared, div).clamp(0, m) + m // 8,
+            torch.get_num_threads(),
+            R * (m + m // 8),
+        )
+        head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
+        _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
@@ -178,14 +219,93 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     m = y.shape[-1]
     yc = y.to(dtype).contiguous()
     g = grad_y.to(dtype).contiguous()
-    rows = lengths.reshape(-1).contiguous()
     dx = _empty(y.shape, dtype)
-    if rows.numel() and m:
-        bound = rows.numel() * (m + m // 8)
-        ranges = _split(rows.clamp(0, m) + m // 8, torch.get_num_threads(), bound)
-        head = (yc.data_ptr(), g.data_ptr(), rows.data_ptr(), dx.data_ptr())
-        _run(lib, f"masked_softmax_backward_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+    R = lengths.numel()
+    if R and m:
+        shared, div = _shared_lengths(lengths)
+        ranges = _split(
+            R,
+            lambda: _row_lengths(shared, div).clamp(0, m) + m // 8,
+            torch.get_num_threads(),
+            R * (m + m // 8),
+        )
+        head = (yc.data_ptr(), g.data_ptr(), shared.data_ptr(), dx.data_ptr())
+        kernel = f"masked_softmax_backward_{_suffix(dtype)}"
+        _run(lib, kernel, ranges, lambda _i: (head, (m, div)))
     return dx if y.dtype == dtype else dx.to(y.dtype)
+
+
+def _even(rows: int, threads: int, bound: int) -> list[tuple[int, int]]:
+    """Cut rows 0..R into at most ``threads`` ranges of equal count (rows of equal work)."""
+    parts = max(1, min(threads, rows, bound // _MIN_WORK_PER_THREAD))
+    cuts = [rows * t // parts for t in range(parts + 1)]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a] or [(0, rows)]
+
+
+def _row_offsets(mask: Tensor, shape: Sequence[int]) -> Tensor:
+    """int64 (R,): where each row of a tensor of ``shape`` (..., m) starts in ``mask``, a
+    boolean mask broadcastable to it whose last dimension is contiguous."""
+    expanded = mask.expand(*shape)
+    offsets = torch.zeros((), dtype=torch.int64)
+    pairs = zip(expanded.shape[:-1], expanded.stride()[:-1], strict=True)
+    for dim, (size, stride) in enumerate(pairs):
+        if stride and size > 1:
+            view = [1] * (len(shape) - 1)
+            view[dim] = size
+            offsets = offsets + torch.arange(size, dtype=torch.int64).mul_(stride).view(view)
+    return offsets.expand(*shape[:-1]).reshape(-1).contiguous()
+
+
+def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
+    """Backend contract (C kernel): softmax of each row of ``x`` (..., m) over the positions
+    ``allowed`` (bool, broadcastable to x) allows, exact zeros elsewhere and on rows that
+    allow nothing; one pass over the row and its mask, masked entries never used; 16-bit
+    rows read and written in their own dtype, reduced in float32."""
+    lib = load_library()
+    if lib is None:
+        return _plain.masked_softmax_dense(x, allowed)
+    dtype = _softmax_dtype(x.dtype)
+    m = x.shape[-1]
+    xc = x.to(dtype).contiguous()
+    y = _empty(x.shape, dtype)
+    rows = xc.numel() // m if m else 0
+    if rows and m:
+        mask = (
+            allowed if allowed.stride(-1) == 1 or allowed.shape[-1] == 1 else allowed.contiguous()
+        )
+        if mask.shape[-1] != m:  # (..., 1): one flag for the whole row
+            mask = mask.expand(*mask.shape[:-1], m).contiguous()
+        offsets = _row_offsets(mask, x.shape)
+        ranges = _even(rows, torch.get_num_threads(), rows * m)
+        head = (xc.data_ptr(), mask.data_ptr(), offsets.data_ptr(), y.data_ptr())
+        _run(lib, f"masked_softmax_dense_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+    return y if x.dtype == dtype else y.to(x.dtype)
+
+
+def mask_summary(
+    allowed: Tensor, dtype: torch.dtype | None
+) -> tuple[Tensor | None, Tensor, Tensor]:
+    """Backend contract (C kernel): for a boolean mask (..., r, m), its additive form in
+    ``dtype`` (0 / -inf; None when ``dtype`` is None), which rows allow some key (..., r) and
+    which keys some row allows (..., m), in one read of the mask."""
+    lib = load_library()
+    suffix = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}.get(
+        dtype or torch.float32, "f16" if dtype == torch.float16 else None
+    )
+    if lib is None or suffix is None or allowed.ndim < 2:
+        return _plain.mask_summary(allowed, dtype)
+    *lead, r, m = allowed.shape
+    mask = allowed.contiguous()
+    groups = mask.numel() // (r * m) if r * m else 0
+    row_any = torch.empty((*lead, r), dtype=torch.bool)
+    col_any = torch.empty((*lead, m), dtype=torch.bool)
+    additive = None if dtype is None else _empty(mask.shape, dtype)
+    if groups:
+        out = 0 if additive is None else additive.data_ptr()
+        ranges = _even(groups, torch.get_num_threads(), groups * r * m)
+        head = (mask.data_ptr(), out, row_any.data_ptr(), col_any.data_ptr())
+        _run(lib, f"mask_summary_{suffix}", ranges, lambda _i: (head, (r, m)))
+    return additive, row_any, col_any
 
 
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
@@ -200,8 +320,12 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     m = k.shape[1]
     s = _empty((B, n, m), cdt)
     if B * n and m:
-        bound = B * n * (m * h + m)
-        ranges = _split(lengths.reshape(-1).clamp(0, m) * h + m, torch.get_num_threads(), bound)
+        ranges = _split(
+            B * n,
+            lambda: lengths.reshape(-1).clamp(0, m) * h + m,
+            torch.get_num_threads(),
+            B * n * (m * h + m),
+        )
         head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
         _run(lib, f"additive_scores_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
@@ -224,8 +348,12 @@ def additive_scores_backward(
     m = k.shape[1]
     g = grad_scores.to(cdt).contiguous()
     dq = torch.zeros_like(q)
-    bound = B * n * (m * h + 1)
-    ranges = _split(lengths.reshape(-1).clamp(0, m) * h + 1, torch.get_num_threads(), bound)
+    ranges = _split(
+        B * n,
+        lambda: lengths.reshape(-1).clamp(0, m) * h + 1,
+        torch.get_num_threads(),
+        B * n * (m * h + 1),
+    )
     # one (B, m, h) and one (h,) accumulator per range, summed below
     dks = k.new_zeros((len(ranges), *k.shape))
     dws = w.new_zeros((len(ranges), h))
@@ -300,7 +428,7 @@ class _CutAttention(torch.autograd.Function):
     is allocated per example, so the cost stays linear in the batch)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float
     ) -> Tensor:
         flash, _ = _flash_ops()  # type: ignore[misc]
@@ -334,7 +462,7 @@ class _CutAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # type: ignore[untyped-decorator]
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         _, flash_backward = _flash_ops()  # type: ignore[misc]
         q, k, v, out, *lses = ctx.saved_tensors

@@ -46,17 +46,20 @@ grid sizes and PTX facts; ``tests/test_triton_aot.py`` asserts them (docs/benchm
 
 The hardware instruction exists only on CUDA: under the interpreter ``exact`` always runs.
 
-**Dot-product attention**: ``scaled_dot_product_attention`` in 4-D layout with a boolean
-mask from the lengths, (B, 1, 1, m) for per-example lengths and (B, 1, n, m) for per-query
-lengths; rows of length 0 attend key 0 inside SDPA (no fully masked row, hence no NaN on
-any backend) and are replaced by zeros after, with zero gradients. Reason, from issue 10's
-H100 measurements (B=32 n=m=1024 d=64): SDPA + bool mask 0.345 ms fp32 / 0.083 ms bf16, the
-fastest option at one head; ``flex_attention`` with a length-built block mask won only at
-bf16 with many heads (0.156 vs 0.266 ms at B=16 H=16), and lost in fp32 (0.67 vs 0.35 ms)
-and at B=32 H=1 bf16 (0.134 vs 0.049 ms). This function sees a flattened (B, n, d) batch
-and cannot tell heads from examples, and flex needs torch.compile and hardware to validate,
-so it is SDPA + mask only for now: a flex path (BlockMask built directly from the number of
-valid key blocks per row) is left to a session with a GPU.
+**Softmax by a boolean mask** and **mask summaries**: the plain backend's (PyTorch ops).
+
+**Dot-product attention**: the plain backend's (:func:`attnscore.kernels._sdpa.masked`):
+``scaled_dot_product_attention`` in 4-D layout (B, H, n, d) with the boolean mask of the
+lengths, (B, 1, 1, m) for per-example lengths and (B, 1, n, m) for per-query lengths;
+padding zeroed first (no sync to look for it), rows of length 0 attend key 0 inside SDPA
+(no fully masked row, hence no NaN on any backend) and are replaced by zeros after, with
+zero gradients. Unmasked and causal attention are SDPA's own calls before any backend is
+asked (:mod:`attnscore.kernels._attention`). Reason, from issue 10's H100 measurements
+(B=32 n=m=1024 d=64): SDPA + bool mask 0.345 ms fp32 / 0.083 ms bf16, the fastest option
+at one head; ``flex_attention`` with a length-built block mask won only at bf16 with many
+heads (0.156 vs 0.266 ms at B=16 H=16), and lost in fp32 (0.67 vs 0.35 ms) and at B=32 H=1
+bf16 (0.134 vs 0.049 ms). A flex path (BlockMask built from the number of valid key blocks
+per row, now that the contract sees heads) is left to a session with a GPU.
 """
 
 from __future__ import annotations
@@ -64,19 +67,21 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from ._plain import dot_product_attention, mask_summary, masked_softmax_dense
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh
 from ._triton_softmax import masked_softmax_bwd, masked_softmax_fwd
 
 __all__ = [
+    "additive_scores",
     "additive_scores_backward",
-    "additive_scores_forward",
     "dot_product_attention",
+    "mask_summary",
+    "masked_softmax",
     "masked_softmax_backward",
-    "masked_softmax_forward",
+    "masked_softmax_dense",
     "supports",
     "tanh_mode",
     "uses_hardware_tanh",
@@ -134,17 +139,9 @@ def _approx(*tensors: Tensor) -> bool:
     return uses_hardware_tanh(*(t.dtype for t in tensors), mode=mode)
 
 
-def _lengths(lengths: Tensor, shape: tuple[int, ...]) -> Tensor:
-    if lengths.dtype != torch.int64 or tuple(lengths.shape) != shape:
-        raise ValueError(
-            f"Expected lengths of dtype torch.int64 and shape {shape}, but got "
-            f"{lengths.dtype} and {tuple(lengths.shape)} instead"
-        )
-    return lengths.contiguous()
-
-
-def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
-    """Softmax over the last axis of ``x`` restricted to its first ``lengths`` positions.
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
+    """Backend contract: softmax over the last axis of ``x`` restricted to its first
+    ``lengths`` positions (inputs as the contract says: checked by the caller).
 
     Args:
         x: (..., m) float16/bfloat16/float32/float64 (made contiguous if it is not).
@@ -156,16 +153,13 @@ def masked_softmax_forward(x: Tensor, lengths: Tensor) -> Tensor:
         never used (at most the rest of the 16-byte vector holding position L - 1 is
         read), so NaN there changes nothing.
 
-    Raises:
-        ValueError: lengths of the wrong dtype or shape.
-
     Source: D2L "Attention Scoring Functions" (masked softmax), one pass per row.
     """
-    return masked_softmax_fwd(x.contiguous(), _lengths(lengths, tuple(x.shape[:-1])))
+    return masked_softmax_fwd(x.contiguous(), lengths.contiguous())
 
 
 def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-    """Gradient of :func:`masked_softmax_forward` with respect to x.
+    """Backend contract: the gradient of :func:`masked_softmax` with respect to x.
 
     Args:
         grad_y: (..., m) gradient of the output; used only below the lengths.
@@ -175,31 +169,14 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     Returns:
         grad_x of y's shape and dtype: ``y * (grad_y - sum_{j<L} grad_y_j y_j)`` below L,
         exact zeros at and beyond L and on rows with L == 0; 16-bit reduced in float32.
-
-    Raises:
-        ValueError: lengths of the wrong dtype or shape.
     """
     g = grad_y.to(y.dtype).contiguous()
-    return masked_softmax_bwd(g, y.contiguous(), _lengths(lengths, tuple(y.shape[:-1])))
+    return masked_softmax_bwd(g, y.contiguous(), lengths.contiguous())
 
 
-def _check_additive(qh: Tensor, kh: Tensor, w_v: Tensor) -> None:
-    if qh.dim() != 3 or kh.dim() != 3 or w_v.dim() != 1:
-        raise ValueError(
-            "Expected qh (B, n, h), kh (B, m, h) and w_v (h,), but got shapes "
-            f"{tuple(qh.shape)}, {tuple(kh.shape)} and {tuple(w_v.shape)} instead"
-        )
-    B, _, h = qh.shape
-    if kh.shape[0] != B or kh.shape[2] != h or w_v.shape[0] != h:
-        raise ValueError(
-            f"Expected kh of shape ({B}, m, {h}) and w_v of shape ({h},), but got "
-            f"{tuple(kh.shape)} and {tuple(w_v.shape)} instead"
-        )
-
-
-def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    """Additive scores ``sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h])`` without a
-    (B, n, m, h) tensor.
+def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
+    """Backend contract: additive scores ``sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h])``
+    without a (B, n, m, h) tensor (inputs checked by the caller).
 
     Args:
         qh: (B, n, h) projected queries ``W_q q``.
@@ -214,21 +191,18 @@ def additive_scores_forward(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
         cannot reach a row's scores. tanh per :func:`tanh_mode`.
 
     Raises:
-        ValueError: mismatched shapes, lengths of the wrong dtype or shape, or a bad
-        ``ATTNSCORE_TANH``.
+        ValueError: a bad ``ATTNSCORE_TANH``.
 
     Source: Bahdanau et al., 2015, eq. (6); D2L "Attention Scoring Functions", additive.
     """
-    _check_additive(qh, kh, w_v)
-    lens = _lengths(lengths, tuple(qh.shape[:2]))
     qh, kh, w_v = qh.contiguous(), kh.contiguous(), w_v.contiguous()
-    return additive_fwd(qh, kh, w_v, lens, approx=_approx(qh, kh, w_v))
+    return additive_fwd(qh, kh, w_v, lengths.contiguous(), approx=_approx(qh, kh, w_v))
 
 
 def additive_scores_backward(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of :func:`additive_scores_forward`, tanh recomputed.
+    """Backend contract: the gradients of :func:`additive_scores`, tanh recomputed.
 
     Args:
         grad_scores: (B, n, m) gradient of the scores; read only below the lengths.
@@ -242,55 +216,8 @@ def additive_scores_backward(
         (BI, BJ from 32 to 128, chosen per shape; 96 MiB at B=4 n=m=1024 h=256).
 
     Raises:
-        ValueError: as :func:`additive_scores_forward`.
+        ValueError: as :func:`additive_scores`.
     """
-    _check_additive(qh, kh, w_v)
-    lens = _lengths(lengths, tuple(qh.shape[:2]))
     qh, kh, w_v = qh.contiguous(), kh.contiguous(), w_v.contiguous()
     g = grad_scores.contiguous()
-    return additive_bwd(g, qh, kh, w_v, lens, approx=_approx(qh, kh, w_v))
-
-
-def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float, dropout_p: float
-) -> Tensor:
-    """Scaled dot-product attention over the first ``lengths`` keys, via SDPA with a mask.
-
-    Args:
-        q: (B, n, d) queries; k: (B, m, d) keys; v: (B, m, dv) values; one float dtype.
-        lengths: (B,) or (B, n) int64 in [0, m]: valid keys per example or per query row.
-        scale: multiplier of q k^T (usually 1 / sqrt(d)).
-        dropout_p: dropout on the attention weights (0.0 outside training).
-
-    Returns:
-        out (B, n, dv) in q's dtype, differentiable in q, k, v through PyTorch ops. Rows of
-        length 0 are zeros with zero gradients. No (B, n, m) float tensor is made; the mask
-        is bool, (B, 1, 1, m) for (B,) lengths and (B, 1, n, m) for (B, n) lengths. Padded
-        keys and values are read by SDPA (their scores are masked out), so they must be
-        finite: NaN there would reach the output (``attnscore.functional.prepare`` zeroes
-        padding before this is called).
-
-    Raises:
-        ValueError: lengths of the wrong dtype or shape.
-
-    Source: Vaswani et al., 2017, eq. (1); D2L "Attention Scoring Functions".
-    """
-    B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    if lengths.dtype != torch.int64 or tuple(lengths.shape) not in ((B,), (B, n)):
-        raise ValueError(
-            f"Expected lengths of dtype torch.int64 and shape ({B},) or ({B}, {n}), but got "
-            f"{lengths.dtype} and {tuple(lengths.shape)} instead"
-        )
-    if m == 0:
-        # No keys: zeros that stay connected to q, k and v (with zero gradients).
-        return torch.bmm(torch.bmm(q, k.transpose(1, 2)), v)
-    lens = lengths.clamp(0, m)
-    # Length-0 rows attend key 0 (never a fully masked row: some SDPA backends give NaN
-    # there) and are zeroed below.
-    keep = torch.arange(m, device=q.device) < lens.clamp(min=1)[..., None]
-    mask = keep[:, None, None, :] if lens.dim() == 1 else keep[:, None, :, :]
-    out = F.scaled_dot_product_attention(
-        q[:, None], k[:, None], v[:, None], attn_mask=mask, dropout_p=dropout_p, scale=scale
-    )[:, 0]
-    empty = (lens == 0)[:, None, None] if lens.dim() == 1 else (lens == 0)[..., None]
-    return torch.where(empty, 0.0, out)
+    return additive_bwd(g, qh, kh, w_v, lengths.contiguous(), approx=_approx(qh, kh, w_v))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from .._mask import AttentionMask
@@ -60,6 +61,18 @@ class Backend(Protocol):
     def masked_softmax_backward(self, grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
         """y * (grad_y - sum_j grad_y y) over j < L; exact zeros beyond L and for L == 0."""
 
+    def masked_softmax_dense(self, x: Tensor, allowed: Tensor) -> Tensor:
+        """x (..., m), allowed bool broadcastable to x -> softmax over the allowed positions,
+        exact zeros elsewhere and on rows that allow nothing (backward: masked_softmax's
+        with every length m)."""
+
+    def mask_summary(
+        self, allowed: Tensor, dtype: torch.dtype | None
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """allowed bool (..., r, m) -> (its additive form in ``dtype``: 0 where allowed,
+        -inf elsewhere, or None for ``dtype`` None; rows that allow some key (..., r); keys
+        some row allows (..., m))."""
+
     def additive_scores(self, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
         """qh (B, n, h), kh (B, m, h), w_v (h,), lengths (B, n) -> scores (B, n, m):
         sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h]) for j < lengths[b, i], else 0."""
@@ -89,16 +102,19 @@ class Backend(Protocol):
 FUNCTIONS = (
     "masked_softmax",
     "masked_softmax_backward",
+    "masked_softmax_dense",
+    "mask_summary",
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
 )
 
 if TYPE_CHECKING:  # the backends implement the whole contract (checked by mypy)
-    from . import _cpu
+    from . import _cpu, _cuda
 
     _PLAIN: Backend = _plain
     _CPU: Backend = _cpu
+    _CUDA: Backend = _cuda
 
 _modules: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}

@@ -28,6 +28,7 @@ device, values in [0, m].
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -41,8 +42,10 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward_op",
     "additive_scores_op",
+    "mask_summary",
     "masked_softmax",
     "masked_softmax_backward_op",
+    "masked_softmax_dense",
     "masked_softmax_op",
 ]
 
@@ -73,6 +76,18 @@ def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _is_fake(t: Tensor) -> bool:
+    """A FakeTensor (torch.export's and torch.compile's shape propagation)."""
+    return type(t) is not Tensor and isinstance(t, _fake_tensor_type())
+
+
+@functools.cache
+def _fake_tensor_type() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
 # ---- masked softmax ------------------------------------------------------------------------
 
 
@@ -85,9 +100,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
         return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
     if not enabled() or in_functorch(x):
         return _plain.masked_softmax(x, lengths)
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(x, FakeTensor):
+    if _is_fake(x):
         return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
     if _needs_grad(x):
         return _MaskedSoftmax.apply(x, lengths)  # type: ignore[no-any-return,no-untyped-call]
@@ -155,6 +168,56 @@ def _softmax_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
 masked_softmax_op.register_autograd(_softmax_op_backward, setup_context=_softmax_setup)
 
 
+# ---- masked softmax by a boolean mask -------------------------------------------------------
+
+
+def _eager_backend() -> bool:
+    """Whether eager backends may run (not compiling or tracing, kernels enabled)."""
+    return enabled() and not _graph_capture()
+
+
+def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax of x (..., m) over the positions ``allowed`` (bool, broadcastable to x)
+    allows, exact zeros elsewhere and on rows that allow nothing (the backend contract's
+    ``masked_softmax_dense``; under compile, tracing and transforms the plain twin, which
+    compilers fuse on their own)."""
+    if not _eager_backend() or in_functorch(x) or _is_fake(x):
+        return _plain.masked_softmax_dense(x, allowed)
+    if _needs_grad(x):
+        return _MaskedSoftmaxDense.apply(x, allowed)  # type: ignore[no-any-return,no-untyped-call]
+    return backend_function(x.device.type, "masked_softmax_dense")(x, allowed)  # type: ignore[no-any-return]
+
+
+class _MaskedSoftmaxDense(torch.autograd.Function):
+    """Eager masked softmax by a boolean mask on the device's backend. Its backward is the
+    masked softmax's with every length m: the output is exactly 0 where the mask forbids,
+    and so is the gradient there."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, allowed: Tensor) -> Tensor:
+        y: Tensor = backend_function(x.device.type, "masked_softmax_dense")(x, allowed)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (y,) = ctx.saved_tensors
+        m = torch.full((), y.shape[-1], dtype=torch.int64, device=y.device)
+        full = m.expand(y.shape[:-1])  # every length m, not materialised
+        return _masked_softmax_backward(grad, y, full), None
+
+
+def mask_summary(
+    allowed: Tensor, dtype: torch.dtype | None
+) -> tuple[Tensor | None, Tensor, Tensor]:
+    """For a boolean mask (..., r, m): its additive form in ``dtype`` (0 where allowed,
+    -inf elsewhere; None for ``dtype`` None), which rows allow some key (..., r) and which
+    keys some row allows (..., m) (the backend contract's ``mask_summary``)."""
+    if not _eager_backend() or in_functorch(allowed):
+        return _plain.mask_summary(allowed, dtype)
+    return backend_function(allowed.device.type, "mask_summary")(allowed, dtype)  # type: ignore[no-any-return]
+
+
 # ---- additive scores ----------------------------------------------------------------------
 
 
@@ -167,9 +230,7 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
         return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
     if not enabled() or in_functorch(qh):
         return _plain.additive_scores_dense(qh, kh, w_v, lengths)
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(qh, FakeTensor):
+    if _is_fake(qh):
         return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
     if _needs_grad(qh, kh, w_v):
         return _AdditiveScores.apply(qh, kh, w_v, lengths)  # type: ignore[no-any-return,no-untyped-call]

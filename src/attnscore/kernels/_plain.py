@@ -29,8 +29,10 @@ __all__ = [
     "additive_scores_backward",
     "additive_scores_dense",
     "dot_product_attention",
+    "mask_summary",
     "masked_softmax",
     "masked_softmax_backward",
+    "masked_softmax_dense",
 ]
 
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
@@ -68,6 +70,25 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     g = torch.where(valid, grad_y.to(yf.dtype), 0.0)
     dx = yf * (g - (g * yf).sum(-1, keepdim=True))
     return torch.where(valid, dx, 0.0).to(y.dtype)
+
+
+def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over the last axis of x (..., m) where ``allowed`` (bool, broadcastable to x)
+    is True; exact zeros elsewhere and on rows with nothing allowed."""
+    return softmax_dense(x, allowed)
+
+
+def mask_summary(
+    allowed: Tensor, dtype: torch.dtype | None
+) -> tuple[Tensor | None, Tensor, Tensor]:
+    """For a boolean mask (..., r, m) (True = may attend): its additive form in ``dtype``
+    (0 where allowed, -inf elsewhere; None when ``dtype`` is None), which of its rows allow
+    some key (..., r), and which keys some row allows (..., m)."""
+    additive = None
+    if dtype is not None:
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        additive = torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype))
+    return additive, allowed.any(dim=-1), allowed.any(dim=-2)
 
 
 # ---- additive scores -------------------------------------------------------------------------

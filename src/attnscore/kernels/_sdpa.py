@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .._checks import in_transform
 from .._mask import AttentionMask
+from . import _ops
 
 __all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmasked"]
 
@@ -105,24 +106,37 @@ def masked(
     """SDPA with the boolean form of ``mask`` (lengths and/or ``attend``), q (B, H, n, d).
 
     Zeroes padded keys and values and idle queries first (only where there are some, when
-    the device can tell without a sync), and makes rows with no allowed key zeros.
+    the device can tell without a sync), and makes rows with no allowed key zeros. On the
+    CPU a boolean ``attend`` mask goes to SDPA in its additive form, made in the same read
+    of the mask that finds the padding (SDPA would convert it anyway).
     """
     m = k.shape[-2]
-    allowed = _allowed(mask, m, q.device)
     # Whether some values may be looked at: not without a sync (CUDA), not while tracing.
     cpu = q.device.type == "cpu" and not in_transform(q, k, v)
-    padded = ~allowed.any(dim=-2, keepdim=True).transpose(-1, -2)  # (., ., m, 1)
+    attn_mask: Tensor
+    if mask.attend is None:  # lengths: the padding is read off the lengths themselves
+        assert mask.lengths is not None
+        lengths = compact(mask.lengths)
+        attn_mask = torch.arange(m, device=q.device) < lengths.unsqueeze(-1)
+        padded = (torch.arange(m, device=q.device) >= lengths.amax(-1, keepdim=True)).unsqueeze(-1)
+        idle = (lengths == 0).unsqueeze(-1)
+    else:
+        allowed = _allowed(mask, m, q.device)
+        additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype if cpu else None)
+        attn_mask = allowed if additive is None else additive
+        padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
     if not cpu or bool(padded.any()):
         k = k.masked_fill(padded, 0.0)
         v = v.masked_fill(padded, 0.0)
-    idle = ~allowed.any(dim=-1, keepdim=True)  # (., ., n, 1)
     has_idle = not cpu or bool(idle.any())
     if has_idle:
         q = q.masked_fill(idle, 0.0)
     fix_rows = has_idle and not empty_rows_are_zero(q.device.type)
     if fix_rows:  # no fully masked row inside SDPA: such rows attend key 0, zeroed below
-        allowed = allowed | (idle & (torch.arange(m, device=q.device) == 0))
+        if attn_mask.dtype != torch.bool:
+            attn_mask = attn_mask == 0
+        attn_mask = attn_mask | (idle & (torch.arange(m, device=q.device) == 0))
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
     return out.masked_fill(idle, 0.0) if fix_rows else out

@@ -49,13 +49,14 @@ DEFINE_SOFTMAX_ROW(float, f32, expf)
 static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L > m ? m : L); }
 
 /* ---- masked softmax: float32 and float64 rows, in place in the output -------------------
- * y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0 with L = min(lengths[r], m); rows with L == 0
- * are zero. Padded positions are never read. */
+ * y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0 with L = min(lengths[r / div], m) (div rows share
+ * a length: the queries and heads of one example); rows with L == 0 are zero. Padded
+ * positions are never read. */
 #define DEFINE_MASKED_SOFTMAX(T, SUF)                                                       \
   void masked_softmax_##SUF(const T *x, const int64_t *lengths, T *y, int64_t r0,           \
-                            int64_t r1, int64_t m) {                                        \
+                            int64_t r1, int64_t m, int64_t div) {                           \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      int64_t L = clamp_length(lengths[r], m);                                              \
+      int64_t L = clamp_length(lengths[r / div], m);                                        \
       T *yr = y + r * m;                                                                    \
       if (L > 0) softmax_row_##SUF(x + r * m, yr, L);                                       \
       if (L < m) memset(yr + L, 0, (size_t)(m - L) * sizeof(T));                            \
@@ -63,9 +64,9 @@ static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L
   }                                                                                         \
   /* dx = y * (g - sum(g * y)) on the first L positions, exact zeros elsewhere. */          \
   void masked_softmax_backward_##SUF(const T *y, const T *g, const int64_t *lengths, T *dx, \
-                                     int64_t r0, int64_t r1, int64_t m) {                   \
+                                     int64_t r0, int64_t r1, int64_t m, int64_t div) {      \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      int64_t L = clamp_length(lengths[r], m);                                              \
+      int64_t L = clamp_length(lengths[r / div], m);                                        \
       T *dr = dx + r * m;                                                                   \
       if (L > 0) softmax_backward_row_##SUF(y + r * m, g + r * m, dr, L);                   \
       if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(T));                            \
@@ -138,10 +139,10 @@ static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
 
 #define DEFINE_MASKED_SOFTMAX_16(SUF)                                                       \
   void masked_softmax_##SUF(const uint16_t *x, const int64_t *lengths, uint16_t *y,         \
-                            int64_t r0, int64_t r1, int64_t m) {                            \
+                            int64_t r0, int64_t r1, int64_t m, int64_t div) {               \
     float *row = (float *)malloc((size_t)(m > 0 ? m : 1) * sizeof(float));                  \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      int64_t L = clamp_length(lengths[r], m);                                              \
+      int64_t L = clamp_length(lengths[r / div], m);                                        \
       uint16_t *yr = y + r * m;                                                             \
       if (L > 0) {                                                                          \
         SUF##_to_f32_row(x + r * m, row, L);                                                \
@@ -154,11 +155,11 @@ static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
   }                                                                                         \
   void masked_softmax_backward_##SUF(const uint16_t *y, const uint16_t *g,                  \
                                      const int64_t *lengths, uint16_t *dx, int64_t r0,      \
-                                     int64_t r1, int64_t m) {                               \
+                                     int64_t r1, int64_t m, int64_t div) {                  \
     float *rows = (float *)malloc((size_t)(m > 0 ? 2 * m : 2) * sizeof(float));             \
     float *yf = rows, *gf = rows + m;                                                       \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
-      int64_t L = clamp_length(lengths[r], m);                                              \
+      int64_t L = clamp_length(lengths[r / div], m);                                        \
       uint16_t *dr = dx + r * m;                                                            \
       if (L > 0) {                                                                          \
         SUF##_to_f32_row(y + r * m, yf, L);                                                 \
@@ -175,6 +176,122 @@ DEFINE_MASKED_SOFTMAX_16(bf16)
 #if ATTNSCORE_HAVE_F16
 DEFINE_MASKED_SOFTMAX_16(f16)
 #endif
+
+/* ---- masked softmax by a boolean mask ----------------------------------------------------
+ * Row r of x (R x m) is normalised over the positions its mask row allows (mask + offsets[r],
+ * m bytes, nonzero = may attend): y = softmax there, exact 0 elsewhere, and a row that allows
+ * nothing is all 0. Masked positions are never used (a select picks them out before any
+ * arithmetic, so NaN there cannot leak in). The backward is masked_softmax_backward with
+ * every length m: y is exactly 0 where the mask forbids, so is the gradient. */
+#define DEFINE_SOFTMAX_ROW_MASKED(CT, SUF, EXP)                                             \
+  /* returns 0 (and writes zeros) when the row allows nothing; y may be x */                \
+  static inline int softmax_row_masked_##SUF(const CT *x, const uint8_t *mask, CT *y,       \
+                                             int64_t m) {                                   \
+    CT mx = -(CT)1e30;                                                                      \
+    int any = 0;                                                                            \
+    _Pragma("omp simd reduction(max : mx) reduction(| : any)") for (int64_t j = 0; j < m; ++j) { \
+      CT v = mask[j] ? x[j] : -(CT)1e30;                                                    \
+      mx = v > mx ? v : mx;                                                                 \
+      any |= mask[j];                                                                       \
+    }                                                                                       \
+    if (!any) {                                                                             \
+      memset(y, 0, (size_t)m * sizeof(CT));                                                 \
+      return 0;                                                                             \
+    }                                                                                       \
+    CT s = 0;                                                                               \
+    _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < m; ++j) {                  \
+      CT d = mask[j] ? x[j] - mx : -(CT)1e30;                                               \
+      CT e = mask[j] ? EXP(d) : (CT)0;                                                      \
+      y[j] = e;                                                                             \
+      s += e;                                                                               \
+    }                                                                                       \
+    CT inv = (CT)1 / s;                                                                     \
+    _Pragma("omp simd") for (int64_t j = 0; j < m; ++j) y[j] *= inv;                        \
+    return 1;                                                                               \
+  }
+
+DEFINE_SOFTMAX_ROW_MASKED(double, f64, exp)
+DEFINE_SOFTMAX_ROW_MASKED(float, f32, expf)
+
+#define DEFINE_MASKED_SOFTMAX_DENSE(T, SUF)                                                 \
+  void masked_softmax_dense_##SUF(const T *x, const uint8_t *mask, const int64_t *offsets,  \
+                                  T *y, int64_t r0, int64_t r1, int64_t m) {                \
+    for (int64_t r = r0; r < r1; ++r) {                                                     \
+      softmax_row_masked_##SUF(x + r * m, mask + offsets[r], y + r * m, m);                 \
+    }                                                                                       \
+  }
+
+DEFINE_MASKED_SOFTMAX_DENSE(double, f64)
+DEFINE_MASKED_SOFTMAX_DENSE(float, f32)
+
+#define DEFINE_MASKED_SOFTMAX_DENSE_16(SUF)                                                 \
+  void masked_softmax_dense_##SUF(const uint16_t *x, const uint8_t *mask,                   \
+                                  const int64_t *offsets, uint16_t *y, int64_t r0,          \
+                                  int64_t r1, int64_t m) {                                  \
+    float *row = (float *)malloc((size_t)(m > 0 ? m : 1) * sizeof(float));                  \
+    for (int64_t r = r0; r < r1; ++r) {                                                     \
+      SUF##_to_f32_row(x + r * m, row, m);                                                  \
+      softmax_row_masked_f32(row, mask + offsets[r], row, m);                               \
+      f32_to_##SUF##_row(row, y + r * m, m);                                                \
+    }                                                                                       \
+    free(row);                                                                              \
+  }
+
+DEFINE_MASKED_SOFTMAX_DENSE_16(bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_MASKED_SOFTMAX_DENSE_16(f16)
+#endif
+
+/* ---- a boolean mask made ready for SDPA -------------------------------------------------
+ * mask: groups x rows x m bytes (nonzero = may attend). row_any[g * rows + i]: whether row i
+ * of group g allows any key; col_any[g * m + j]: whether any row of group g allows key j
+ * (keys no row allows are padding); out, when not NULL: the additive form SDPA's fused
+ * kernels take, 0 where allowed and -inf elsewhere, in the queries' type (bit patterns
+ * below, so that -ffast-math cannot touch the infinities). One read of the mask. */
+#define DEFINE_MASK_SUMMARY(ST, SUF, ZERO, NEG_INF)                                         \
+  void mask_summary_##SUF(const uint8_t *mask, ST *out, uint8_t *row_any, uint8_t *col_any, \
+                          int64_t g0, int64_t g1, int64_t rows, int64_t m) {               \
+    const ST zero = ZERO, neg_inf = NEG_INF;                                                \
+    for (int64_t g = g0; g < g1; ++g) {                                                     \
+      uint8_t *col = col_any + g * m;                                                       \
+      memset(col, 0, (size_t)m);                                                            \
+      for (int64_t i = 0; i < rows; ++i) {                                                  \
+        const uint8_t *mr = mask + (g * rows + i) * m;                                      \
+        uint8_t any = 0;                                                                    \
+        if (out != NULL) {                                                                  \
+          ST *o = out + (g * rows + i) * m;                                                 \
+          _Pragma("omp simd reduction(| : any)") for (int64_t j = 0; j < m; ++j) {          \
+            any |= mr[j];                                                                   \
+            col[j] |= mr[j];                                                                \
+            o[j] = mr[j] ? zero : neg_inf;                                                  \
+          }                                                                                 \
+        } else {                                                                            \
+          _Pragma("omp simd reduction(| : any)") for (int64_t j = 0; j < m; ++j) {          \
+            any |= mr[j];                                                                   \
+            col[j] |= mr[j];                                                                \
+          }                                                                                 \
+        }                                                                                   \
+        row_any[g * rows + i] = any != 0;                                                   \
+      }                                                                                     \
+    }                                                                                       \
+  }
+
+static inline float f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline double f64_from_bits(uint64_t u) {
+  double f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+DEFINE_MASK_SUMMARY(double, f64, 0.0, f64_from_bits(0xfff0000000000000ull))
+DEFINE_MASK_SUMMARY(float, f32, 0.0f, f32_from_bits(0xff800000u))
+DEFINE_MASK_SUMMARY(uint16_t, bf16, (uint16_t)0, (uint16_t)0xff80u)
+DEFINE_MASK_SUMMARY(uint16_t, f16, (uint16_t)0, (uint16_t)0xfc00u)
 
 /* ---- additive scores (float32 and float64; 16-bit inputs are converted by the caller) -- */
 #define DEFINE_ADDITIVE(T, SUF, TANH)                                                       \
@@ -246,13 +363,13 @@ DEFINE_ADDITIVE(double, f64, tanh)
 
 #define DEFINE_SOFTMAX_DRIVERS(ST, SUF)                                                     \
   void masked_softmax_par_##SUF(const ST *x, const int64_t *lengths, ST *y,                 \
-                                const int64_t *cuts, int64_t parts, int64_t m) {            \
-    EACH_RANGE(masked_softmax_##SUF(x, lengths, y, r0, r1, m))                              \
+                                const int64_t *cuts, int64_t parts, int64_t m, int64_t div) { \
+    EACH_RANGE(masked_softmax_##SUF(x, lengths, y, r0, r1, m, div))                         \
   }                                                                                         \
   void masked_softmax_backward_par_##SUF(const ST *y, const ST *g, const int64_t *lengths,  \
                                          ST *dx, const int64_t *cuts, int64_t parts,        \
-                                         int64_t m) {                                       \
-    EACH_RANGE(masked_softmax_backward_##SUF(y, g, lengths, dx, r0, r1, m))                 \
+                                         int64_t m, int64_t div) {                          \
+    EACH_RANGE(masked_softmax_backward_##SUF(y, g, lengths, dx, r0, r1, m, div))            \
   }
 
 DEFINE_SOFTMAX_DRIVERS(double, f64)
@@ -260,6 +377,31 @@ DEFINE_SOFTMAX_DRIVERS(float, f32)
 DEFINE_SOFTMAX_DRIVERS(uint16_t, bf16)
 #if ATTNSCORE_HAVE_F16
 DEFINE_SOFTMAX_DRIVERS(uint16_t, f16)
+#endif
+
+#define DEFINE_DENSE_DRIVERS(ST, SUF)                                                       \
+  void masked_softmax_dense_par_##SUF(const ST *x, const uint8_t *mask,                     \
+                                      const int64_t *offsets, ST *y, const int64_t *cuts,   \
+                                      int64_t parts, int64_t m) {                           \
+    EACH_RANGE(masked_softmax_dense_##SUF(x, mask, offsets, y, r0, r1, m))                  \
+  }                                                                                         \
+  void mask_summary_par_##SUF(const uint8_t *mask, ST *out, uint8_t *row_any,               \
+                              uint8_t *col_any, const int64_t *cuts, int64_t parts,         \
+                              int64_t rows, int64_t m) {                                    \
+    EACH_RANGE(mask_summary_##SUF(mask, out, row_any, col_any, r0, r1, rows, m))            \
+  }
+
+DEFINE_DENSE_DRIVERS(double, f64)
+DEFINE_DENSE_DRIVERS(float, f32)
+DEFINE_DENSE_DRIVERS(uint16_t, bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_DENSE_DRIVERS(uint16_t, f16)
+#else
+void mask_summary_par_f16(const uint8_t *mask, uint16_t *out, uint8_t *row_any,
+                          uint8_t *col_any, const int64_t *cuts, int64_t parts, int64_t rows,
+                          int64_t m) {
+  EACH_RANGE(mask_summary_f16(mask, out, row_any, col_any, r0, r1, rows, m))
+}
 #endif
 
 #define DEFINE_ADDITIVE_DRIVERS(T, SUF)                                                     \
@@ -311,4 +453,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 3; }
+int attnscore_kernels_abi(void) { return 5; }
