@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "bad_rows",
     "check_attention_inputs",
     "check_dropout",
     "check_floating",
@@ -127,3 +128,15 @@ def check_attention_inputs(
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype reductions run in: float32 for 16-bit floats, else ``dtype`` itself."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def bad_rows(t: Tensor) -> Tensor:
+    """Bool (...): the rows of ``t`` (..., d) that hold a NaN or an infinity.
+
+    One read of ``t`` and an allocation of one value per row (the row sums; a sum that
+    overflows to infinity flags a row of huge values too, which is harmless: such rows are
+    then zeroed as well). What padding must be checked for: finite garbage there changes
+    nothing (multiplied by an exact zero weight or an exact zero gradient it gives 0), only
+    0 * NaN and 0 * inf are NaN.
+    """
+    return ~torch.isfinite(t.sum(dim=-1))

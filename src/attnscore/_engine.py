@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs, check_dropout, in_transform
+from ._checks import bad_rows, check_attention_inputs, check_dropout, in_transform
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .masking import build_mask
@@ -133,13 +133,15 @@ def _some(flags: Tensor) -> bool:
 
 def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepared:
     """Zero padded values and keys (keys no query may attend) and idle queries (queries that
-    may attend no key), so that 0 * NaN cannot carry garbage stored there into outputs,
-    weights or gradients of the plain pipeline.
+    may attend no key) that hold NaN or inf, so that 0 * NaN cannot carry garbage stored
+    there into outputs, weights or gradients of the plain pipeline.
 
     Values always (the weighted sum multiplies them by zero weights); keys and queries only
     when ``keys_and_queries``: their garbage reaches nothing but gradients (a score at a
     masked position is never read by the normalizers), so without gradients the copies
-    are saved. Nothing is copied where there is no padding (seen on the CPU).
+    are saved. On the CPU nothing is copied unless some padding is not finite (finite
+    garbage is harmless: it meets exact zeros); elsewhere, where looking would cost a sync,
+    padding is zeroed unconditionally.
     """
     mask = prepared.mask
     if mask.unmasked:
@@ -155,10 +157,11 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
     if padded_keys is not None and _some(padded_keys):
-        v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-        if keys_and_queries:
+        if _some(padded_keys & bad_rows(v)):
+            v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
+        if keys_and_queries and _some(padded_keys & bad_rows(k)):
             k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-    if keys_and_queries and idle is not None and _some(idle):
+    if keys_and_queries and idle is not None and _some(idle) and _some(idle & bad_rows(q)):
         q = q.masked_fill(idle.unsqueeze(-1), 0.0)
     return Prepared(q, k, v, mask)
 

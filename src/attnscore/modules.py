@@ -168,6 +168,9 @@ class Attention(nn.Module):
             ValueError: inconsistent shapes (or feature sizes unlike the parameters'),
                 negative or fractional lengths, masks of the wrong shape or device.
         """
+        # The previous call's weights go first, so that this call's buffers can take their
+        # memory (kept until the next call, they cost a cache's worth of speed otherwise).
+        self.__dict__["_weights"] = None
         prepared = prepare(
             queries,
             keys,

@@ -33,7 +33,7 @@ from torch import Tensor
 Shapes = dict[str, int]
 Forward = Callable[[], Tensor]
 
-ROUNDS = 5
+ROUNDS = 10
 """Interleaved timing rounds per implementation (the median of them is reported)."""
 
 

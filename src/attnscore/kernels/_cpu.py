@@ -64,25 +64,47 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     return t
 
 
-def _split(R: int, work: Callable[[], Tensor], threads: int, bound: int) -> list[tuple[int, int]]:
+def _split(
+    R: int, work: Callable[[], Tensor], threads: int, bound: int, div: int = 1
+) -> list[tuple[int, int]]:
     """Cut rows 0..R into at most ``threads`` contiguous ranges of about equal total work.
 
-    ``work()`` gives each row's work (R,); ``bound`` is an upper bound of the total: below
-    two threads' minimum the rows are one range, and ``work`` is never computed (small
-    calls run no tensor op for it).
+    ``work()`` gives the work of each group of ``div`` consecutive rows (R / div,), the
+    ranges cut between groups; ``bound`` is an upper bound of the total: below two threads'
+    minimum the rows are one range, and ``work`` is never computed (small calls run no
+    tensor op for it).
     """
     if threads < 2 or bound < 2 * _MIN_WORK_PER_THREAD:
         return [(0, R)]
     work_ = work()
+    groups = work_.numel()
     total = int(work_.sum())
-    parts = max(1, min(threads, R, total // _MIN_WORK_PER_THREAD))
+    parts = max(1, min(threads, groups, total // _MIN_WORK_PER_THREAD))
     if parts == 1:
         return [(0, R)]
     cum = work_.cumsum(0)
     targets = torch.arange(1, parts, dtype=cum.dtype) * total // parts
-    cuts = [0, *(torch.searchsorted(cum, targets) + 1).tolist(), R]
+    cuts = [0, *((torch.searchsorted(cum, targets) + 1) * div).tolist(), R]
     ranges = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
     return ranges or [(0, R)]
+
+
+def _lengths_split(shared: Tensor, div: int, R: int, m: int, threads: int) -> list[tuple[int, int]]:
+    """Row ranges of equal work for a masked softmax by lengths in :func:`_shared_lengths`'
+    form: the exps cost per valid entry, writing zeros a little per padded one. Rows that
+    share a length are cut together (no per-row tensor), unless there are too few groups
+    to give every thread some."""
+    if shared.numel() < threads:
+        return _split(
+            R, lambda: _row_lengths(shared, div).clamp(0, m) + m // 8, threads, R * (m + m // 8)
+        )
+    return _split(
+        R,
+        lambda: (shared.reshape(-1).clamp(0, m) + m // 8) * div,
+        threads,
+        R * (m + m // 8),
+        div,
+    )
 
 
 Args = tuple[Sequence[Any], Sequence[Any]]
@@ -130,20 +152,26 @@ def _run(
     _run_threads(fn, ranges, args)
 
 
+def _thread_pool(workers: int) -> ThreadPoolExecutor:
+    """The module's thread pool, with at least ``workers`` threads."""
+    global _pool, _pool_size
+    if _pool is None or _pool_size < workers:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnscore")
+        _pool_size = workers
+    return _pool
+
+
 def _run_threads(
     fn: Callable[..., None], ranges: Sequence[tuple[int, int]], args: Callable[[int], Args]
 ) -> None:
     """Call the kernel once per range on a Python thread pool (this thread takes range 0)."""
-    global _pool, _pool_size
 
     def call(i: int) -> None:
         head, tail = args(i)
         fn(*head, *ranges[i], *tail)
 
-    if _pool is None or _pool_size < len(ranges) - 1:
-        _pool = ThreadPoolExecutor(max_workers=len(ranges) - 1, thread_name_prefix="attnscore")
-        _pool_size = len(ranges) - 1
-    futures = [_pool.submit(call, i) for i in range(1, len(ranges))]
+    pool = _thread_pool(len(ranges) - 1)
+    futures = [pool.submit(call, i) for i in range(1, len(ranges))]
     call(0)
     for f in futures:
         f.result()
@@ -199,12 +227,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     if R and m:
         shared, div = _shared_lengths(lengths)
         # exps cost per valid entry, writing zeros a little per padded one
-        ranges = _split(
-            R,
-            lambda: _row_lengths(shared, div).clamp(0, m) + m // 8,
-            torch.get_num_threads(),
-            R * (m + m // 8),
-        )
+        ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
         _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
@@ -223,12 +246,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     R = lengths.numel()
     if R and m:
         shared, div = _shared_lengths(lengths)
-        ranges = _split(
-            R,
-            lambda: _row_lengths(shared, div).clamp(0, m) + m // 8,
-            torch.get_num_threads(),
-            R * (m + m // 8),
-        )
+        ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (yc.data_ptr(), g.data_ptr(), shared.data_ptr(), dx.data_ptr())
         kernel = f"masked_softmax_backward_{_suffix(dtype)}"
         _run(lib, kernel, ranges, lambda _i: (head, (m, div)))
@@ -379,23 +397,36 @@ _CALL_WORK = 1 << 21
 
 @dataclass(frozen=True)
 class _Cut:
-    """One example's part of the loop: its first ``queries`` queries over its first ``keys``
-    keys, with ``is_causal`` or, inside the cut, per-row lengths ``rows`` (1, H or 1,
-    queries, 1) that make a mask (``idle``: some of them are 0)."""
+    """A piece of the loop: queries [start, stop) of example ``b`` over its first ``keys``
+    keys, with ``is_causal`` or, inside the piece, per-row lengths ``rows`` (1, H or 1,
+    stop - start, 1) that make a mask (``idle``: some of them are 0)."""
 
-    queries: int
+    b: int
+    start: int
+    stop: int
     keys: int
     causal: bool = False
     rows: Tensor | None = None
     idle: bool = False
 
     def allowed(self) -> Tensor | None:
-        """Bool (1, H or 1, queries, keys) inside the cut, True = may attend; None: all."""
+        """Bool (1, H or 1, queries, keys) inside the piece, True = may attend; None: all."""
         return None if self.rows is None else torch.arange(self.keys) < self.rows
 
-    def inputs(self, q: Tensor, k: Tensor, v: Tensor, b: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Example b's cut of q, k, v (views), rows with nothing to attend zeroed in q."""
-        qb = q[b : b + 1, :, : self.queries]
+    @property
+    def queries(self) -> slice:
+        """Which queries of the example."""
+        return slice(self.start, self.stop)
+
+    @property
+    def size(self) -> int:
+        """How many queries."""
+        return self.stop - self.start
+
+    def inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The piece of q, k, v (views), rows with nothing to attend zeroed in q."""
+        b = self.b
+        qb = q[b : b + 1, :, self.queries]
         if self.idle:
             assert self.rows is not None
             qb = qb.masked_fill(self.rows == 0, 0.0)
@@ -423,7 +454,7 @@ def _additive_mask(cut: _Cut, dtype: torch.dtype) -> Tensor | None:
 
 
 class _CutAttention(torch.autograd.Function):
-    """The loop as one autograd node: each example's flash forward writes into one output
+    """The loop as one autograd node: each piece's flash forward writes into one output
     allocated once, its backward into gradients allocated once (nothing of the inputs' size
     is allocated per example, so the cost stays linear in the batch)."""
 
@@ -438,25 +469,19 @@ class _CutAttention(torch.autograd.Function):
             out = q.new_empty(B, n, H, v.shape[-1]).transpose(1, 2)
         else:
             out = q.new_empty(B, H, n, v.shape[-1])
+        covered = [0] * B  # queries of each example the pieces cover (the rest is zero)
         saved = []
-        for b, cut in enumerate(cuts):
-            if cut.queries == 0 or cut.keys == 0:
-                out[b].zero_()
-                continue
-            qb, kb, vb = cut.inputs(q, k, v, b)
+        for cut in cuts:
+            qb, kb, vb = cut.inputs(q, k, v)
             o, lse = flash(
-                qb,
-                kb,
-                vb,
-                0.0,
-                cut.causal,
-                attn_mask=_additive_mask(cut, q.dtype),
-                scale=scale,
+                qb, kb, vb, 0.0, cut.causal, attn_mask=_additive_mask(cut, q.dtype), scale=scale
             )
-            out[b : b + 1, :, : cut.queries] = o
-            if cut.queries < n:
-                out[b, :, cut.queries :].zero_()
+            out[cut.b : cut.b + 1, :, cut.queries] = o
+            covered[cut.b] = max(covered[cut.b], cut.stop)
             saved.append(lse)
+        for b, stop in enumerate(covered):
+            if stop < n:
+                out[b, :, stop:].zero_()
         ctx.cuts, ctx.scale = cuts, scale
         ctx.save_for_backward(q, k, v, out, *saved)
         return out
@@ -467,30 +492,46 @@ class _CutAttention(torch.autograd.Function):
         _, flash_backward = _flash_ops()  # type: ignore[misc]
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        lse = iter(lses)
-        for b, cut in enumerate(ctx.cuts):
-            if cut.queries == 0 or cut.keys == 0:
-                continue
-            rows, keys = slice(0, cut.queries), slice(0, cut.keys)
-            qb, kb, vb = cut.inputs(q, k, v, b)
-            gq, gk, gv = flash_backward(
-                grad[b : b + 1, :, rows].contiguous(),
-                qb,
-                kb,
-                vb,
-                out[b : b + 1, :, rows],
-                next(lse),
-                0.0,
-                cut.causal,
-                attn_mask=_additive_mask(cut, q.dtype),
-                scale=ctx.scale,
-            )
-            if cut.idle:
-                assert cut.rows is not None
-                gq = gq.masked_fill(cut.rows == 0, 0.0)
-            dq[b : b + 1, :, rows] = gq
-            dk[b : b + 1, :, keys] = gk
-            dv[b : b + 1, :, keys] = gv
+        by_example: dict[int, list[tuple[_Cut, Tensor]]] = {}
+        for cut, lse in zip(ctx.cuts, lses, strict=True):
+            by_example.setdefault(cut.b, []).append((cut, lse))
+
+        def example(pieces: list[tuple[_Cut, Tensor]]) -> None:
+            with torch.no_grad():  # grad mode is per thread: pool threads have it on
+                _example(pieces)
+
+        def _example(pieces: list[tuple[_Cut, Tensor]]) -> None:
+            for cut, lse in pieces:  # one example's pieces add to its dk, dv: one thread
+                b, rows, keys = cut.b, cut.queries, slice(0, cut.keys)
+                qb, kb, vb = cut.inputs(q, k, v)
+                gq, gk, gv = flash_backward(
+                    grad[b : b + 1, :, rows].contiguous(),
+                    qb,
+                    kb,
+                    vb,
+                    out[b : b + 1, :, rows],
+                    lse,
+                    0.0,
+                    cut.causal,
+                    attn_mask=_additive_mask(cut, q.dtype),
+                    scale=ctx.scale,
+                )
+                if cut.idle:
+                    assert cut.rows is not None
+                    gq = gq.masked_fill(cut.rows == 0, 0.0)
+                dq[b : b + 1, :, rows] = gq
+                dk[b : b + 1, :, keys] += gk
+                dv[b : b + 1, :, keys] += gv
+
+        # PyTorch's flash backward splits its work by (example, head) only: with fewer heads
+        # than threads one call would leave cores idle, so examples run side by side on a
+        # thread pool instead (each writes its own slices; ATen releases the GIL).
+        threads = torch.get_num_threads()
+        if q.shape[1] < threads and len(by_example) > 1:
+            list(_thread_pool(threads).map(example, by_example.values()))
+        else:
+            for pieces in by_example.values():
+                example(pieces)
         return dq, dk, dv, None, None
 
 
@@ -498,21 +539,20 @@ def _cut_attention_autograd(
     q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float, dropout_p: float
 ) -> Tensor:
     """The loop through PyTorch's ``scaled_dot_product_attention`` and its autograd: for
-    dropout (which the flash op does not take) and torches without the flash op. Views of
-    the inputs per example (one stack per input in the backward), one concatenation."""
+    dropout (which the flash op does not take) and value sizes unlike the query size. Views
+    of the inputs per piece (one stack per input in the backward), one concatenation."""
     B, H, n, _ = q.shape
     heads_inner = H > 1 and q.stride(1) < q.stride(2)
     qs, ks, vs = q.unbind(0), k.unbind(0), v.unbind(0)
-    outs = []
-    for b, cut in enumerate(cuts):
-        if cut.queries == 0 or cut.keys == 0:
-            out = _Zeros.apply(qs[b], ks[b], vs[b])  # type: ignore[no-untyped-call]
-        else:
-            qb = qs[b][None, :, : cut.queries]
-            if cut.idle:
-                assert cut.rows is not None
-                qb = qb.masked_fill(cut.rows == 0, 0.0)
-            out = F.scaled_dot_product_attention(
+    pieces: dict[int, list[Tensor]] = {b: [] for b in range(B)}
+    for cut in cuts:
+        b = cut.b
+        qb = qs[b][None, :, cut.start : cut.stop]
+        if cut.idle:
+            assert cut.rows is not None
+            qb = qb.masked_fill(cut.rows == 0, 0.0)
+        pieces[b].append(
+            F.scaled_dot_product_attention(
                 qb,
                 ks[b][None, :, : cut.keys],
                 vs[b][None, :, : cut.keys],
@@ -521,8 +561,15 @@ def _cut_attention_autograd(
                 is_causal=cut.causal,
                 scale=scale,
             )
-            if cut.queries < n:
-                out = F.pad(out, (0, 0, 0, n - cut.queries))
+        )
+    outs = []
+    for b in range(B):
+        if not pieces[b]:
+            out = _Zeros.apply(qs[b], ks[b], vs[b])  # type: ignore[no-untyped-call]
+        else:
+            out = torch.cat(pieces[b], dim=2) if len(pieces[b]) > 1 else pieces[b][0]
+            if out.shape[2] < n:
+                out = F.pad(out, (0, 0, 0, n - out.shape[2]))
         outs.append(out.transpose(1, 2) if heads_inner else out)
     result = torch.cat(outs, 0) if B > 1 else outs[0]
     return result.transpose(1, 2) if heads_inner else result
@@ -542,9 +589,17 @@ class _Zeros(torch.autograd.Function):
         return tuple(grad.new_zeros(shape, dtype=dtype) for shape, dtype in ctx.inputs)
 
 
+#: The loop makes at least this many calls (queries of an example split into pieces when
+#: the batch is smaller): each call's output is a temporary the size of its piece, so the
+#: pieces keep the peak memory within a few percent of one SDPA call's.
+_MIN_PIECES = 8
+
+
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
-    """Each example's cut: its longest key length, its queries up to the last one that
-    attends anything, and what masking is left inside (none, causal, or a boolean mask)."""
+    """The loop's pieces: each example's longest key length, its queries up to the last one
+    that attends anything (in several pieces where the batch is small), and what masking
+    is left inside (none, causal, or a boolean mask). Examples with nothing to attend have
+    no piece."""
     key_len = lengths.amax(dim=(1, 2)).tolist()  # (B,) longest row of each example
     if lengths.shape[2] == 1:
         query_len = [n if L else 0 for L in key_len]
@@ -556,20 +611,20 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
     per_example = structured and (
         key_lengths is None or all(s == 0 for s in key_lengths.stride()[1:])
     )
-    if per_example:  # inside the cut: nothing (lengths) or is_causal (lengths + causal)
-        causal = mask.causal
-        return [
-            _Cut(Lq, Lk, causal and Lq > 0 and Lk > 0)
-            for Lq, Lk in zip(query_len, key_len, strict=True)
-        ]
+    causal = per_example and mask.causal  # is_causal (top-left) holds for whole examples only
+    splits = 1 if causal else -(-_MIN_PIECES // len(key_len))
+    has_idle = [False] * len(key_len) if per_example else (lengths == 0).any(dim=(1, 2)).tolist()
     cuts = []
-    has_idle = (lengths == 0).any(dim=(1, 2)).tolist()
     for b, (Lq, Lk) in enumerate(zip(query_len, key_len, strict=True)):
         if Lq == 0 or Lk == 0:
-            cuts.append(_Cut(Lq, Lk))
             continue
-        rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
-        cuts.append(_Cut(Lq, Lk, rows=rows[None], idle=has_idle[b]))
+        bounds = sorted({Lq * i // splits for i in range(splits + 1)})
+        for start, stop in itertools.pairwise(bounds):
+            rows = None
+            if not per_example:  # a mask inside the piece, from its rows' lengths
+                rows = lengths[b, :, start:stop] if lengths.shape[2] > 1 else lengths[b]
+                rows = rows.unsqueeze(-1)[None]
+            cuts.append(_Cut(b, start, stop, Lk, causal, rows, has_idle[b]))
     return cuts
 
 
@@ -600,11 +655,8 @@ def dot_product_attention(
     if full * work < B * _CALL_WORK:  # too little to cut: not worth reading the lengths
         return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
     cuts = _cuts(mask, lengths, n)
-    kept = sum(c.queries * c.keys for c in cuts)
-    # SDPA with the mask copies q, k and v to zero their padding, if there is any (the loop
-    # never reads padding): it runs only where cutting saves little and nothing is padded.
-    padded = any(c.keys < m for c in cuts) or any(c.idle or c.queries < n for c in cuts)
-    if (full - kept) * work < B * _CALL_WORK and not padded:
+    kept = sum(c.size * c.keys for c in cuts)
+    if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
         return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
     # The flash op takes no dropout and one head size for q, k and v.
     if dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None:

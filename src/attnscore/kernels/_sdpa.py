@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import in_transform
+from .._checks import bad_rows, in_transform
 from .._mask import AttentionMask
 from . import _ops
 
@@ -105,31 +105,40 @@ def masked(
 ) -> Tensor:
     """SDPA with the boolean form of ``mask`` (lengths and/or ``attend``), q (B, H, n, d).
 
-    Zeroes padded keys and values and idle queries first (only where there are some, when
-    the device can tell without a sync), and makes rows with no allowed key zeros. On the
-    CPU a boolean ``attend`` mask goes to SDPA in its additive form, made in the same read
-    of the mask that finds the padding (SDPA would convert it anyway).
+    Zeroes padded keys and values and idle queries first where they are not finite (on the
+    CPU only then; elsewhere always, since looking would cost a sync), and makes rows with
+    no allowed key zeros. On the CPU the mask goes to SDPA in its additive form, made by one
+    C pass over the boolean mask that also finds the padding: SDPA would convert it anyway,
+    more slowly (``torch.where``).
     """
     m = k.shape[-2]
     # Whether some values may be looked at: not without a sync (CUDA), not while tracing.
     cpu = q.device.type == "cpu" and not in_transform(q, k, v)
-    attn_mask: Tensor
-    if mask.attend is None:  # lengths: the padding is read off the lengths themselves
+    allowed = _allowed(mask, m, q.device)
+    attn_mask: Tensor = allowed
+    if cpu:  # one C pass: the additive mask SDPA would make anyway, and where padding is
+        additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype)
+        assert additive is not None
+        attn_mask = additive
+        padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
+    elif mask.attend is None:  # lengths: the padding is read off the lengths themselves
         assert mask.lengths is not None
         lengths = compact(mask.lengths)
-        attn_mask = torch.arange(m, device=q.device) < lengths.unsqueeze(-1)
-        padded = (torch.arange(m, device=q.device) >= lengths.amax(-1, keepdim=True)).unsqueeze(-1)
+        longest = lengths.amax(-1, keepdim=True)
+        padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
         idle = (lengths == 0).unsqueeze(-1)
     else:
-        allowed = _allowed(mask, m, q.device)
-        additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype if cpu else None)
-        attn_mask = allowed if additive is None else additive
+        _, row_any, col_any = _ops.mask_summary(allowed, None)
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
+    # Padding SDPA reads is zeroed where it is not finite (finite garbage meets exact
+    # zeros: harmless); on the CPU only then, elsewhere always (looking would cost a sync).
     if not cpu or bool(padded.any()):
-        k = k.masked_fill(padded, 0.0)
-        v = v.masked_fill(padded, 0.0)
+        if not cpu or bool((padded & bad_rows(k).unsqueeze(-1)).any()):
+            k = k.masked_fill(padded, 0.0)
+        if not cpu or bool((padded & bad_rows(v).unsqueeze(-1)).any()):
+            v = v.masked_fill(padded, 0.0)
     has_idle = not cpu or bool(idle.any())
-    if has_idle:
+    if has_idle and (not cpu or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
         q = q.masked_fill(idle, 0.0)
     fix_rows = has_idle and not empty_rows_are_zero(q.device.type)
     if fix_rows:  # no fully masked row inside SDPA: such rows attend key 0, zeroed below

@@ -8,7 +8,8 @@
  *     second set of threads competes with them for the cores;
  *   - otherwise (-fopenmp-simd, no runtime linked): Python threads call the kernels (ctypes
  *     releases the GIL), and the drivers' pragma is ignored (a serial loop).
- * `#pragma omp simd` plus -ffast-math lets gcc call glibc's libmvec vector expf/tanhf.
+ * `#pragma omp simd` plus -ffast-math lets gcc vectorize the loops (and call glibc's libmvec
+ * tanhf); float32 softmaxes use exp_neg below, float64 ones libm's exp.
  * Padded positions are never read, so NaN/inf garbage there cannot leak into results. */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +19,28 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+
+/* ---- exp of a non-positive float32 ---------------------------------------------------------
+ * Softmax takes exp(x - max) <= 1 only. Cephes' expf (range reduction by ln 2 in two parts, a
+ * degree-5 polynomial; about 1 ulp, checked against float64 in the tests) in plain arithmetic
+ * that vectorizes, several times cheaper than libm's expf. Below -87.3 (where 2^n leaves the
+ * normal range) it is 0; NaN stays NaN (the polynomial carries it into the product). */
+static inline float exp_neg(float x) {
+  const float n = floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) * (1 << 23);
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return x < -87.3f ? 0.0f : p * scale;
+}
 
 /* ---- masked softmax: one row ------------------------------------------------------------
  * y[:L] = softmax(x[:L]) over the first L > 0 entries; y may be x (in place). */
@@ -44,7 +67,7 @@
   }
 
 DEFINE_SOFTMAX_ROW(double, f64, exp)
-DEFINE_SOFTMAX_ROW(float, f32, expf)
+DEFINE_SOFTMAX_ROW(float, f32, exp_neg)
 
 static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L > m ? m : L); }
 
@@ -76,66 +99,224 @@ static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L
 DEFINE_MASKED_SOFTMAX(double, f64)
 DEFINE_MASKED_SOFTMAX(float, f32)
 
-/* ---- 16-bit rows: converted to a float32 scratch row, rounded back to nearest even ------
- * so that a 16-bit softmax reads and writes 16-bit memory only (like torch.softmax) and
- * reduces in float32. */
-static void bf16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+/* ---- 16-bit rows ------------------------------------------------------------------------
+ * A 16-bit softmax reads and writes 16-bit memory only (like torch.softmax) and computes in
+ * float32: each row helper converts as it reads and rounds (to nearest even) as it writes:
+ *   <t>_row_max(src, dst, L)            dst = float(src), returns the max
+ *   <t>_row_scaled(src, dst, L, scale)  dst = round(src * scale)
+ *   <t>_dot(a, b, L)                    sum float(a) * float(b)
+ *   <t>_row_backward(y, g, dx, L, s)    dx = round(y * (g - s))
+ * bfloat16 in plain C (shifts, which gcc vectorizes); float16 with F16C's 8-wide conversions
+ * (or the compiler's _Float16, one at a time, where F16C is missing). */
+static inline float bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline uint16_t bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  /* integer tests: -ffast-math may assume that no float is NaN */
+  uint32_t is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)(is_nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+static float bf16_row_max(const uint16_t *src, float *dst, int64_t L) {
+  float mx = bf16_value(src[0]);
+  _Pragma("omp simd reduction(max : mx)") for (int64_t j = 0; j < L; ++j) {
+    float v = bf16_value(src[j]);
+    dst[j] = v;
+    mx = v > mx ? v : mx;
+  }
+  return mx;
+}
+
+static void bf16_row_scaled(const float *src, uint16_t *dst, int64_t L, float scale) {
+  _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) dst[j] = bf16_round(src[j] * scale);
+}
+
+static float bf16_dot(const uint16_t *a, const uint16_t *b, int64_t L) {
+  float s = 0;
+  _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) {
+    s += bf16_value(a[j]) * bf16_value(b[j]);
+  }
+  return s;
+}
+
+static void bf16_row_backward(const uint16_t *y, const uint16_t *g, uint16_t *dx, int64_t L,
+                              float s) {
   _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {
-    uint32_t u = (uint32_t)src[j] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    dst[j] = f;
+    dx[j] = bf16_round(bf16_value(y[j]) * (bf16_value(g[j]) - s));
   }
 }
 
-static void f32_to_bf16_row(const float *src, uint16_t *dst, int64_t L) {
-  _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {
-    uint32_t u;
-    memcpy(&u, &src[j], sizeof u);
-    /* integer tests: -ffast-math may assume that no float is NaN */
-    uint32_t is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    dst[j] = (uint16_t)(is_nan ? ((u >> 16) | 0x40u) : rounded);
-  }
+static void bf16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+  _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) dst[j] = bf16_value(src[j]);
 }
 
 #if defined(__F16C__) /* x86-64 with F16C: 8 conversions per instruction */
 #define ATTNSCORE_HAVE_F16 1
+#define F16_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define F16_STORE8(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((v), _MM_FROUND_TO_NEAREST_INT))
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static float f16_row_max(const uint16_t *src, float *dst, int64_t L) {
+  int64_t j = 0;
+  float mx = _cvtsh_ss(src[0]);
+  if (L >= 8) {
+    __m256 vmax = F16_LOAD8(src);
+    for (; j + 8 <= L; j += 8) {
+      __m256 v = F16_LOAD8(src + j);
+      _mm256_storeu_ps(dst + j, v);
+      vmax = _mm256_max_ps(vmax, v);
+    }
+    mx = hmax8(vmax);
+  }
+  for (; j < L; ++j) {
+    dst[j] = _cvtsh_ss(src[j]);
+    mx = dst[j] > mx ? dst[j] : mx;
+  }
+  return mx;
+}
+
+static void f16_row_scaled(const float *src, uint16_t *dst, int64_t L, float scale) {
+  int64_t j = 0;
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (; j + 8 <= L; j += 8) F16_STORE8(dst + j, _mm256_mul_ps(_mm256_loadu_ps(src + j), vs));
+  for (; j < L; ++j) dst[j] = _cvtss_sh(src[j] * scale, _MM_FROUND_TO_NEAREST_INT);
+}
+
+static float f16_dot(const uint16_t *a, const uint16_t *b, int64_t L) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 acc16 = _mm512_setzero_ps();
+  for (; j + 16 <= L; j += 16) {
+    __m512 va = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + j)));
+    __m512 vb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + j)));
+    acc16 = _mm512_fmadd_ps(va, vb, acc16);
+  }
+  float s16 = _mm512_reduce_add_ps(acc16);
+#else
+  float s16 = 0.0f;
+#endif
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= L; j += 8) acc = _mm256_fmadd_ps(F16_LOAD8(a + j), F16_LOAD8(b + j), acc);
+  float s = s16 + hsum8(acc);
+  for (; j < L; ++j) s += _cvtsh_ss(a[j]) * _cvtsh_ss(b[j]);
+  return s;
+}
+
+static void f16_row_backward(const uint16_t *y, const uint16_t *g, uint16_t *dx, int64_t L,
+                             float s) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 vs16 = _mm512_set1_ps(s);
+  for (; j + 16 <= L; j += 16) {
+    __m512 vy = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + j)));
+    __m512 vg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + j)));
+    __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(vy, _mm512_sub_ps(vg, vs16)),
+                                _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_si256((__m256i *)(dx + j), h);
+  }
+#endif
+  const __m256 vs = _mm256_set1_ps(s);
+  for (; j + 8 <= L; j += 8) {
+    F16_STORE8(dx + j, _mm256_mul_ps(F16_LOAD8(y + j), _mm256_sub_ps(F16_LOAD8(g + j), vs)));
+  }
+  for (; j < L; ++j) {
+    dx[j] = _cvtss_sh(_cvtsh_ss(y[j]) * (_cvtsh_ss(g[j]) - s), _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
 static void f16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
   int64_t j = 0;
-  for (; j + 8 <= L; j += 8) {
-    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
-  }
+  for (; j + 8 <= L; j += 8) _mm256_storeu_ps(dst + j, F16_LOAD8(src + j));
   for (; j < L; ++j) dst[j] = _cvtsh_ss(src[j]);
 }
 
 static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
-  int64_t j = 0;
-  for (; j + 8 <= L; j += 8) {
-    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128((__m128i *)(dst + j), h);
-  }
-  for (; j < L; ++j) dst[j] = _cvtss_sh(src[j], _MM_FROUND_TO_NEAREST_INT);
+  f16_row_scaled(src, dst, L, 1.0f);
 }
 #elif defined(__FLT16_MANT_DIG__) /* elsewhere, the compiler's _Float16 */
 #define ATTNSCORE_HAVE_F16 1
-static void f16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+static inline float f16_value(uint16_t h) {
+  _Float16 f;
+  memcpy(&f, &h, sizeof f);
+  return (float)f;
+}
+
+static inline uint16_t f16_round(float v) {
+  _Float16 f = (_Float16)v;
+  uint16_t h;
+  memcpy(&h, &f, sizeof h);
+  return h;
+}
+
+static float f16_row_max(const uint16_t *src, float *dst, int64_t L) {
+  float mx = f16_value(src[0]);
   for (int64_t j = 0; j < L; ++j) {
-    _Float16 h;
-    memcpy(&h, &src[j], sizeof h);
-    dst[j] = (float)h;
+    dst[j] = f16_value(src[j]);
+    mx = dst[j] > mx ? dst[j] : mx;
   }
+  return mx;
+}
+
+static void f16_row_scaled(const float *src, uint16_t *dst, int64_t L, float scale) {
+  for (int64_t j = 0; j < L; ++j) dst[j] = f16_round(src[j] * scale);
+}
+
+static float f16_dot(const uint16_t *a, const uint16_t *b, int64_t L) {
+  float s = 0;
+  for (int64_t j = 0; j < L; ++j) s += f16_value(a[j]) * f16_value(b[j]);
+  return s;
+}
+
+static void f16_row_backward(const uint16_t *y, const uint16_t *g, uint16_t *dx, int64_t L,
+                             float s) {
+  for (int64_t j = 0; j < L; ++j) dx[j] = f16_round(f16_value(y[j]) * (f16_value(g[j]) - s));
+}
+
+static void f16_to_f32_row(const uint16_t *src, float *dst, int64_t L) {
+  for (int64_t j = 0; j < L; ++j) dst[j] = f16_value(src[j]);
 }
 
 static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
-  for (int64_t j = 0; j < L; ++j) {
-    _Float16 h = (_Float16)src[j];
-    memcpy(&dst[j], &h, sizeof h);
-  }
+  f16_row_scaled(src, dst, L, 1.0f);
 }
 #else
 #define ATTNSCORE_HAVE_F16 0
 #endif
+
+static void f32_to_bf16_row(const float *src, uint16_t *dst, int64_t L) {
+  bf16_row_scaled(src, dst, L, 1.0f);
+}
+
+/* exps of row - mx in place; returns their sum */
+static inline float exp_sum_row(float *row, int64_t L, float mx) {
+  float s = 0;
+  _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < L; ++j) {
+    float e = exp_neg(row[j] - mx);
+    row[j] = e;
+    s += e;
+  }
+  return s;
+}
 
 #define DEFINE_MASKED_SOFTMAX_16(SUF)                                                       \
   void masked_softmax_##SUF(const uint16_t *x, const int64_t *lengths, uint16_t *y,         \
@@ -145,9 +326,9 @@ static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
       int64_t L = clamp_length(lengths[r / div], m);                                        \
       uint16_t *yr = y + r * m;                                                             \
       if (L > 0) {                                                                          \
-        SUF##_to_f32_row(x + r * m, row, L);                                                \
-        softmax_row_f32(row, row, L);                                                       \
-        f32_to_##SUF##_row(row, yr, L);                                                     \
+        float mx = SUF##_row_max(x + r * m, row, L);                                        \
+        float s = exp_sum_row(row, L, mx);                                                  \
+        SUF##_row_scaled(row, yr, L, 1.0f / s);                                             \
       }                                                                                     \
       if (L < m) memset(yr + L, 0, (size_t)(m - L) * sizeof(uint16_t));                     \
     }                                                                                       \
@@ -156,20 +337,13 @@ static void f32_to_f16_row(const float *src, uint16_t *dst, int64_t L) {
   void masked_softmax_backward_##SUF(const uint16_t *y, const uint16_t *g,                  \
                                      const int64_t *lengths, uint16_t *dx, int64_t r0,      \
                                      int64_t r1, int64_t m, int64_t div) {                  \
-    float *rows = (float *)malloc((size_t)(m > 0 ? 2 * m : 2) * sizeof(float));             \
-    float *yf = rows, *gf = rows + m;                                                       \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t L = clamp_length(lengths[r / div], m);                                        \
+      const uint16_t *yr = y + r * m, *gr = g + r * m;                                      \
       uint16_t *dr = dx + r * m;                                                            \
-      if (L > 0) {                                                                          \
-        SUF##_to_f32_row(y + r * m, yf, L);                                                 \
-        SUF##_to_f32_row(g + r * m, gf, L);                                                 \
-        softmax_backward_row_f32(yf, gf, gf, L);                                            \
-        f32_to_##SUF##_row(gf, dr, L);                                                      \
-      }                                                                                     \
+      if (L > 0) SUF##_row_backward(yr, gr, dr, L, SUF##_dot(gr, yr, L));                   \
       if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(uint16_t));                     \
     }                                                                                       \
-    free(rows);                                                                             \
   }
 
 DEFINE_MASKED_SOFTMAX_16(bf16)
@@ -211,7 +385,7 @@ DEFINE_MASKED_SOFTMAX_16(f16)
   }
 
 DEFINE_SOFTMAX_ROW_MASKED(double, f64, exp)
-DEFINE_SOFTMAX_ROW_MASKED(float, f32, expf)
+DEFINE_SOFTMAX_ROW_MASKED(float, f32, exp_neg)
 
 #define DEFINE_MASKED_SOFTMAX_DENSE(T, SUF)                                                 \
   void masked_softmax_dense_##SUF(const T *x, const uint8_t *mask, const int64_t *offsets,  \
