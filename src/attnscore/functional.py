@@ -337,6 +337,7 @@ def general_attention(
     return finish(result, return_weights)
 
 
+@_pooling
 def cosine_attention(
     queries: Tensor,
     keys: Tensor,

@@ -7,8 +7,6 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 
 from __future__ import annotations
 
-import warnings
-
 from torch import Tensor, nn
 
 from ._checks import check_attention_inputs
@@ -34,10 +32,8 @@ class MultiHeadAttention(nn.Module):
         scoring: the name of a registered scorer (:func:`attnscore.scorer_names`; default
             ``"scaled_dot"``, which takes the fused fast path where available), built by
             :func:`attnscore.make_scorer` with the head size for every size, or an
-            :class:`~attnscore.Attention` instance working on per-head vectors.
-            ``"dot"`` keeps its old meaning here, the *scaled* dot product, with a
-            ``FutureWarning``: pass ``"scaled_dot"``; in a future release ``"dot"`` will
-            mean Luong's unscaled dot product, as everywhere else.
+            :class:`~attnscore.Attention` instance working on per-head vectors. Names mean
+            what the registry says (``"dot"`` is Luong's unscaled product).
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
     *, query_valid_lens=None, attend_mask=None, causal=False)`` -> (B, n, E).
@@ -81,15 +77,6 @@ class MultiHeadAttention(nn.Module):
         if isinstance(scoring, Attention):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in scorer_names():
-            if scoring == "dot":
-                warnings.warn(
-                    'MultiHeadAttention(scoring="dot") means the scaled dot product; pass '
-                    '"scaled_dot". In a future release "dot" will mean the unscaled dot '
-                    "product (Luong et al. 2015), as in attnscore.registry.",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-                scoring = "scaled_dot"
             self.attention = make_scorer(
                 scoring, head_size, head_size, num_hiddens=head_size, dropout=dropout
             )

@@ -47,7 +47,8 @@ def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
     assert main(["--cases", "masked_softmax", "--no-memory", "--threads", "1"]) == code
     out, err = capsys.readouterr()
     assert "Smoke run" not in out and "| met |" in out and verdict in out
-    assert out.count("| masked_softmax |") == 18
+    assert "| masked_softmax | fwd | 9 |" in out and "| masked_softmax | fwd+bwd | 9 |" in out
+    assert out.count("| masked_softmax | ") == 2 + 18  # summary rows, then the cells
     assert ("target(s) missed" in err) == (code == 1)
 
 

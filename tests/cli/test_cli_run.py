@@ -65,21 +65,15 @@ def test_run_writes_output_weights_and_heatmap(tmp_path, capsys, scoring):
         np.testing.assert_allclose(output, ref_out, rtol=1e-5, atol=1e-5)
 
 
-def test_run_default_is_scaled_dot_and_dot_is_deprecated_spelling(tmp_path, capsys):
+def test_run_default_is_scaled_dot_and_dot_is_unscaled(tmp_path, capsys):
+    """``dot`` means what the registry says (Luong's unscaled qᵀk), with no warning."""
     src = tmp_path / "in.npz"
     arrays = write_inputs(src)
-    _, ref_w = _reference(
-        arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 1 / math.sqrt(4)
-    )
-    for extra, warned in (([], False), (["--scoring", "dot"], True)):
+    for extra, scale in (([], 1 / math.sqrt(4)), (["--scoring", "dot"], 1.0)):
+        _, ref_w = _reference(arrays["queries"], arrays["keys"], arrays["values"], [2, 5], scale)
         out = tmp_path / f"out{len(extra)}.npz"
         assert main(["run", "--input", str(src), "--output", str(out), *extra]) == 0
-        err = capsys.readouterr().err
-        if warned:
-            assert err.count("\n") == 1 and err.startswith("attnscore: warning: ")
-            assert "deprecated" in err and "--scoring scaled_dot" in err
-        else:
-            assert err == ""
+        assert capsys.readouterr().err == ""
         with np.load(out) as data:
             np.testing.assert_allclose(data["weights"], ref_w, rtol=1e-5, atol=1e-6)
 

@@ -28,7 +28,7 @@ import torch
 
 from .._memory import keep_freed_memory
 from . import cpu, cuda, matrix
-from ._core import measure, missed, ratio_text, render_rows, slower
+from ._core import measure, missed, ratio_text, render_rows, render_summary, slower
 
 __all__ = ["case_names", "missed", "render", "run"]
 
@@ -102,6 +102,7 @@ def run(
     todo = [c for c in matrix.cases(dev.type, quick) if not cases or c.name in cases]
     min_time = MIN_RUN_TIME[dev.type, quick]
     rows = []
+    started = time.perf_counter()
     for i, case in enumerate(todo, 1):
         rss: dict[str, float | None] = {}
         if memory and any(t.kind == "rss_mib" for t in case.targets):
@@ -121,8 +122,8 @@ def run(
         if progress:
             ratios = "; ".join(ratio_text(c) for c in row["targets"])
             print(
-                f"[{i}/{len(todo)}] {case.name} | {case.mask or '-'} | {case.dtype} | "
-                f"{row['step']}: {ratios}",
+                f"[{i}/{len(todo)}, {time.perf_counter() - started:.0f} s] {case.name} | "
+                f"{case.mask or '-'} | {case.dtype} | {row['step']}: {ratios}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -141,6 +142,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"attnscore bench on {result['device_name']}, {result['threads']} CPU threads",
         *([SMOKE_NOTE] if quick else []),
+        "",
+        *render_summary(result["rows"]),
         "",
         *render_rows(result["rows"], verdicts=not quick),
     ]

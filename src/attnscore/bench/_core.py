@@ -33,8 +33,9 @@ from torch import Tensor
 Shapes = dict[str, int]
 Forward = Callable[[], Tensor]
 
-ROUNDS = 10
-"""Interleaved timing rounds per implementation (the median of them is reported)."""
+ROUNDS = (4, 10)
+"""Interleaved timing rounds per implementation, fewest and most (the median of the rounds
+is reported): as many as fit the time given, since a long step's time varies less."""
 
 
 @dataclass(frozen=True)
@@ -169,23 +170,26 @@ def _first_line(err: BaseException) -> str:
 def _time(
     steps: dict[str, Callable[[], Any]], threads: int, min_time: float, device: torch.device
 ) -> dict[str, list[float]]:
-    """Seconds per step of each implementation in each of :data:`ROUNDS` interleaved
-    rounds (the order alternates between rounds)."""
+    """Seconds per step of each implementation in each of several interleaved rounds (see
+    :data:`ROUNDS`; the order alternates between rounds)."""
     from torch.utils import benchmark
 
-    per_round = max(min_time / ROUNDS, 1e-3)
-    timers, numbers = {}, {}
+    timers, once = {}, {}
     for name, step in steps.items():
         timers[name] = benchmark.Timer("step()", globals={"step": step}, num_threads=threads)
         start = time.perf_counter()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        once = max(time.perf_counter() - start, 1e-7)
-        numbers[name] = max(1, int(per_round / once))
+        once[name] = max(time.perf_counter() - start, 1e-7)
+    fewest, most = ROUNDS
+    rounds = max(fewest, min(most, int(min_time / max(once.values()))))
+    rounds += rounds % 2  # even: each implementation goes first equally often
+    per_round = min_time / rounds
+    numbers = {name: max(1, int(per_round / t)) for name, t in once.items()}
     samples: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             samples[name].append(timers[name].timeit(numbers[name]).median)
     return samples
@@ -340,6 +344,38 @@ def render_rows(rows: list[dict[str, Any]], *, verdicts: bool) -> list[str]:
                 "; ".join(_verdict(c) for c in checks) or "-",
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _worst(members: list[dict[str, Any]], kind: str) -> str:
+    """The largest ratio of ``kind`` among the cells, with its cell; "-" if none."""
+    found = [
+        (c["value"], r)
+        for r in members
+        for c in r["targets"]
+        if c["kind"] == kind and c["value"] is not None
+    ]
+    if not found:
+        return "-"
+    value, r = max(found, key=lambda pair: pair[0])
+    return f"{value:.2f} ({r.get('mask') or '-'}, {r['dtype']})"
+
+
+def render_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of a summary: per row and step, how many targets were met and the
+    worst time and memory ratios against the PyTorch baseline (with their cells)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["case"], row["step"]), []).append(row)
+    head = "| row | step | cells | targets met | worst time ratio | worst memory ratio |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for (case, step), members in groups.items():
+        judged = [c for r in members for c in r["targets"] if c["met"] is not None]
+        met = sum(1 for c in judged if c["met"])
+        lines.append(
+            f"| {case} | {step} | {len(members)} | {met}/{len(judged)} | "
+            f"{_worst(members, 'time')} | {_worst(members, 'peak')} |"
+        )
     return lines
 
 

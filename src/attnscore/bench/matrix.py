@@ -26,11 +26,11 @@ LENGTH_MASKS = ("lengths (B,)", "lengths (B, n)", "causal + lengths")
 
 SHAPES: dict[str, dict[str, Shapes]] = {
     "cpu": {
-        "masked_softmax": {"B": 16, "n": 128, "m": 1024},
+        "masked_softmax": {"B": 32, "n": 256, "m": 1024},
         "dot": {"B": 8, "n": 512, "m": 512, "d": 64},
         "heads": {"B": 4, "H": 8, "n": 256, "m": 256, "d": 64},
         "multihead": {"B": 8, "n": 256, "E": 256, "H": 4},
-        "additive": {"B": 4, "n": 64, "m": 256, "h": 128, "d": 64},
+        "additive": {"B": 4, "n": 128, "m": 256, "h": 128, "d": 64},
         "general": {"B": 8, "n": 256, "m": 256, "d": 64},
         "cosine": {"B": 8, "n": 256, "m": 256, "d": 64},
     },
@@ -74,8 +74,10 @@ def targets(row: str, mask: str, dtype: str, backward: bool) -> list[Target]:
     - dot / heads with lengths (uniform in [1, m]): forward <= 0.8x, forward + backward
       <= 0.9x SDPA with the mask;
     - multihead with lengths: forward + backward <= 0.9x ``nn.MultiheadAttention``;
-    - additive forward + backward: <= 0.1x the plain formulation (>= 10x faster);
-    - general and cosine: <= 1.0x the plain formulation.
+    - additive forward + backward, float32, with lengths: <= 0.1x the plain (textbook)
+      formulation, >= 10x faster (the target of the row this replaces, at its masks);
+    - general and cosine with a mask: <= 1.0x the plain formulation (without one they run
+      its very operations: the rule's 1.05x, a tie within the measurement's noise).
     """
     base = BASELINE[row]
     bound = 1.05
@@ -85,9 +87,9 @@ def targets(row: str, mask: str, dtype: str, backward: bool) -> list[Target]:
         bound = 0.9 if backward else 0.8
     elif row == "multihead" and mask in LENGTH_MASKS and backward:
         bound = 0.9
-    elif row == "additive" and backward:
+    elif row == "additive" and backward and dtype == "float32" and mask in LENGTH_MASKS:
         bound = 0.1
-    elif row in ("general", "cosine"):
+    elif row in ("general", "cosine") and mask != "none":
         bound = 1.0
     out = [Target("time", bound, base), Target("peak", 1.05, base)]
     if row == "masked_softmax" and mask == "lengths (B,)" and dtype == "float32" and not backward:

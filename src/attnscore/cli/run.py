@@ -48,10 +48,7 @@ def _scoring_help() -> str:
     lines = []
     for name in scorer_names():
         spec = SCORERS[name]
-        if name == "dot":
-            lines.append("dot: deprecated here, runs scaled_dot as before")
-        else:
-            lines.append(f"{name}: {spec.formula} ({spec.source})")
+        lines.append(f"{name}: {spec.formula} ({spec.source})")
     return "scoring function (default: %(default)s); " + "; ".join(lines)
 
 
@@ -143,16 +140,10 @@ def _has_hidden_layer(name: str) -> bool:
 
 
 def _check_scoring(args: argparse.Namespace) -> str:
-    """The registry name to run, after the deprecated spelling and the --num-hiddens check."""
+    """The registry name to run, after the --num-hiddens check."""
     from ..registry import scorer_names
 
     name: str = args.scoring
-    if name == "dot":
-        _warn(
-            "--scoring dot is deprecated: it runs the scaled dot product qᵀk/√d as before; "
-            "use --scoring scaled_dot (in the registry, dot is Luong's unscaled qᵀk)"
-        )
-        name = "scaled_dot"
     if args.num_hiddens is not None and not _has_hidden_layer(name):
         users = [n for n in scorer_names() if _has_hidden_layer(n)]
         raise UsageError(

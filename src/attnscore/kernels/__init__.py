@@ -74,7 +74,7 @@ def available(*tensors: Tensor) -> bool:
 # ---- input checks (one style: "Expected `name` ..., but got ... instead.") -----------------
 
 
-def _check_lengths(lengths: object, *shapes: tuple[int, ...], device: torch.device) -> Tensor:
+def _check_int64_lengths(lengths: object, *shapes: tuple[int, ...], device: torch.device) -> Tensor:
     t = check_tensor(lengths, "lengths")
     if t.dtype != torch.int64:
         raise TypeError(f"Expected `lengths` of dtype torch.int64, but got {t.dtype} instead.")
@@ -127,7 +127,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
             [0.0000, 0.0000, 0.0000]])
     """
     x = check_floating(x, "x", min_ndim=1)
-    lengths = _check_lengths(lengths, tuple(x.shape[:-1]), device=x.device)
+    lengths = _check_int64_lengths(lengths, tuple(x.shape[:-1]), device=x.device)
     return _ops.masked_softmax(x, lengths.clamp(min=0))
 
 
@@ -171,7 +171,7 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None 
             f"{tuple(kh.shape)} and {tuple(w_v.shape)} instead."
         )
     if lengths is not None:
-        lengths = _check_lengths(lengths, (*batch, n), device=qh.device)
+        lengths = _check_int64_lengths(lengths, (*batch, n), device=qh.device)
     if list(kh.shape[:-2]) != batch or not batch:
         return _plain.additive_scores_dense(qh, kh, w_v, lengths)
     rows = 1

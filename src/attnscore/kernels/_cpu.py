@@ -477,6 +477,7 @@ class _CutAttention(torch.autograd.Function):
                 qb, kb, vb, 0.0, cut.causal, attn_mask=_additive_mask(cut, q.dtype), scale=scale
             )
             out[cut.b : cut.b + 1, :, cut.queries] = o
+            del o  # before the next call allocates its own: one at a time
             covered[cut.b] = max(covered[cut.b], cut.stop)
             saved.append(lse)
         for b, stop in enumerate(covered):
@@ -589,17 +590,10 @@ class _Zeros(torch.autograd.Function):
         return tuple(grad.new_zeros(shape, dtype=dtype) for shape, dtype in ctx.inputs)
 
 
-#: The loop makes at least this many calls (queries of an example split into pieces when
-#: the batch is smaller): each call's output is a temporary the size of its piece, so the
-#: pieces keep the peak memory within a few percent of one SDPA call's.
-_MIN_PIECES = 8
-
-
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
-    """The loop's pieces: each example's longest key length, its queries up to the last one
-    that attends anything (in several pieces where the batch is small), and what masking
-    is left inside (none, causal, or a boolean mask). Examples with nothing to attend have
-    no piece."""
+    """The loop's pieces, one per example: its longest key length, its queries up to the
+    last one that attends anything, and what masking is left inside (none, causal, or a
+    boolean mask). Examples with nothing to attend have no piece."""
     key_len = lengths.amax(dim=(1, 2)).tolist()  # (B,) longest row of each example
     if lengths.shape[2] == 1:
         query_len = [n if L else 0 for L in key_len]
@@ -611,20 +605,17 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
     per_example = structured and (
         key_lengths is None or all(s == 0 for s in key_lengths.stride()[1:])
     )
-    causal = per_example and mask.causal  # is_causal (top-left) holds for whole examples only
-    splits = 1 if causal else -(-_MIN_PIECES // len(key_len))
+    causal = per_example and mask.causal
     has_idle = [False] * len(key_len) if per_example else (lengths == 0).any(dim=(1, 2)).tolist()
     cuts = []
     for b, (Lq, Lk) in enumerate(zip(query_len, key_len, strict=True)):
         if Lq == 0 or Lk == 0:
             continue
-        bounds = sorted({Lq * i // splits for i in range(splits + 1)})
-        for start, stop in itertools.pairwise(bounds):
-            rows = None
-            if not per_example:  # a mask inside the piece, from its rows' lengths
-                rows = lengths[b, :, start:stop] if lengths.shape[2] > 1 else lengths[b]
-                rows = rows.unsqueeze(-1)[None]
-            cuts.append(_Cut(b, start, stop, Lk, causal, rows, has_idle[b]))
+        rows = None
+        if not per_example:  # a mask inside the piece, from its rows' lengths
+            rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
+            rows = rows[None]
+        cuts.append(_Cut(b, 0, Lq, Lk, causal, rows, has_idle[b]))
     return cuts
 
 

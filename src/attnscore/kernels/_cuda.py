@@ -28,7 +28,7 @@ deterministic, no atomics, nothing of size B*n*m*h.
 **Compile-time evidence** (no GPU has run these kernels): ``python -m
 attnscore.kernels._aot --markdown`` compiles every kernel for sm_80 and sm_90 at the
 launch configurations of the benchmark shapes and prints registers, spills, shared memory,
-grid sizes and PTX facts; ``tests/test_triton_aot.py`` asserts them (docs/benchmarks.md).
+grid sizes and PTX facts; ``tests/kernels/test_triton_aot.py`` asserts them (docs/benchmarks.md).
 
 **tanh mode** (``ATTNSCORE_TANH``, read on every call; :func:`tanh_mode`):
 

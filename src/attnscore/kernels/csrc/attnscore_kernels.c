@@ -24,7 +24,7 @@
  * Softmax takes exp(x - max) <= 1 only. Cephes' expf (range reduction by ln 2 in two parts, a
  * degree-5 polynomial; about 1 ulp, checked against float64 in the tests) in plain arithmetic
  * that vectorizes, several times cheaper than libm's expf. Below -87.3 (where 2^n leaves the
- * normal range) it is 0; NaN stays NaN (the polynomial carries it into the product). */
+ * normal range) it is 0; NaN stays NaN. */
 static inline float exp_neg(float x) {
   const float n = floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;
@@ -39,7 +39,11 @@ static inline float exp_neg(float x) {
   const int32_t bits = ((int32_t)n + 127) * (1 << 23);
   float scale;
   memcpy(&scale, &bits, sizeof scale);
-  return x < -87.3f ? 0.0f : p * scale;
+  const float e = x < -87.3f ? 0.0f : p * scale;
+  /* an integer test: -ffast-math may assume that no float is NaN, and NaN must propagate */
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7fffffffu) > 0x7f800000u ? x : e;
 }
 
 /* ---- masked softmax: one row ------------------------------------------------------------
@@ -379,8 +383,8 @@ DEFINE_MASKED_SOFTMAX_16(f16)
       y[j] = e;                                                                             \
       s += e;                                                                               \
     }                                                                                       \
-    CT inv = (CT)1 / s;                                                                     \
-    _Pragma("omp simd") for (int64_t j = 0; j < m; ++j) y[j] *= inv;                        \
+    CT inv = (CT)1 / s; /* NaN when an allowed score is: it must not reach masked places */ \
+    _Pragma("omp simd") for (int64_t j = 0; j < m; ++j) y[j] = mask[j] ? y[j] * inv : (CT)0; \
     return 1;                                                                               \
   }
 

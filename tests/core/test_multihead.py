@@ -72,7 +72,6 @@ def test_heads_equal_independent_single_head_attention():
 
 
 @pytest.mark.parametrize("scoring", ["scaled_dot", "dot", "additive", "general", "cosine"])
-@pytest.mark.filterwarnings("ignore:MultiHeadAttention.scoring=.dot.:FutureWarning")
 def test_every_scoring_gradcheck_and_padding(scoring):
     B, n, m, E, H = 2, 3, 4, 4, 2
     mha = MultiHeadAttention(E, H, scoring=scoring, bias=True).double()

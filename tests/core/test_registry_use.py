@@ -2,8 +2,7 @@
 
 A scorer registered once (``register_scorer``) is usable by name through the module
 (``make_scorer``), the functional form (``attention(..., scoring=name)``) and
-``MultiHeadAttention(scoring=name)``; ``"dot"`` in ``MultiHeadAttention`` keeps its old
-meaning (scaled) with a FutureWarning.
+``MultiHeadAttention(scoring=name)``; names mean what the registry says everywhere.
 """
 
 from __future__ import annotations
@@ -95,17 +94,12 @@ def test_attention_by_name_dot_is_unscaled_and_scaled_dot_is_scaled():
         torch.testing.assert_close(attnscore.attention(q, k, v, name), expected)
 
 
-def test_multihead_default_is_scaled_dot_and_dot_warns():
+def test_multihead_default_is_scaled_dot_and_dot_is_unscaled():
+    """Names mean what the registry says, in MultiHeadAttention too (no shim, no warning)."""
     default = attnscore.MultiHeadAttention(8, 2).eval()
     assert default.attention.scale is None  # scaled: 1/sqrt(d)
-    with pytest.warns(FutureWarning, match='"scaled_dot"'):
-        old = attnscore.MultiHeadAttention(8, 2, scoring="dot").eval()
-    assert isinstance(old.attention, attnscore.DotProductAttention) and old.attention.scale is None
-    x = torch.randn(2, 3, 5)
-    expected = default(x, x, x)
-    old(x, x, x)  # materialise the lazy projections, then take the same parameters
-    old.load_state_dict(default.state_dict(), strict=True)
-    torch.testing.assert_close(old(x, x, x), expected)
+    dot = attnscore.MultiHeadAttention(8, 2, scoring="dot").eval()
+    assert isinstance(dot.attention, attnscore.DotProductAttention) and dot.attention.scale == 1
 
 
 @pytest.mark.parametrize("name", ["two words", "", "dash-name", 3])

@@ -34,7 +34,7 @@ import pytest
 from attnscore.kernels import _aot
 from attnscore.kernels._aot import Result
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H100_SMS = 132
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 KERNELS = {
@@ -108,7 +108,7 @@ def test_report_compiles_every_case(report: dict[str, Any]) -> None:
 def test_every_kernel_and_config_is_compiled_for_both_architectures(
     results: list[Result],
 ) -> None:
-    from attnscore.bench._cases import ADDITIVE_LARGE
+    from attnscore.bench.matrix import ADDITIVE_MEMORY as ADDITIVE_LARGE
 
     ops = {r.op for r in results}
     assert ops == set(KERNELS)

@@ -510,3 +510,19 @@ def test_mask_summary(fast, dtype):
     assert additive.dtype == dtype and additive.shape == allowed.shape
     assert torch.all(additive[allowed] == 0)
     assert torch.all(additive[~allowed] == float("-inf"))
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_at_an_allowed_position_reaches_the_whole_row_only(fast, dtype):
+    """NaN where it is attended is never hidden (the fast exp must not round it away)."""
+    x = torch.randn(2, 3, 40).to(dtype)
+    x[0, 1, 5] = float("nan")
+    lens = torch.tensor([[20, 20, 20], [40, 40, 40]])
+    y = run(fast, K.masked_softmax, x, lens)
+    assert torch.isnan(y[0, 1, :20]).all() and torch.all(y[0, 1, 20:] == 0)
+    assert torch.isfinite(y[0, 0]).all() and torch.isfinite(y[1]).all()
+    allowed = torch.arange(40) < lens[..., None]
+    dense = run(fast, _ops.masked_softmax_dense, x, allowed)
+    assert torch.isnan(dense[0, 1, :20]).all() and torch.all(dense[0, 1, 20:] == 0)
+    assert torch.isfinite(dense[1]).all()

@@ -212,3 +212,27 @@ def test_double_backward_additive(fast):
         )
     finally:
         K.set_enabled(None)
+
+
+# ---- the backend contract ---------------------------------------------------------------
+
+
+def _backends():
+    from attnscore.kernels import _cuda  # imports triton (the test extra has it)
+
+    return {"plain": _plain, "cpu": _cpu, "cuda": _cuda}
+
+
+@pytest.mark.parametrize("name", ["plain", "cpu", "cuda"])
+def test_every_backend_implements_the_whole_contract(name):
+    """Each backend module is a Backend (the typed Protocol): every contract function, with
+    the Protocol's parameter names (so the dispatcher's keyword calls reach them)."""
+    import inspect
+
+    module = _backends()[name]
+    assert isinstance(module, _dispatch.Backend)
+    for function in _dispatch.FUNCTIONS:
+        ours = inspect.signature(getattr(module, function))
+        contract = inspect.signature(getattr(_dispatch.Backend, function))
+        expected = [p for p in contract.parameters if p != "self"]
+        assert list(ours.parameters) == expected, (name, function)
