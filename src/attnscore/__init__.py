@@ -26,6 +26,7 @@ from .modules import (
     MultiplicativeAttention,
 )
 from .multihead import MultiHeadAttention
+from .normalizers import normalizer_names, register_normalizer
 from .plotting import show_heatmaps
 from .registry import SCORERS, ScorerSpec, get_scorer, make_scorer, register_scorer, scorer_names
 
@@ -49,6 +50,8 @@ __all__ = [
     "get_scorer",
     "make_scorer",
     "masked_softmax",
+    "normalizer_names",
+    "register_normalizer",
     "register_scorer",
     "scorer_names",
     "sequence_mask",

@@ -175,7 +175,9 @@ def _attention_by_name(
     spec = get_scorer(name)
     q_size = queries.shape[-1] if isinstance(queries, Tensor) else 1
     k_size = keys.shape[-1] if isinstance(keys, Tensor) else 1
-    scorer = spec.factory(q_size, k_size, q_size, 0.0)
+    scorer = spec.factory(
+        query_size=q_size, key_size=k_size, num_hiddens=q_size, dropout=0.0, normalizer="softmax"
+    )
     if any(True for _ in scorer.parameters()):
         raise ValueError(
             f"Expected `scoring` to name a scorer without parameters, but got {name!r}, whose "

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ._checks import check_attention_inputs
 from .modules import Attention
+from .normalizers import Normalizer
 from .registry import make_scorer, scorer_names
 
 __all__ = ["MultiHeadAttention"]
@@ -34,6 +35,9 @@ class MultiHeadAttention(nn.Module):
             :func:`attnscore.make_scorer` with the head size for every size, or an
             :class:`~attnscore.Attention` instance working on per-head vectors. Names mean
             what the registry says (``"dot"`` is Luong's unscaled product).
+        normalizer: the probability function of a scorer built from its name
+            (:func:`attnscore.normalizers.normalizer_names` or a callable); an
+            :class:`~attnscore.Attention` given as ``scoring`` keeps its own.
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
     *, query_valid_lens=None, attend_mask=None, causal=False)`` -> (B, n, E).
@@ -60,6 +64,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         scoring: str | Attention = "scaled_dot",
+        *,
+        normalizer: str | Normalizer = "softmax",
     ) -> None:
         super().__init__()
         for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
@@ -78,7 +84,12 @@ class MultiHeadAttention(nn.Module):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in scorer_names():
             self.attention = make_scorer(
-                scoring, head_size, head_size, num_hiddens=head_size, dropout=dropout
+                scoring,
+                head_size,
+                head_size,
+                num_hiddens=head_size,
+                dropout=dropout,
+                normalizer=normalizer,
             )
         else:
             raise ValueError(

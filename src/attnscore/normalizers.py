@@ -18,7 +18,15 @@ from ._checks import compute_dtype
 from ._mask import AttentionMask
 from .kernels import _ops
 
-__all__ = ["NORMALIZERS", "Normalizer", "get_normalizer", "hardmax", "softmax"]
+__all__ = [
+    "NORMALIZERS",
+    "Normalizer",
+    "get_normalizer",
+    "hardmax",
+    "normalizer_names",
+    "register_normalizer",
+    "softmax",
+]
 
 Normalizer = Callable[[Tensor, "AttentionMask | None"], Tensor]
 
@@ -92,16 +100,65 @@ def _sparse_family(name: str) -> Normalizer:
     return normalize
 
 
-NORMALIZERS: dict[str, Normalizer] = {
-    "softmax": softmax,
-    "hardmax": hardmax,
-    "sparsemax": _sparse_family("sparsemax"),
-    "entmax15": _sparse_family("entmax15"),
-}
+NORMALIZERS: dict[str, Normalizer] = {}
+"""The registered normalizers by name (:func:`register_normalizer`)."""
+
+
+def register_normalizer(name: str, normalizer: Normalizer, *, replace: bool = False) -> None:
+    """Register ``normalizer`` under ``name``: every ``normalizer=`` argument and the
+    ``--normalizer`` option then take the name.
+
+    Args:
+        name: a word, such as ``"my_normalizer"``.
+        normalizer: ``(scores (..., n, m), mask: AttentionMask | None) -> weights`` of the
+            scores' shape and dtype, zero where the mask forbids and on rows with nothing
+            allowed (the test suite checks every registered normalizer against a
+            reference of its own: add one to ``tests/core/test_normalizers_and_masks.py``).
+        replace: allow replacing an existing registration.
+
+    Raises:
+        ValueError: ``name`` is not a word or is registered already; TypeError:
+            ``normalizer`` is not callable.
+
+    >>> register_normalizer("uniform", lambda s, mask: softmax(s * 0, mask))
+    >>> "uniform" in normalizer_names()
+    True
+    >>> del NORMALIZERS["uniform"]
+    """
+    if not isinstance(name, str) or not name.replace("_", "a").isalnum():
+        raise ValueError(
+            f"Expected `name` to be a word like 'my_normalizer', but got {name!r} instead."
+        )
+    if name in NORMALIZERS and not replace:
+        raise ValueError(
+            f"Expected `name` to be a new normalizer name, but got {name!r}, which is "
+            "registered already (pass replace=True to replace it)."
+        )
+    if not callable(normalizer):
+        raise TypeError(
+            f"Expected `normalizer` to be callable (scores, mask) -> weights, but got "
+            f"{type(normalizer).__name__} instead."
+        )
+    NORMALIZERS[name] = normalizer
+
+
+def normalizer_names() -> list[str]:
+    """The registered normalizer names, sorted.
+
+    >>> normalizer_names()
+    ['entmax15', 'hardmax', 'softmax', 'sparsemax']
+    """
+    return sorted(NORMALIZERS)
+
+
+register_normalizer("softmax", softmax)
+register_normalizer("hardmax", hardmax)
+register_normalizer("sparsemax", _sparse_family("sparsemax"))
+register_normalizer("entmax15", _sparse_family("entmax15"))
 
 
 def get_normalizer(normalizer: str | Normalizer) -> Normalizer:
-    """Resolve a normalizer name (``softmax``, ``sparsemax``, ``entmax15``, ``hardmax``).
+    """Resolve a registered normalizer's name (:func:`normalizer_names`).
 
     A callable ``(scores, mask) -> weights`` is returned as it is.
 

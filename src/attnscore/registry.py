@@ -27,8 +27,8 @@ MultiplicativeAttention(
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .modules import (
     AdditiveAttention,
@@ -37,6 +37,7 @@ from .modules import (
     DotProductAttention,
     MultiplicativeAttention,
 )
+from .normalizers import Normalizer
 
 __all__ = [
     "SCORERS",
@@ -48,12 +49,28 @@ __all__ = [
     "scorer_names",
 ]
 
-ScorerFactory = Callable[[int, int, int, float], Attention]
-"""``factory(query_size, key_size, num_hiddens, dropout) -> Attention``.
 
-Scorers without parameters of these sizes (dot, scaled_dot, cosine) ignore them; the
-multi-head module passes the head size for all three sizes.
-"""
+class ScorerFactory(Protocol):
+    """``factory(*, query_size, key_size, num_hiddens, dropout, normalizer) -> Attention``,
+    all arguments by keyword.
+
+    Scorers without parameters of these sizes (dot, scaled_dot, cosine) ignore them; the
+    multi-head module passes the head size for all three sizes.
+
+    >>> factory = get_scorer("general").factory
+    >>> factory(query_size=4, key_size=6, num_hiddens=4, dropout=0.0, normalizer="softmax").W_a
+    Linear(in_features=6, out_features=4, bias=False)
+    """
+
+    def __call__(
+        self,
+        *,
+        query_size: int,
+        key_size: int,
+        num_hiddens: int,
+        dropout: float,
+        normalizer: str | Normalizer,
+    ) -> Attention: ...
 
 
 @dataclass(frozen=True)
@@ -61,8 +78,8 @@ class ScorerSpec:
     """A registered scorer: its name, how to build it, its formula and its source.
 
     >>> spec = get_scorer("scaled_dot")
-    >>> spec.formula, spec.same_feature_size
-    ('qᵀk / √d', True)
+    >>> spec.formula, spec.same_feature_size, spec.hidden_units
+    ('qᵀk / √d', True, False)
     """
 
     name: str
@@ -71,6 +88,8 @@ class ScorerSpec:
     source: str
     same_feature_size: bool = False
     """True when queries and keys must have the same size d (dot, scaled_dot, cosine)."""
+    hidden_units: bool = False
+    """True when the scorer has a hidden layer of ``num_hiddens`` units (additive)."""
 
 
 SCORERS: dict[str, ScorerSpec] = {}
@@ -83,16 +102,19 @@ def register_scorer(
     formula: str,
     source: str,
     same_feature_size: bool = False,
+    hidden_units: bool = False,
     replace: bool = False,
 ) -> ScorerSpec:
     """Register ``factory`` under ``name`` and return its :class:`ScorerSpec`.
 
     Args:
         name: the name used by ``scoring=`` arguments and ``--scoring`` options.
-        factory: ``factory(query_size, key_size, num_hiddens, dropout) -> Attention``.
+        factory: called with keywords ``query_size``, ``key_size``, ``num_hiddens``,
+            ``dropout``, ``normalizer``; returns an :class:`~attnscore.Attention`.
         formula: the score a(q, k), for tables and ``--help``.
         source: where the scoring function comes from (paper, equation).
         same_feature_size: queries and keys must share their feature size.
+        hidden_units: the scorer has a hidden layer of ``num_hiddens`` units.
         replace: allow replacing an existing registration.
 
     Raises:
@@ -100,7 +122,9 @@ def register_scorer(
 
     >>> from attnscore import Attention
     >>> spec = register_scorer(
-    ...     "neg_distance", lambda q, k, h, p: Attention(lambda x, y: -torch.cdist(x, y)),
+    ...     "neg_distance",
+    ...     lambda dropout, normalizer, **sizes: Attention(
+    ...         lambda x, y: -torch.cdist(x, y), dropout, normalizer=normalizer),
     ...     formula="-‖q - k‖", source="an example", same_feature_size=True)
     >>> make_scorer("neg_distance", 4)(torch.randn(2, 3, 4), torch.randn(2, 5, 4),
     ...                                torch.randn(2, 5, 6)).shape
@@ -116,7 +140,7 @@ def register_scorer(
             f"Expected `name` to be a new scorer name, but got {name!r}, which is registered "
             "already (pass replace=True to replace it)."
         )
-    spec = ScorerSpec(name, factory, formula, source, same_feature_size)
+    spec = ScorerSpec(name, factory, formula, source, same_feature_size, hidden_units)
     SCORERS[name] = spec
     return spec
 
@@ -154,6 +178,7 @@ def make_scorer(
     *,
     num_hiddens: int | None = None,
     dropout: float = 0.0,
+    normalizer: str | Normalizer = "softmax",
 ) -> Attention:
     """Build the attention module registered as ``name``.
 
@@ -163,6 +188,8 @@ def make_scorer(
         key_size: k, the keys' feature size (default: ``query_size``).
         num_hiddens: h for scorers with a hidden layer (additive; default: ``query_size``).
         dropout: dropout on the attention weights.
+        normalizer: the probability function (:func:`attnscore.normalizers.normalizer_names`
+            or a callable ``(scores, mask) -> weights``).
 
     Returns:
         An :class:`~attnscore.Attention` taking queries (..., n, q) and keys (..., m, k).
@@ -175,40 +202,53 @@ def make_scorer(
     torch.Size([2, 1, 4])
     """
     spec = get_scorer(name)
-    k = query_size if key_size is None else key_size
-    h = query_size if num_hiddens is None else num_hiddens
-    return spec.factory(query_size, k, h, dropout)
+    return spec.factory(
+        query_size=query_size,
+        key_size=query_size if key_size is None else key_size,
+        num_hiddens=query_size if num_hiddens is None else num_hiddens,
+        dropout=dropout,
+        normalizer=normalizer,
+    )
 
 
 register_scorer(
     "additive",
-    lambda q, k, h, p: AdditiveAttention(key_size=k, query_size=q, num_hiddens=h, dropout=p),
+    lambda *, query_size, key_size, num_hiddens, dropout, normalizer: AdditiveAttention(
+        key_size, query_size, num_hiddens, dropout, normalizer=normalizer
+    ),
     formula="w_vᵀ tanh(W_q q + W_k k)",
     source="Bahdanau et al. 2015, eq. A.1.2",
+    hidden_units=True,
 )
 register_scorer(
     "dot",
-    lambda q, k, h, p: DotProductAttention(p, scale=1.0),
+    lambda *, dropout, normalizer, **sizes: DotProductAttention(
+        dropout, scale=1.0, normalizer=normalizer
+    ),
     formula="qᵀk",
     source='Luong et al. 2015, eq. 8 "dot"',
     same_feature_size=True,
 )
 register_scorer(
     "scaled_dot",
-    lambda q, k, h, p: DotProductAttention(p),
+    lambda *, dropout, normalizer, **sizes: DotProductAttention(dropout, normalizer=normalizer),
     formula="qᵀk / √d",
     source="Vaswani et al. 2017, eq. 1",
     same_feature_size=True,
 )
 register_scorer(
     "general",
-    lambda q, k, h, p: MultiplicativeAttention(q, k, p),
+    lambda *, query_size, key_size, dropout, normalizer, **sizes: MultiplicativeAttention(
+        query_size, key_size, dropout, normalizer=normalizer
+    ),
     formula="qᵀ W_a k",
     source='Luong et al. 2015, eq. 8 "general"',
 )
 register_scorer(
     "cosine",
-    lambda q, k, h, p: CosineAttention(p, learn_scale=True),
+    lambda *, dropout, normalizer, **sizes: CosineAttention(
+        dropout, learn_scale=True, normalizer=normalizer
+    ),
     formula="s · cos(q, k), s learned",
     source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
     same_feature_size=True,

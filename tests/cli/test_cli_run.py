@@ -139,6 +139,27 @@ def test_run_help_lists_scorers_default_and_shapes(capsys):
         assert shape in out
 
 
+def test_run_normalizer_hardmax_puts_all_weight_on_the_best_allowed_key(tmp_path):
+    src = tmp_path / "in.npz"
+    arrays = write_inputs(src)
+    out = tmp_path / "o.npz"
+    argv = ["run", "--input", str(src), "--scoring", "scaled_dot", "--normalizer", "hardmax"]
+    assert main([*argv, "--output", str(out)]) == 0
+    _, ref_w = _reference(arrays["queries"], arrays["keys"], arrays["values"], [2, 5], 0.5)
+    expected = (ref_w == ref_w.max(-1, keepdims=True)).astype(np.float32)
+    with np.load(out) as data:
+        np.testing.assert_array_equal(data["weights"], expected)
+        np.testing.assert_allclose(data["output"], expected @ arrays["values"], rtol=1e-6)
+
+
+def test_run_unknown_normalizer_is_one_line(tmp_path):
+    src = tmp_path / "in.npz"
+    write_inputs(src)
+    proc = python_m("run", "--input", src, "--normalizer", "nope")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--normalizer: invalid choice: 'nope'" in one_error_line(proc.stderr)
+
+
 def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
     """Issue 9.4: registered in one place, usable by `attnscore run --scoring NAME`."""
     from attnscore import Attention
@@ -149,7 +170,7 @@ def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
     name = "test_halved_dot"
     register_scorer(
         name,
-        lambda q, k, h, p: Attention(halved_dot, dropout=p),
+        lambda dropout, normalizer, **sizes: Attention(halved_dot, dropout, normalizer=normalizer),
         formula="qᵀk / 2",
         source="a test",
         same_feature_size=True,

@@ -190,3 +190,64 @@ def test_sparse_normalizers_name_their_missing_package(name, monkeypatch):
         ImportError, match=rf"normalizer='{name}' needs .*`entmax`.*attnscore\[entmax\]"
     ):
         attnscore.dot_product_attention(q, q, q, normalizer=name)
+
+
+def test_every_registered_normalizer_has_a_test_reference():
+    assert set(attnscore.normalizer_names()) <= set(REFERENCES)
+
+
+def test_a_registered_normalizer_is_taken_by_name_everywhere():
+    """register_normalizer: the name then works in functions, modules and multi-head."""
+
+    def uniform(scores, mask):
+        allowed = mask.dense().expand_as(scores).to(scores.dtype)
+        return allowed / allowed.sum(-1, keepdim=True).clamp(min=1)
+
+    attnscore.register_normalizer("test_uniform", uniform)
+    try:
+        assert "test_uniform" in attnscore.normalizer_names()
+        q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+        lengths = torch.tensor([2, 5])
+        # Uniform weights: the mean of the first valid_lens values of each example.
+        expected = torch.stack([v[b, : int(n)].mean(0) for b, n in enumerate(lengths)])
+        expected = expected[:, None].expand(2, 3, 6)
+        out = attnscore.dot_product_attention(q, k, v, lengths, normalizer="test_uniform")
+        torch.testing.assert_close(out, expected)
+        module = attnscore.make_scorer("additive", 4, 4, num_hiddens=3, normalizer="test_uniform")
+        torch.testing.assert_close(module(q, k, v, lengths), expected)
+        mha = attnscore.MultiHeadAttention(8, 2, normalizer="test_uniform").eval()
+        mha(torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8), lengths)
+        weights = mha.attention_weights.double()
+        allowed = (torch.arange(5) < lengths[:, None]).double()
+        torch.testing.assert_close(
+            weights, (allowed / lengths[:, None])[:, None, None].expand(2, 2, 3, 5)
+        )
+    finally:
+        del attnscore.normalizers.NORMALIZERS["test_uniform"]
+    assert "test_uniform" not in attnscore.normalizer_names()
+
+
+@pytest.mark.parametrize(
+    ("name", "normalizer", "error", "message"),
+    [
+        ("two words", torch.softmax, ValueError, r"`name` to be a word.*'two words'"),
+        ("softmax", torch.softmax, ValueError, r"`name`.*'softmax', which is registered already"),
+        ("fresh_name", 3, TypeError, r"`normalizer` to be callable.*got int"),
+    ],
+)
+def test_register_normalizer_refuses_bad_input(name, normalizer, error, message):
+    before = dict(attnscore.normalizers.NORMALIZERS)
+    with pytest.raises(error, match=message):
+        attnscore.register_normalizer(name, normalizer)
+    assert before == attnscore.normalizers.NORMALIZERS
+
+
+def test_multihead_attention_takes_a_normalizer_name():
+    mha = attnscore.MultiHeadAttention(8, 2, normalizer="hardmax").eval()
+    x = torch.randn(2, 3, 8)
+    mha(x, x, x, torch.tensor([1, 3]))
+    weights = mha.attention_weights
+    # hardmax: one weight of 1 per row, on an allowed key.
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 3))
+    assert ((weights == 0) | (weights == 1)).all()
+    assert (weights[0, :, :, 1:] == 0).all()

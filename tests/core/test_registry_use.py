@@ -28,7 +28,9 @@ def registered():
     name = "neg_sq_distance"
     attnscore.register_scorer(
         name,
-        lambda q, k, h, p: attnscore.Attention(neg_squared_distance, p),
+        lambda dropout, normalizer, **sizes: attnscore.Attention(
+            neg_squared_distance, dropout, normalizer=normalizer
+        ),
         formula="-‖q - k‖²",
         source="a test",
         same_feature_size=True,
@@ -105,7 +107,7 @@ def test_multihead_default_is_scaled_dot_and_dot_is_unscaled():
 @pytest.mark.parametrize("name", ["two words", "", "dash-name", 3])
 def test_register_scorer_refuses_names_that_are_not_words(name):
     with pytest.raises(ValueError, match=r"Expected `name` to be a word like 'my_scorer'"):
-        attnscore.register_scorer(name, lambda q, k, h, p: None, formula="-", source="-")
+        attnscore.register_scorer(name, lambda **arguments: None, formula="-", source="-")
     assert name not in registry.SCORERS
 
 

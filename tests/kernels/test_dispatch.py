@@ -92,7 +92,7 @@ def test_a_backend_may_leave_functions_out():
 # ---- registration --------------------------------------------------------------------------
 
 
-def test_opcheck_softmax_by_lengths():
+def test_opcheck_masked_softmax():
     x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([[0, 7, 2, 3], [1, 1, 5, 6], [7, 0, 0, 4]])
     torch.library.opcheck(_ops.masked_softmax_op, (x, lengths))
@@ -100,7 +100,7 @@ def test_opcheck_softmax_by_lengths():
     torch.library.opcheck(_ops.masked_softmax_backward_op, (g, y, lengths))
 
 
-def test_opcheck_additive_scores_by_lengths():
+def test_opcheck_additive_scores():
     qh = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     kh = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, dtype=torch.float64, requires_grad=True)

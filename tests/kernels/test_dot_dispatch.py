@@ -37,7 +37,10 @@ MASKS = {
         "causal": True,
     },
 }
-ROUTES = ["auto", "loop", "masked", "plain"]
+ROUTES = ["auto", "loop", "masked", "masked, looked", "plain"]
+"""auto: as dispatched; loop: the padding-free loop; masked: SDPA + mask with the padding
+zeroed unconditionally (small calls); masked, looked: the same with the padding looked at
+first (large calls); plain: kernels disabled."""
 
 
 def _lengths(shape, top, g):
@@ -83,8 +86,10 @@ def _inputs(batch, n, m, d=8, dv=8, dtype=torch.float64, seed=0, heads_inner=Fal
 def run(route, q, k, v, mask, scale, monkeypatch):
     if route == "loop":
         monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting always pays
-    elif route == "masked":
+    elif route.startswith("masked"):
         monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
+        if route == "masked, looked":
+            monkeypatch.setattr(_sdpa, "_LOOK_NUMEL", 0)  # as for large inputs
     if route == "plain":
         with K.disabled():
             return K.dot_product_attention(q, k, v, mask, scale=scale)

@@ -66,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     >>> parser.parse_args(["run", "--input", "in.pt", "--scoring", "additive"]).scoring
     'additive'
     """
+    from ..normalizers import normalizer_names
     from ..registry import SCORERS, scorer_names
 
     run = subparsers.add_parser(
@@ -92,8 +93,15 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         default=None,
         metavar="H",
         help=f"hidden units h of scorers with a hidden layer "
-        f"({', '.join(n for n in scorer_names() if _has_hidden_layer(n))}; default: "
+        f"({', '.join(n for n in scorer_names() if SCORERS[n].hidden_units)}; default: "
         f"{_DEFAULT_NUM_HIDDENS}); refused with the others",
+    )
+    run.add_argument(
+        "--normalizer",
+        choices=normalizer_names(),
+        default="softmax",
+        help="probability function (default: %(default)s; sparsemax and entmax15 need the "
+        "optional entmax package)",
     )
     run.add_argument(
         "--seed",
@@ -128,24 +136,13 @@ def _warn(message: str) -> None:
     print(f"attnscore: warning: {message}", file=sys.stderr)
 
 
-def _has_hidden_layer(name: str) -> bool:
-    """Whether the registered scorer ``name`` has parameters that grow with num_hiddens."""
-    from ..registry import make_scorer
-
-    def count(h: int) -> int:
-        module = make_scorer(name, 3, 3, num_hiddens=h)
-        return sum(p.numel() for p in module.parameters())
-
-    return count(1) != count(2)
-
-
 def _check_scoring(args: argparse.Namespace) -> str:
     """The registry name to run, after the --num-hiddens check."""
-    from ..registry import scorer_names
+    from ..registry import SCORERS, scorer_names
 
     name: str = args.scoring
-    if args.num_hiddens is not None and not _has_hidden_layer(name):
-        users = [n for n in scorer_names() if _has_hidden_layer(n)]
+    if args.num_hiddens is not None and not SCORERS[name].hidden_units:
+        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
         raise UsageError(
             f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
             f"{', '.join(users) or 'no registered scorer'}"
@@ -238,7 +235,13 @@ def _run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     num_hiddens = _DEFAULT_NUM_HIDDENS if args.num_hiddens is None else args.num_hiddens
     try:
-        attention = make_scorer(name, queries.shape[-1], keys.shape[-1], num_hiddens=num_hiddens)
+        attention = make_scorer(
+            name,
+            queries.shape[-1],
+            keys.shape[-1],
+            num_hiddens=num_hiddens,
+            normalizer=args.normalizer,
+        )
     except ValueError as err:
         raise UsageError(f"--scoring {name}: {err}") from None
     attention.to(device)

@@ -31,6 +31,11 @@ from . import _ops
 
 __all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmasked"]
 
+_LOOK_NUMEL = 1 << 15
+"""Keys and values of at least this many elements (together) have their padding looked
+at (one read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally
+(three ``masked_fill`` calls cost less than the looking)."""
+
 
 def compact(t: Tensor) -> Tensor:
     """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
@@ -112,11 +117,16 @@ def masked(
     more slowly (``torch.where``).
     """
     m = k.shape[-2]
-    # Whether some values may be looked at: not without a sync (CUDA), not while tracing.
-    cpu = q.device.type == "cpu" and not in_transform(q, k, v)
+    # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
+    # while tracing, and not in small calls, where the looking costs more than the zeroing.
+    look = (
+        q.device.type == "cpu"
+        and k.numel() + v.numel() >= _LOOK_NUMEL
+        and not in_transform(q, k, v)
+    )
     allowed = _allowed(mask, m, q.device)
     attn_mask: Tensor = allowed
-    if cpu:  # one C pass: the additive mask SDPA would make anyway, and where padding is
+    if look:  # one C pass: the additive mask SDPA would make anyway, and where padding is
         additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype)
         assert additive is not None
         attn_mask = additive
@@ -131,14 +141,14 @@ def masked(
         _, row_any, col_any = _ops.mask_summary(allowed, None)
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
     # Padding SDPA reads is zeroed where it is not finite (finite garbage meets exact
-    # zeros: harmless); on the CPU only then, elsewhere always (looking would cost a sync).
-    if not cpu or bool(padded.any()):
-        if not cpu or bool((padded & bad_rows(k).unsqueeze(-1)).any()):
+    # zeros: harmless) when looked at, else always.
+    if not look or bool(padded.any()):
+        if not look or bool((padded & bad_rows(k).unsqueeze(-1)).any()):
             k = k.masked_fill(padded, 0.0)
-        if not cpu or bool((padded & bad_rows(v).unsqueeze(-1)).any()):
+        if not look or bool((padded & bad_rows(v).unsqueeze(-1)).any()):
             v = v.masked_fill(padded, 0.0)
-    has_idle = not cpu or bool(idle.any())
-    if has_idle and (not cpu or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
+    has_idle = not look or bool(idle.any())
+    if has_idle and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
         q = q.masked_fill(idle, 0.0)
     fix_rows = has_idle and not empty_rows_are_zero(q.device.type)
     if fix_rows:  # no fully masked row inside SDPA: such rows attend key 0, zeroed below
