@@ -88,8 +88,9 @@ class Masks:
         device = self.valid_lens.device if self.valid_lens is not None else torch.device("cpu")
         if self.valid_lens is not None:
             positions = torch.arange(self.m, device=device)
-            lens = self.valid_lens
-            allowed = positions < (lens[:, None, None] if lens.ndim == 1 else lens[..., None])
+            valid_lens = self.valid_lens
+            bound = valid_lens[..., None] if valid_lens.ndim > 1 else valid_lens[:, None, None]
+            allowed = positions < bound
         if self.causal:
             tril = torch.ones(self.n, self.m, dtype=torch.bool, device=device).tril()
             allowed = tril if allowed is None else allowed & tril
@@ -134,15 +135,15 @@ def softmax(
     with lengths) the textbook's ``masked_softmax``."""
     (X,) = _inputs([(s["B"], s["n"], s["m"])], dtype, device, backward)
     masks = Masks(mask, s["B"], s["n"], s["m"], device)
-    vl = masks.valid_lens
+    valid_lens = masks.valid_lens
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: attnscore.masked_softmax(X, vl),
+        "attnscore": lambda: attnscore.masked_softmax(X, valid_lens),
         "softmax": lambda: torch.softmax(X, -1),
     }
     notes = []
-    if vl is not None and dtype == torch.float32 and not backward:
+    if valid_lens is not None and dtype == torch.float32 and not backward:
         X_book = X.detach().clone()  # the book's masked_softmax writes -1e6 into its input
-        forwards["textbook"] = lambda: textbook.masked_softmax(X_book, vl)
+        forwards["textbook"] = lambda: textbook.masked_softmax(X_book, valid_lens)
         notes.append("textbook = d2l.masked_softmax")
     return Built(forwards, {name: [X] for name in forwards}, same=("textbook",), notes=notes)
 
@@ -158,9 +159,9 @@ def dot(s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backw
     kwargs = masks.kwargs()
     if heads and masks.attend is not None:
         kwargs["attend_mask"] = masks.attend.unsqueeze(1)  # (B, 1, n, m): every head
-    vl = masks.valid_lens
+    valid_lens = masks.valid_lens
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(q, k, v, vl, **kwargs),
+        "attnscore": lambda: ours(q, k, v, valid_lens, **kwargs),
         "sdpa": lambda: _sdpa(q, k, v, masks),
     }
     return Built(forwards, {name: [q, k, v] for name in forwards}, same=("sdpa",))
@@ -185,13 +186,13 @@ def multihead(
         theirs.out_proj.weight.copy_(ours.W_o.weight.float())
     theirs = theirs.to(dtype)
     kwargs = masks.kwargs()
-    vl = masks.valid_lens
+    valid_lens = masks.valid_lens
 
     def torch_mha() -> Tensor:
         padding, attn_mask = None, None
         if masks.kind in ("lengths (B,)", "causal + lengths"):
-            assert vl is not None
-            padding = ~key_mask(vl, n)  # True = ignore, torch's convention
+            assert valid_lens is not None
+            padding = ~key_mask(valid_lens, n)  # True = ignore, torch's convention
         elif masks.kind in ("lengths (B, n)", "bool"):
             allowed = masks.dense()
             assert allowed is not None
@@ -211,7 +212,7 @@ def multihead(
         return out
 
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(x, x, x, vl, **kwargs),
+        "attnscore": lambda: ours(x, x, x, valid_lens, **kwargs),
         "torch_mha": torch_mha,
     }
     return Built(
@@ -240,9 +241,9 @@ def _scorer_row(
     ours = make_scorer(name, query_size=d, key_size=d, num_hiddens=s.get("h", d)).to(device)
     ours = ours.to(dtype)
     kwargs = masks.kwargs()
-    vl = masks.valid_lens
+    valid_lens = masks.valid_lens
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(q, k, v, vl, **kwargs),
+        "attnscore": lambda: ours(q, k, v, valid_lens, **kwargs),
         "plain": lambda: _plain_pool(plain_scores(ours, q, k), v, masks),
     }
     params = list(ours.parameters())
@@ -312,14 +313,14 @@ def decoder_step(s: Shapes, *, device: torch.device) -> Built:
     m encoder outputs at every step, evaluation mode: attnscore vs the textbook module."""
     B, m, h = s["B"], s["m"], s["h"]
     q, keys = _inputs([(B, 1, h), (B, m, h)], torch.float32, device, False)
-    vl = lengths(B, m, device)
+    valid_lens = lengths(B, m, device)
     ours = attnscore.AdditiveAttention(h, h, h).to(device).eval()
     book = textbook.AdditiveAttention(h, h, h, 0.0).to(device).eval()
     book.load_state_dict(ours.state_dict(), strict=True)
     return Built(
         {
-            "attnscore": lambda: ours(q, keys, keys, vl),
-            "textbook": lambda: book(q, keys, keys, vl),
+            "attnscore": lambda: ours(q, keys, keys, valid_lens),
+            "textbook": lambda: book(q, keys, keys, valid_lens),
         },
         same=("textbook",),
         notes=["decoder_step: the same keys tensor at every step, as a decoder's loop passes"],
@@ -331,11 +332,11 @@ def additive_memory(s: Shapes, *, device: torch.device) -> Built:
     takes several GiB: attnscore only (its peak RSS is the target)."""
     B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    vl = lengths(B, m, device)
+    valid_lens = lengths(B, m, device)
     ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
     gib = B * n * m * h * 4 / 2**30
     return Built(
-        {"attnscore": lambda: ours(q, k, v, vl)},
+        {"attnscore": lambda: ours(q, k, v, valid_lens)},
         {"attnscore": list(ours.parameters())},
         notes=[
             f"additive_memory: the textbook is not run; its (B, n, m, h) float32 features "
@@ -349,7 +350,7 @@ def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     both under ``torch.compile``: the registered kernel ops stay in the compiled graph."""
     B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    vl = lengths(B, m, device)
+    valid_lens = lengths(B, m, device)
     ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
     book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
     book.load_state_dict(ours.state_dict(), strict=True)
@@ -359,7 +360,7 @@ def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     }
 
     def forward(module: Callable[..., Tensor]) -> Forward:
-        return lambda: module(q, k, v, vl)
+        return lambda: module(q, k, v, valid_lens)
 
     return Built(
         {name: forward(module) for name, module in modules.items()},
@@ -372,12 +373,12 @@ def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
 def compiled_softmax(s: Shapes, *, device: torch.device) -> Built:
     """``torch.compile(attnscore.masked_softmax)`` against the same function uncompiled."""
     (X,) = _inputs([(s["B"], s["n"], s["m"])], torch.float32, device, False)
-    vl = lengths(s["B"], s["m"], device)
+    valid_lens = lengths(s["B"], s["m"], device)
     compiled = torch.compile(attnscore.masked_softmax)
     return Built(
         {
-            "attnscore": lambda: compiled(X, vl),
-            "eager": lambda: attnscore.masked_softmax(X, vl),
+            "attnscore": lambda: compiled(X, valid_lens),
+            "eager": lambda: attnscore.masked_softmax(X, valid_lens),
         },
         same=("eager",),
         notes=["masked_softmax_compiled: attnscore = torch.compile(masked_softmax), eager = not"],

@@ -45,7 +45,6 @@ from ._build import build_info, load_library
 from ._dispatch import Backend, backend_name, disabled, enabled, set_enabled, use_backend
 
 __all__ = [
-    "AttentionMask",
     "Backend",
     "additive_scores",
     "available",
