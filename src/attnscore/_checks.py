@@ -6,6 +6,8 @@ the argument, and never changes its input.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
@@ -123,6 +125,21 @@ def check_attention_inputs(
             f"scores, but got queries {tuple(q.shape)} and keys {tuple(k.shape)} instead."
         )
     return q, k, v
+
+
+def check_new_name(name: object, registry: Mapping[str, object], kind: str, replace: bool) -> str:
+    """Check a name to register a ``kind`` (``"scorer"``, ``"normalizer"``) under: a word,
+    not taken unless ``replace``. Raises ValueError naming the argument ``name``."""
+    if not isinstance(name, str) or not name.replace("_", "a").isalnum():
+        raise ValueError(
+            f"Expected `name` to be a word like 'my_{kind}', but got {name!r} instead."
+        )
+    if name in registry and not replace:
+        raise ValueError(
+            f"Expected `name` to be a new {kind} name, but got {name!r}, which is registered "
+            "already (pass replace=True to replace it)."
+        )
+    return name
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import compute_dtype
+from ._checks import check_new_name, compute_dtype
 from ._mask import AttentionMask
 from .kernels import _ops
 
@@ -125,15 +125,7 @@ def register_normalizer(name: str, normalizer: Normalizer, *, replace: bool = Fa
     True
     >>> del NORMALIZERS["uniform"]
     """
-    if not isinstance(name, str) or not name.replace("_", "a").isalnum():
-        raise ValueError(
-            f"Expected `name` to be a word like 'my_normalizer', but got {name!r} instead."
-        )
-    if name in NORMALIZERS and not replace:
-        raise ValueError(
-            f"Expected `name` to be a new normalizer name, but got {name!r}, which is "
-            "registered already (pass replace=True to replace it)."
-        )
+    check_new_name(name, NORMALIZERS, "normalizer", replace)
     if not callable(normalizer):
         raise TypeError(
             f"Expected `normalizer` to be callable (scores, mask) -> weights, but got "

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._checks import check_new_name
 from .modules import (
     AdditiveAttention,
     Attention,
@@ -131,15 +132,7 @@ def register_scorer(
     torch.Size([2, 3, 6])
     >>> del SCORERS["neg_distance"]
     """
-    if not isinstance(name, str) or not name.replace("_", "a").isalnum():
-        raise ValueError(
-            f"Expected `name` to be a word like 'my_scorer', but got {name!r} instead."
-        )
-    if name in SCORERS and not replace:
-        raise ValueError(
-            f"Expected `name` to be a new scorer name, but got {name!r}, which is registered "
-            "already (pass replace=True to replace it)."
-        )
+    check_new_name(name, SCORERS, "scorer", replace)
     spec = ScorerSpec(name, factory, formula, source, same_feature_size, hidden_units)
     SCORERS[name] = spec
     return spec
