@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 import attnscore
-from attnscore import kernels
-from attnscore.registry import get_scorer, make_scorer, scorer_names
+from attnscore import get_scorer, kernels, make_scorer, scorer_names
 from attnscore.scoring import dot_product_scores
 
 Params = dict[str, Tensor]
@@ -52,7 +51,6 @@ class Path:
     reference: Callable[[Params, Tensor, Tensor], Tensor]  # plain scores (..., n, m)
     same_feature_size: bool = False
     group: str = ""
-    tags: frozenset[str] = field(default_factory=frozenset)
 
     def __str__(self) -> str:
         return self.name
@@ -218,7 +216,30 @@ def _registry_path(name: str) -> Path:
     return Path(f"scorer:{name}", build, REFERENCES[name], spec.same_feature_size, group=name)
 
 
+def _registry_functional_path(name: str) -> Path:
+    """``attention(..., name, params=...)``, the functional form from the spec, with the
+    registry module's parameters (so that the group's paths agree exactly)."""
+    spec = get_scorer(name)
+
+    def build(qs: int, ks: int, dt: torch.dtype) -> Runner:
+        module = _seeded(lambda: make_scorer(name, qs, ks, num_hiddens=5), dt)
+        state = {id(t): key for key, t in module.named_parameters()}
+        spec_params = module.parameters_by_name()
+        p = {state[id(t)]: t.detach().clone().requires_grad_(True) for t in spec_params.values()}
+
+        def call(q, k, v, valid_lens=None, **masks):
+            params = {n: p[state[id(t)]] for n, t in spec_params.items()}
+            return attnscore.attention(
+                q, k, v, name, valid_lens, params=params, return_weights=True, **masks
+            )
+
+        return Runner(call, p)
+
+    return Path(f"attention({name!r})", build, REFERENCES[name], spec.same_feature_size, name)
+
+
 PATHS: list[Path] = [_registry_path(name) for name in scorer_names() if name in REFERENCES]
+PATHS += [_registry_functional_path(name) for name in scorer_names() if name in REFERENCES]
 PATHS += [
     Path(
         "AdditiveAttention(normalize)",
@@ -235,37 +256,11 @@ PATHS += [
         same_feature_size=True,
     ),
     Path("additive_attention", _additive_functional, ref_additive, group="additive"),
-    Path(
-        "dot_product_attention",
-        _dot_functional,
-        ref_dot(None),
-        same_feature_size=True,
-        group="scaled_dot",
-        tags=frozenset({"functional"}),
-    ),
-    Path(
-        "attention(dot_product_scores)",
-        _generic_functional,
-        ref_dot(None),
-        same_feature_size=True,
-        group="scaled_dot",
-        tags=frozenset({"functional"}),
-    ),
-    Path(
-        "general_attention",
-        _general_functional,
-        ref_general,
-        group="general",
-        tags=frozenset({"functional"}),
-    ),
-    Path(
-        "cosine_attention",
-        _cosine_functional,
-        ref_cosine,
-        same_feature_size=True,
-        group="cosine",
-        tags=frozenset({"functional"}),
-    ),
+    # (name, build, reference, same_feature_size, group)
+    Path("dot_product_attention", _dot_functional, ref_dot(None), True, "scaled_dot"),
+    Path("attention(dot_product_scores)", _generic_functional, ref_dot(None), True, "scaled_dot"),
+    Path("general_attention", _general_functional, ref_general, False, "general"),
+    Path("cosine_attention", _cosine_functional, ref_cosine, True, "cosine"),
 ]
 
 
@@ -281,14 +276,7 @@ def _on_plain_path(path: Path) -> Path:
 
         return Runner(call, runner.params, runner.module)
 
-    return Path(
-        f"{path.name} [plain]",
-        build,
-        path.reference,
-        path.same_feature_size,
-        path.group,
-        path.tags,
-    )
+    return replace(path, name=f"{path.name} [plain]", build=build)
 
 
 # Paths that have a fused kernel get a plain twin in the same group.

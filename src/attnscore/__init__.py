@@ -24,11 +24,13 @@ from .modules import (
     CosineAttention,
     DotProductAttention,
     MultiplicativeAttention,
+    ScorerAttention,
+    make_scorer,
 )
 from .multihead import MultiHeadAttention
 from .normalizers import normalizer_names, register_normalizer
 from .plotting import show_heatmaps
-from .registry import SCORERS, ScorerSpec, get_scorer, make_scorer, register_scorer, scorer_names
+from .registry import SCORERS, Param, ScorerSpec, get_scorer, register_scorer, scorer_names
 
 __version__ = "0.1.0"
 
@@ -40,6 +42,8 @@ __all__ = [
     "DotProductAttention",
     "MultiHeadAttention",
     "MultiplicativeAttention",
+    "Param",
+    "ScorerAttention",
     "ScorerSpec",
     "__version__",
     "additive_attention",

@@ -127,9 +127,16 @@ def check_attention_inputs(
     return q, k, v
 
 
-def check_new_name(name: object, registry: Mapping[str, object], kind: str, replace: bool) -> str:
-    """Check a name to register a ``kind`` (``"scorer"``, ``"normalizer"``) under: a word,
-    not taken unless ``replace``. Raises ValueError naming the argument ``name``."""
+def check_registration(
+    name: object,
+    registry: Mapping[str, object],
+    kind: str,
+    replace: bool,
+    function: tuple[str, object, str],
+) -> str:
+    """Check what is about to be registered as a ``kind`` (``"scorer"``, ``"normalizer"``):
+    ``name`` a word, not taken unless ``replace``; ``function`` = (argument, value, what it
+    maps) a callable. Raises ValueError (the name) or TypeError (the function)."""
     if not isinstance(name, str) or not name.replace("_", "a").isalnum():
         raise ValueError(
             f"Expected `name` to be a word like 'my_{kind}', but got {name!r} instead."
@@ -138,6 +145,11 @@ def check_new_name(name: object, registry: Mapping[str, object], kind: str, repl
         raise ValueError(
             f"Expected `name` to be a new {kind} name, but got {name!r}, which is registered "
             "already (pass replace=True to replace it)."
+        )
+    argument, value, maps = function
+    if not callable(value):
+        raise TypeError(
+            f"Expected `{argument}` to be callable {maps}, but got {type(value).__name__} instead."
         )
     return name
 

@@ -6,9 +6,11 @@ Every form runs the shared pipeline of :mod:`attnscore._engine` (D2L eq. "attn-p
     weights = normalizer(scores, mask)               masked softmax by default
     output  = dropout(weights) @ values              (..., n, v)
 
-One form per registered scorer with parameters given as tensors (:func:`additive_attention`,
-:func:`dot_product_attention`, :func:`general_attention`, :func:`cosine_attention`) and the
-generic :func:`attention`, which takes any scoring callable or a registered scorer's name.
+The generic :func:`attention` takes any scoring callable, or a registered scorer's name
+with its parameters as tensors: the form comes from the scorer's spec
+(:mod:`attnscore.registry`), as its module does. The built-in scorers also have named forms
+with the textbook's arguments (:func:`additive_attention`, :func:`dot_product_attention`,
+:func:`general_attention`, :func:`cosine_attention`); all run the same path.
 
 Each returns ``output`` or, with ``return_weights=True``, ``(output, weights)``; the
 return type follows ``return_weights`` for type checkers (one shared overload,
@@ -20,21 +22,33 @@ units; ``...`` is (B,) or (B, H) for H heads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal, Protocol, cast, overload
 
 import torch  # noqa: F401  (the doctests use it)
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._engine import MaskOptions, Scoring, attend, finish, fused_dot_product, prepare
+from ._checks import check_tensor
+from ._engine import (
+    FusedPath,
+    MaskOptions,
+    Prepared,
+    Scoring,
+    attend,
+    finish,
+    fused_dot_product,
+    prepare,
+)
 from .normalizers import Normalizer
-from .registry import get_scorer
-from .scoring import additive_scores, cosine_scores, dot_product_scores, general_scores
+from .registry import ScorerSpec, get_scorer
+from .scoring import cosine_scores, dot_product_scores
 
 __all__ = [
     "MaskOptions",
     "PoolingFunction",
+    "PoolingOptions",
     "additive_attention",
     "attention",
     "cosine_attention",
@@ -43,6 +57,33 @@ __all__ = [
 ]
 
 Result = Tensor | tuple[Tensor, Tensor]
+
+
+class PoolingOptions(MaskOptions, total=False):
+    """The keyword options every functional form takes, beyond its tensors: the masks of
+    :class:`MaskOptions` and these three.
+
+    Attributes:
+        dropout_p: dropout on the weights, in [0, 1) (default 0; pass 0 in evaluation).
+        normalizer: ``"softmax"`` (default), ``"sparsemax"``, ``"entmax15"``, ``"hardmax"``,
+            a name added with :func:`attnscore.register_normalizer`, or a callable
+            ``(scores, mask) -> weights``.
+        return_weights: also return the weights (..., n, m), taken before dropout
+            (default False); they carry gradients.
+
+    >>> options: PoolingOptions = {"causal": True, "return_weights": True}
+    >>> q = torch.randn(1, 3, 4)
+    >>> out, w = dot_product_attention(q, q, q, **options)
+    >>> w[0, 0]
+    tensor([1., 0., 0.])
+    """
+
+    dropout_p: float
+    normalizer: str | Normalizer
+    return_weights: bool
+
+
+_MASK_NAMES = frozenset(MaskOptions.__annotations__)
 
 
 class PoolingFunction(Protocol):
@@ -80,10 +121,8 @@ def attention(
     scoring: Scoring | str,
     valid_lens: Tensor | None = None,
     *,
-    dropout_p: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-    return_weights: bool = False,
-    **masks: Unpack[MaskOptions],
+    params: Mapping[str, Tensor] | None = None,
+    **options: Unpack[PoolingOptions],
 ) -> Result:
     """Attention pooling with any scoring function.
 
@@ -95,17 +134,15 @@ def attention(
             and device for all three.
         scoring: any callable ``(queries, keys) -> scores (..., n, m)``, e.g.
             :func:`attnscore.scoring.dot_product_scores` or a user's function or module;
-            or the name of a registered scorer without parameters (``"dot"``,
-            ``"scaled_dot"``, or one added with :func:`attnscore.register_scorer`). Scorers
-            with parameters have their own forms (:func:`additive_attention`,
-            :func:`general_attention`, :func:`cosine_attention`) and modules.
+            or the name of a registered scorer (:func:`attnscore.scorer_names`, or one
+            added with :func:`attnscore.register_scorer`).
         valid_lens: key lengths (B,), (B, n) or (..., n); int or whole-number float.
-        dropout_p: dropout on the weights (pass 0 in evaluation).
-        normalizer: ``"softmax"`` (default), ``"sparsemax"``, ``"entmax15"``, ``"hardmax"``
-            or a callable ``(scores, mask) -> weights``.
-        return_weights: also return the weights (..., n, m), taken before dropout.
-        **masks: ``query_valid_lens``, ``attend_mask`` (True = may attend), ``causal``;
-            see :class:`MaskOptions`.
+        params: with a scorer's name, its parameters by name, of the shapes its spec
+            gives (``get_scorer(name).params``; matrices (out, in) as an ``nn.Linear``'s
+            ``weight``), e.g. ``{"W_a": W_a}`` (q, k) for ``"general"``. None for scorers
+            without parameters.
+        **options: ``dropout_p``, ``normalizer``, ``return_weights`` and the masks
+            ``query_valid_lens``, ``attend_mask``, ``causal``; see :class:`PoolingOptions`.
 
     Returns:
         output (..., n, v) in the inputs' dtype, and the weights if asked. Queries that
@@ -134,7 +171,8 @@ def attention(
     Raises:
         TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.
         ValueError: inconsistent shapes, bad lengths or masks (see :func:`build_mask`),
-            ``dropout_p`` outside [0, 1), an unknown scorer name or one with parameters.
+            ``dropout_p`` outside [0, 1), an unknown scorer name, ``params`` missing,
+            extra or of the wrong shape.
 
     >>> from attnscore.scoring import dot_product_scores
     >>> q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
@@ -142,62 +180,88 @@ def attention(
     torch.Size([2, 3, 6])
     >>> torch.allclose(attention(q, k, v, "scaled_dot"), attention(q, k, v, dot_product_scores))
     True
+    >>> attention(q, k, v, "general", params={"W_a": torch.randn(4, 4)}).shape
+    torch.Size([2, 3, 6])
     """
     if isinstance(scoring, str):
-        return _attention_by_name(
-            queries,
-            keys,
-            values,
-            scoring,
-            valid_lens,
-            dropout_p,
-            normalizer,
-            return_weights,
-            masks,
+        return _pool(get_scorer(scoring), queries, keys, values, valid_lens, params, options)
+    if params is not None:
+        raise TypeError(
+            "Expected `params` only with a registered scorer's name as `scoring`, but got "
+            f"them with a {type(scoring).__name__}."
         )
-    prepared = prepare(queries, keys, values, valid_lens, **masks)
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
-    return finish(result, return_weights)
+    return _pool(
+        _ad_hoc("scoring", scoring, None), queries, keys, values, valid_lens, None, options
+    )
 
 
-def _attention_by_name(
+def _spec_tensors(
+    spec: ScorerSpec, params: Mapping[str, Tensor] | None, prepared: Prepared
+) -> dict[str, Tensor]:
+    """The parameters given for ``spec``, checked against its shapes: q and k from the
+    inputs, h from the first parameter that has it."""
+    given = dict(params or {})
+    names = [p.name for p in spec.params]
+    if sorted(given) != sorted(names):
+        raise ValueError(
+            f"Expected `params` with the tensors {names} of scorer {spec.name!r}, but got "
+            f"{sorted(given)} instead."
+        )
+    sizes: dict[str, int | None] = {
+        "query_size": prepared.queries.shape[-1],
+        "key_size": prepared.keys.shape[-1],
+    }
+    for param in spec.params:
+        tensor = check_tensor(given[param.name], param.name)
+        if tensor.ndim == len(param.shape):
+            for dim, size in zip(param.shape, tensor.shape, strict=True):
+                sizes.setdefault(str(dim), size)
+        expected = param.resolve(sizes)
+        if tuple(tensor.shape) != expected:
+            shape = tuple(
+                d if d is not None else name for d, name in zip(expected, param.shape, strict=True)
+            )
+            raise ValueError(
+                f"Expected `{param.name}` of shape {shape}, but got {tuple(tensor.shape)} instead."
+            )
+    return given
+
+
+def _pool(
+    spec: ScorerSpec,
     queries: Tensor,
     keys: Tensor,
     values: Tensor,
-    name: str,
     valid_lens: Tensor | None,
-    dropout_p: float,
-    normalizer: str | Normalizer,
-    return_weights: bool,
-    masks: MaskOptions,
+    params: Mapping[str, Tensor] | None,
+    options: PoolingOptions,
+    **constants: object,
 ) -> Result:
-    """:func:`attention` with a registered scorer's name: its module's scores and fused path."""
-    spec = get_scorer(name)
-    q_size = queries.shape[-1] if isinstance(queries, Tensor) else 1
-    k_size = keys.shape[-1] if isinstance(keys, Tensor) else 1
-    scorer = spec.factory(
-        query_size=q_size, key_size=k_size, num_hiddens=q_size, dropout=0.0, normalizer="softmax"
-    )
-    if any(True for _ in scorer.parameters()):
-        raise ValueError(
-            f"Expected `scoring` to name a scorer without parameters, but got {name!r}, whose "
-            f"{type(scorer).__name__} has parameters: use its own functional form or module."
-        )
+    """The functional form of ``spec`` (what every form runs): check inputs, masks and
+    parameters once, score with the spec's function (``constants`` passed to it as they
+    are), take its fused path where the weights are not asked for."""
+    unknown = set(options) - set(PoolingOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
+    masks = cast(MaskOptions, {k: v for k, v in options.items() if k in _MASK_NAMES})
     prepared = prepare(
         queries, keys, values, valid_lens, same_feature_size=spec.same_feature_size, **masks
     )
-    scorer.to(prepared.queries.device)
+    tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
+    return_weights = options.get("return_weights", False)
     result = attend(
         prepared,
-        lambda q, k: scorer.score(q, k, lengths),
-        dropout_p=dropout_p,
-        normalizer=normalizer,
-        fused=None if return_weights else scorer.fused_path(),
+        lambda q, k: spec.scores(q, k, tensors, lengths),
+        dropout_p=options.get("dropout_p", 0.0),
+        normalizer=options.get("normalizer", "softmax"),
+        fused=None if return_weights else spec.fused,
     )
     return finish(result, return_weights)
 
 
+# The named forms share their first lines (queries, keys, values) with each other and with
+# the scoring functions they stand on: a tensor signature, alike by nature (`duplicates`).
 @_pooling
 def additive_attention(
     queries: Tensor,
@@ -209,10 +273,7 @@ def additive_attention(
     valid_lens: Tensor | None = None,
     *,
     bias: Tensor | None = None,
-    dropout_p: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-    return_weights: bool = False,
-    **masks: Unpack[MaskOptions],
+    **options: Unpack[PoolingOptions],
 ) -> Result:
     """Additive (Bahdanau) attention: scores ``w_vᵀ tanh(W_q q + W_k k + b)``.
 
@@ -222,14 +283,13 @@ def additive_attention(
     Args:
         queries: (..., n, q). keys: (..., m, k). values: (..., m, v).
         W_q: (h, q). W_k: (h, k). w_v: (h,) or (1, h). bias: optional (h,).
-        valid_lens, dropout_p, normalizer, return_weights, masks: as :func:`attention`.
+        valid_lens, options: as :func:`attention`.
 
     Returns:
-        output (..., n, v), and the weights (..., n, m) if asked; rows with no valid key
-        are zero.
+        output (..., n, v), with the weights (..., n, m) if asked: see :func:`attention`.
 
     Raises:
-        TypeError, ValueError: as :func:`attention`.
+        TypeError, ValueError: as :func:`attention`; parameters of other shapes.
 
     >>> q, k, v = torch.randn(2, 1, 20), torch.ones(2, 10, 2), torch.randn(2, 10, 4)
     >>> out = additive_attention(q, k, v, torch.randn(8, 20), torch.randn(8, 2),
@@ -237,14 +297,18 @@ def additive_attention(
     >>> out.shape
     torch.Size([2, 1, 4])
     """
-    prepared = prepare(queries, keys, values, valid_lens, **masks)
-    lengths = prepared.mask.lengths
-
-    def scoring(q: Tensor, k: Tensor) -> Tensor:
-        return additive_scores(q, k, W_q, W_k, w_v, bias, lengths)
-
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
-    return finish(result, return_weights)
+    w_v = w_v.reshape(1, -1) if isinstance(w_v, Tensor) and w_v.ndim == 1 else w_v
+    params = {"W_q": W_q, "W_k": W_k, "w_v": w_v}
+    return _pool(
+        _ADDITIVE,
+        queries,
+        keys,
+        values,
+        valid_lens,
+        params,
+        options,
+        bias=bias,
+    )
 
 
 @_pooling
@@ -255,10 +319,7 @@ def dot_product_attention(
     valid_lens: Tensor | None = None,
     *,
     scale: float | None = None,
-    dropout_p: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-    return_weights: bool = False,
-    **masks: Unpack[MaskOptions],
+    **options: Unpack[PoolingOptions],
 ) -> Result:
     """Scaled dot-product attention: ``softmax(Q Kᵀ · scale) V``.
 
@@ -267,30 +328,28 @@ def dot_product_attention(
 
     Args:
         queries: (..., n, d). keys: (..., m, d). values: (..., m, v).
-        valid_lens, dropout_p, normalizer, return_weights, masks: as :func:`attention`.
+        valid_lens, options: as :func:`attention`.
 
     Returns:
-        output (..., n, v), and the weights (..., n, m) if asked; rows with no valid key
-        are zero.
+        As :func:`attention`; the fused path where the weights are not asked for.
 
     Raises:
-        TypeError, ValueError: as :func:`attention`; also when queries and keys differ in
-            feature size d.
+        TypeError, ValueError: as :func:`attention`; queries and keys of different d.
 
     >>> q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     >>> out, w = dot_product_attention(q, k, v, torch.tensor([2, 5]), return_weights=True)
     >>> w[0, 0, 2:].abs().sum().item()
     0.0
     """
-    prepared = prepare(queries, keys, values, valid_lens, same_feature_size=True, **masks)
-
-    def scoring(q: Tensor, k: Tensor) -> Tensor:
-        return dot_product_scores(q, k, scale)
-
-    # Weights asked for now: the plain path computes them once anyway.
-    fused = None if return_weights else fused_dot_product(scale)
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer, fused=fused)
-    return finish(result, return_weights)
+    return _pool(
+        _dot_product(scale),
+        queries,
+        keys,
+        values,
+        valid_lens,
+        None,
+        options,
+    )
 
 
 @_pooling
@@ -300,11 +359,7 @@ def general_attention(
     values: Tensor,
     W_a: Tensor,
     valid_lens: Tensor | None = None,
-    *,
-    dropout_p: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-    return_weights: bool = False,
-    **masks: Unpack[MaskOptions],
+    **options: Unpack[PoolingOptions],
 ) -> Result:
     """General (multiplicative, bilinear) attention: scores ``qᵀ W_a k``.
 
@@ -313,11 +368,10 @@ def general_attention(
     Args:
         queries: (..., n, q). keys: (..., m, k). values: (..., m, v).
         W_a: (q, k), as :class:`attnscore.MultiplicativeAttention`'s ``W_a.weight``.
-        valid_lens, dropout_p, normalizer, return_weights, masks: as :func:`attention`.
+        valid_lens, options: as :func:`attention`.
 
     Returns:
-        output (..., n, v), and the weights (..., n, m) if asked; rows with no valid key
-        are zero.
+        As :func:`attention`: zero output where a query may attend no key.
 
     Raises:
         TypeError, ValueError: as :func:`attention`; also ``W_a`` not of shape (q, k).
@@ -326,17 +380,15 @@ def general_attention(
     >>> general_attention(q, k, v, torch.randn(3, 5), torch.tensor([1, 4])).shape
     torch.Size([2, 1, 6])
     """
-    prepared = prepare(queries, keys, values, valid_lens, **masks)
-    expected = (prepared.queries.shape[-1], prepared.keys.shape[-1])
-    if not isinstance(W_a, Tensor) or tuple(W_a.shape) != expected:
-        got = tuple(W_a.shape) if isinstance(W_a, Tensor) else type(W_a).__name__
-        raise ValueError(f"Expected `W_a` of shape {expected}, but got {got} instead.")
-
-    def scoring(q: Tensor, k: Tensor) -> Tensor:
-        return general_scores(q, k, W_a)
-
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
-    return finish(result, return_weights)
+    return _pool(
+        _GENERAL,
+        queries,
+        keys,
+        values,
+        valid_lens,
+        {"W_a": W_a},
+        options,
+    )
 
 
 @_pooling
@@ -347,10 +399,7 @@ def cosine_attention(
     valid_lens: Tensor | None = None,
     *,
     scale: float | Tensor = 10.0,
-    dropout_p: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-    return_weights: bool = False,
-    **masks: Unpack[MaskOptions],
+    **options: Unpack[PoolingOptions],
 ) -> Result:
     """Scaled cosine attention: scores ``scale · cos(q, k)``.
 
@@ -359,24 +408,42 @@ def cosine_attention(
     Args:
         queries: (..., n, d). keys: (..., m, d). values: (..., m, v).
         scale: the inverse temperature, a float or a 0-d tensor (may require grad).
-        valid_lens, dropout_p, normalizer, return_weights, masks: as :func:`attention`.
+        valid_lens, options: as :func:`attention`.
 
     Returns:
-        output (..., n, v), and the weights (..., n, m) if asked; rows with no valid key
-        are zero.
+        As :func:`attention` (zero vectors score 0 against every key).
 
     Raises:
-        TypeError, ValueError: as :func:`attention`; also when queries and keys differ in
-            feature size d.
+        TypeError, ValueError: as :func:`attention`; queries and keys of different d.
 
     >>> q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     >>> cosine_attention(q, k, v, torch.tensor([2, 5]), scale=5.0).shape
     torch.Size([2, 3, 6])
     """
-    prepared = prepare(queries, keys, values, valid_lens, same_feature_size=True, **masks)
+    spec = _ad_hoc("cosine", partial(cosine_scores, scale=scale), None)
+    return _pool(spec, queries, keys, values, valid_lens, None, options)
 
-    def scoring(q: Tensor, k: Tensor) -> Tensor:
-        return cosine_scores(q, k, scale)
 
-    result = attend(prepared, scoring, dropout_p=dropout_p, normalizer=normalizer)
-    return finish(result, return_weights)
+# The built-in specs the named forms stand for (captured at import: a later registration
+# replacing a name does not change these forms).
+_ADDITIVE, _GENERAL = get_scorer("additive"), get_scorer("general")
+
+
+def _ad_hoc(name: str, score: Scoring, fused: FusedPath | None) -> ScorerSpec:
+    """A spec for one call of a named form with its own constants (not registered)."""
+    return ScorerSpec(name, score, "", "", same_feature_size=True, fused=fused)
+
+
+def _dot_product(scale: float | None) -> ScorerSpec:
+    """The spec of dot-product attention with a fixed ``scale`` (the default one built once:
+    the functional forms are hot)."""
+    if scale is None:
+        return _SCALED_DOT_PRODUCT
+    return _ad_hoc(
+        "dot_product", partial(dot_product_scores, scale=scale), fused_dot_product(scale)
+    )
+
+
+_SCALED_DOT_PRODUCT = _ad_hoc(
+    "dot_product", partial(dot_product_scores, scale=None), fused_dot_product(None)
+)

@@ -1,8 +1,10 @@
 """``nn.Module`` wrappers: parameters and configuration around the functional pipeline.
 
-Each module's ``forward`` checks its inputs and masks once, computes scores with its
-scoring function (:mod:`attnscore.scoring`), and runs the shared pooling step
-(:func:`attnscore.functional.attend`). Subclasses only say how to score.
+Each module's ``forward`` checks its inputs and masks once, computes scores, and runs the
+shared pipeline (:func:`attnscore._engine.attend`). :class:`Attention` takes any scoring
+callable; :class:`ScorerAttention` builds a registered scorer's parameters from its spec
+(:mod:`attnscore.registry`), and the textbook's named classes are that module for their
+scorer with the textbook's arguments. :func:`make_scorer` builds the module of any name.
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
 units; ``...`` is (B,) or (B, H).
@@ -16,16 +18,21 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from ._checks import check_dropout, in_transform
-from ._engine import FusedPath, Prepared, WeightsFn, attend, fused_dot_product, prepare
-from .normalizers import Normalizer, get_normalizer
-from .scoring import (
-    additive_scores_from_projections,
-    cosine_scores,
-    dot_product_scores,
-    general_scores,
+from ._engine import (
+    FusedPath,
+    MaskOptions,
+    Prepared,
+    WeightsFn,
+    attend,
+    fused_dot_product,
+    prepare,
 )
+from .normalizers import Normalizer, get_normalizer
+from .registry import Param, ScorerSpec, get_scorer
+from .scoring import additive_scores_from_projections, dot_product_scores
 
 __all__ = [
     "AdditiveAttention",
@@ -33,6 +40,8 @@ __all__ = [
     "CosineAttention",
     "DotProductAttention",
     "MultiplicativeAttention",
+    "ScorerAttention",
+    "make_scorer",
 ]
 
 
@@ -44,14 +53,16 @@ def _check_size(value: object, name: str, *, optional: bool = False) -> int | No
     return value
 
 
-def _check_features(linear: nn.Module, x: Tensor, name: str, size_name: str) -> None:
-    """Name the argument when its feature size disagrees with a layer built for another."""
-    expected = getattr(linear, "in_features", 0)
-    if expected and x.shape[-1] != expected:
+def _check_features(expected: int, name: str, x: Tensor, size_name: str) -> None:
+    """Name the argument when its feature size disagrees with a parameter built for another."""
+    if x.shape[-1] != expected:
         raise ValueError(
             f"Expected `{name}` with last dimension {size_name}={expected}, but got shape "
             f"{tuple(x.shape)} instead."
         )
+
+
+_INPUT_SIZES = ("query_size", "key_size")  # the sizes the first call's inputs tell
 
 
 def _is_lazy(linear: nn.Module) -> bool:
@@ -62,9 +73,9 @@ def _is_lazy(linear: nn.Module) -> bool:
 class Attention(nn.Module):
     """Attention pooling with any scoring function.
 
-    ``forward(queries, keys, values, valid_lens=None, *, query_valid_lens=None,
-    attend_mask=None, causal=False)`` returns ``dropout(normalizer(scores, mask)) @ values``
-    with queries (..., n, q), keys (..., m, k), values (..., m, v) -> output (..., n, v).
+    ``forward(queries, keys, values, valid_lens=None, **masks)`` returns
+    ``dropout(normalizer(scores, mask)) @ values`` with queries (..., n, q), keys
+    (..., m, k), values (..., m, v) -> output (..., n, v).
     Dropout acts on the weights in training mode only.
 
     After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
@@ -139,10 +150,7 @@ class Attention(nn.Module):
         keys: Tensor,
         values: Tensor,
         valid_lens: Tensor | None = None,
-        *,
-        query_valid_lens: Tensor | None = None,
-        attend_mask: Tensor | None = None,
-        causal: bool = False,
+        **masks: Unpack[MaskOptions],
     ) -> Tensor:
         """Attention pooling of ``values`` by the weights of ``queries`` over ``keys``.
 
@@ -152,10 +160,10 @@ class Attention(nn.Module):
                 scorers need q == k.
             valid_lens: key lengths (B,) (one per example), (B, n) (one per query) or
                 (..., n); int or whole-number float; lengths above m mean all keys.
-            query_valid_lens: query lengths (B,) or (...); queries at or beyond them
-                attend nothing.
-            attend_mask: bool broadcastable to (..., n, m); **True = may attend**.
-            causal: query i attends keys j <= i only (top-left aligned).
+            **masks: ``query_valid_lens`` (B,) or (...): queries at or beyond them attend
+                nothing; ``attend_mask``: bool broadcastable to (..., n, m), **True = may
+                attend**; ``causal``: query i attends keys j <= i only (top-left aligned).
+                See :class:`attnscore.functional.MaskOptions`.
 
         Returns:
             output (..., n, v) in the inputs' dtype: ``dropout(weights) @ values`` with
@@ -172,14 +180,7 @@ class Attention(nn.Module):
         # memory (kept until the next call, they cost a cache's worth of speed otherwise).
         self.__dict__["_weights"] = None
         prepared = prepare(
-            queries,
-            keys,
-            values,
-            valid_lens,
-            same_feature_size=self.same_feature_size,
-            query_valid_lens=query_valid_lens,
-            attend_mask=attend_mask,
-            causal=causal,
+            queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
         output, weights_fn = self._attend(prepared)
         # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call.
@@ -210,23 +211,150 @@ class Attention(nn.Module):
     def __getstate__(self) -> dict[str, object]:
         # The weights function is a closure (not picklable); keep the computed weights.
         self.attention_weights  # noqa: B018
-        state = self.__dict__.copy()
-        if "_keys_cache" in state:  # a weak reference: not picklable, and only a cache
-            state["_keys_cache"] = None
-        return state
+        return self.__dict__.copy()
 
     def extra_repr(self) -> str:
         extra = f"normalizer={self.normalizer!r}" if self.normalizer != "softmax" else ""
         return extra
 
 
-class AdditiveAttention(Attention):
+class ScorerAttention(Attention):
+    """Attention with a registered scorer: its parameters, built from the scorer's spec.
+
+    The module for every name of :func:`attnscore.scorer_names` (:func:`make_scorer` builds
+    it; the textbook's named classes below are this module for their scorer, with the
+    textbook's arguments). Each parameter of the spec (:class:`attnscore.registry.Param`)
+    becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
+    bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
+    call), any other an ``nn.Parameter``. Scores are ``spec.score(queries, keys,
+    **parameters)``; the spec's fused path, if any, is taken where it applies.
+
+    Args:
+        scoring: a registered scorer's name or its :class:`~attnscore.registry.ScorerSpec`.
+        query_size: q; may be None where only a matrix's input size depends on it.
+        key_size: k; likewise.
+        num_hiddens: h, for scorers with hidden units.
+        dropout, normalizer: as :class:`Attention`.
+
+    Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
+
+    Raises:
+        ValueError: an unknown name; a size that is not a positive int; in ``forward``,
+            queries or keys whose feature size differs from the parameters'.
+        TypeError: a size the parameters need left None.
+
+    >>> attention = ScorerAttention("general", query_size=3, key_size=5)  # W_a (q, k)
+    >>> attention.W_a
+    Linear(in_features=5, out_features=3, bias=False)
+    >>> attention(torch.randn(2, 1, 3), torch.randn(2, 4, 5), torch.randn(2, 4, 6)).shape
+    torch.Size([2, 1, 6])
+    """
+
+    def __init__(
+        self,
+        scoring: str | ScorerSpec,
+        query_size: int | None = None,
+        key_size: int | None = None,
+        num_hiddens: int | None = None,
+        dropout: float = 0.0,
+        *,
+        normalizer: str | Normalizer = "softmax",
+    ) -> None:
+        super().__init__(dropout=dropout, normalizer=normalizer)
+        spec = scoring if isinstance(scoring, ScorerSpec) else get_scorer(scoring)
+        self.spec = spec
+        self.same_feature_size = spec.same_feature_size
+        sizes = {
+            "query_size": _check_size(query_size, "query_size", optional=True),
+            "key_size": _check_size(key_size, "key_size", optional=True),
+            "num_hiddens": _check_size(num_hiddens, "num_hiddens", optional=True),
+        }
+        for param in spec.params:
+            self._add(param, sizes)
+
+    def _add(self, param: Param, sizes: dict[str, int | None]) -> None:
+        shape = param.resolve(sizes)
+        needed = [d for d, size in zip(param.shape, shape, strict=True) if size is None]
+        if param.is_matrix and shape[0] is not None and param.shape[1] in _INPUT_SIZES:
+            needed = []  # an input's size alone may wait for the first call
+        if needed:
+            raise TypeError(
+                f"{type(self).__name__} needs `{needed[0]}` (a dimension of {param.name} "
+                f"{param.shape}), but got None."
+            )
+        module: nn.Module | nn.Parameter
+        if param.is_matrix:
+            out, inp = shape
+            assert out is not None
+            module = nn.Linear(inp, out, bias=False) if inp else nn.LazyLinear(out, bias=False)
+        else:
+            module = nn.Parameter(torch.full(shape, param.init))  # type: ignore[arg-type]
+        setattr(self, param.name, module)
+
+    def parameters_by_name(self) -> dict[str, Tensor]:
+        """The spec's parameters as its score function takes them (matrices (out, in)).
+
+        >>> ScorerAttention("cosine").parameters_by_name()["log_scale"].exp().round()
+        tensor(10., grad_fn=<RoundBackward0>)
+        """
+        tensors: dict[str, Tensor] = {}
+        for param in self.spec.params:
+            held = getattr(self, param.name)
+            tensors[param.name] = held.weight if param.is_matrix else held
+        return tensors
+
+    def check_features(self, queries: Tensor, keys: Tensor) -> None:
+        """Name the argument whose feature size differs from the parameters' sizes, and
+        materialise matrices whose input size waited for the first call."""
+        inputs = {"query_size": ("queries", queries), "key_size": ("keys", keys)}
+        for param in self.spec.params:
+            if not param.is_matrix:
+                continue
+            linear = getattr(self, param.name)
+            if _is_lazy(linear) and param.shape[1] in inputs:
+                linear(inputs[str(param.shape[1])][1][..., :1, :])  # in: the first call's
+            for size_name, expected in zip(param.shape, linear.weight.shape, strict=True):
+                if size_name in inputs:
+                    _check_features(expected, *inputs[str(size_name)], str(size_name))
+
+    def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
+        self.check_features(queries, keys)
+        return self.spec.scores(queries, keys, self.parameters_by_name(), lengths)
+
+    def fused_path(self) -> FusedPath | None:
+        return self.spec.fused
+
+    def __getstate__(self) -> dict[str, object]:
+        # A spec may hold a user's lambda (not picklable): pickle its name.
+        state = super().__getstate__()
+        state["spec"] = self.spec.name
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        if isinstance(state.get("spec"), str):
+            state["spec"] = get_scorer(str(state["spec"]))
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+
+    def extra_repr(self) -> str:
+        own = f"scoring={self.spec.name!r}" if type(self) is ScorerAttention else ""
+        return ", ".join(filter(None, [own, super().extra_repr()]))
+
+
+# The built-in specs the textbook's classes stand for (captured at import, so a later
+# registration replacing a name does not change these classes).
+_ADDITIVE, _DOT, _SCALED_DOT, _GENERAL, _COSINE = map(
+    get_scorer, ("additive", "dot", "scaled_dot", "general", "cosine")
+)
+
+
+class AdditiveAttention(ScorerAttention):
     """Additive (Bahdanau) attention, ``a(q, k) = w_vᵀ tanh(W_q q + W_k k [+ b])``.
 
-    Bahdanau et al. 2015, eq. (A.1.2); D2L eq. "additive-attn". Parameters ``W_q``,
-    ``W_k`` (``nn.Linear``, no bias) and ``w_v`` (``nn.Linear(num_hiddens, 1, bias=False)``)
-    match the textbook's PyTorch class, so its state_dict loads with ``strict=True``. No
-    (B, n, m, h) tensor is ever built.
+    Bahdanau et al. 2015, eq. (A.1.2); D2L eq. "additive-attn". The registry's
+    ``"additive"`` with the textbook's arguments. Parameters ``W_q``, ``W_k`` (``nn.Linear``,
+    no bias) and ``w_v`` (``nn.Linear(num_hiddens, 1, bias=False)``) match the textbook's
+    PyTorch class, so its state_dict loads with ``strict=True``. No (B, n, m, h) tensor is
+    ever built.
 
     Args:
         key_size: k; None infers it on the first call (as the MXNet rendition and D2L's
@@ -244,7 +372,8 @@ class AdditiveAttention(Attention):
     valid_lens=None)`` -> (..., n, v); see :class:`Attention` for masks and weights.
 
     Raises:
-        ValueError: sizes that are not positive ints; TypeError: missing ``num_hiddens``.
+        ValueError: sizes that are not positive ints.
+        TypeError: missing ``num_hiddens``.
 
     >>> attention = AdditiveAttention(key_size=2, query_size=20, num_hiddens=8).eval()
     >>> queries, keys = torch.randn(2, 1, 20), torch.ones(2, 10, 2)
@@ -254,6 +383,11 @@ class AdditiveAttention(Attention):
     <BLANKLINE>
             [[10., 11., 12., 13.]]])
     """
+
+    # Made from the spec's params (typed here for readers and type checkers).
+    W_k: nn.Linear
+    W_q: nn.Linear
+    w_v: nn.Linear
 
     def __init__(
         self,
@@ -266,16 +400,10 @@ class AdditiveAttention(Attention):
         normalize: bool = False,
         normalizer: str | Normalizer = "softmax",
     ) -> None:
-        super().__init__(dropout=dropout, normalizer=normalizer)
-        if num_hiddens is None:
-            raise TypeError("AdditiveAttention needs `num_hiddens` (the h of W_q, W_k, w_v).")
-        h = _check_size(num_hiddens, "num_hiddens")
-        assert h is not None
-        k = _check_size(key_size, "key_size", optional=True)
-        q = _check_size(query_size, "query_size", optional=True)
-        self.W_k = nn.Linear(k, h, bias=False) if k else nn.LazyLinear(h, bias=False)
-        self.W_q = nn.Linear(q, h, bias=False) if q else nn.LazyLinear(h, bias=False)
-        self.w_v = nn.Linear(h, 1, bias=False)
+        super().__init__(
+            _ADDITIVE, query_size, key_size, num_hiddens, dropout, normalizer=normalizer
+        )
+        h = self.w_v.in_features
         self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
         self.normalize = bool(normalize)
         if normalize or bias:
@@ -288,8 +416,7 @@ class AdditiveAttention(Attention):
             self.register_parameter("g", None)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
-        _check_features(self.W_q, queries, "queries", "query_size")
-        _check_features(self.W_k, keys, "keys", "key_size")
+        self.check_features(queries, keys)
         qh = self.W_q(queries)
         if self.b is not None:
             qh = qh + self.b
@@ -309,12 +436,7 @@ class AdditiveAttention(Attention):
         anything while tracing or compiling (a graph must hold the projection).
         """
         weight = self.W_k.weight
-        if (
-            torch.is_grad_enabled()
-            or keys.is_inference()
-            or _is_lazy(self.W_k)
-            or (in_transform(keys))
-        ):
+        if torch.is_grad_enabled() or keys.is_inference() or in_transform(keys):
             self.__dict__["_keys_cache"] = None
             return self.W_k(keys)  # type: ignore[no-any-return]
         stamp = (keys._version, weight._version, weight.data_ptr(), weight.dtype)
@@ -325,11 +447,17 @@ class AdditiveAttention(Attention):
         self.__dict__["_keys_cache"] = (weakref.ref(keys), stamp, projected)
         return projected
 
+    def __getstate__(self) -> dict[str, object]:
+        state = super().__getstate__()
+        state["_keys_cache"] = None  # a weak reference: not picklable, and only a cache
+        return state
 
-class DotProductAttention(Attention):
+
+class DotProductAttention(ScorerAttention):
     """Scaled dot-product attention, ``softmax(Q Kᵀ · scale) V``.
 
-    Vaswani et al. 2017, eq. (1); D2L eq. "softmax_QK_V".
+    Vaswani et al. 2017, eq. (1); D2L eq. "softmax_QK_V". The registry's ``"scaled_dot"``
+    (``scale=None``) and ``"dot"`` (``scale=1.0``), and any other fixed scale.
 
     Args:
         dropout: dropout on the attention weights (training mode only).
@@ -339,6 +467,7 @@ class DotProductAttention(Attention):
     Shapes: queries (..., n, d), keys (..., m, d), values (..., m, v) -> (..., n, v).
 
     Raises:
+        TypeError: ``scale`` neither a float nor None.
         ValueError: in ``forward``, queries and keys of different d; see :class:`Attention`.
 
     >>> attention = DotProductAttention(dropout=0.5).eval()
@@ -350,8 +479,6 @@ class DotProductAttention(Attention):
             [[10., 11., 12., 13.]]])
     """
 
-    same_feature_size = True
-
     def __init__(
         self,
         dropout: float = 0.0,
@@ -359,9 +486,9 @@ class DotProductAttention(Attention):
         scale: float | None = None,
         normalizer: str | Normalizer = "softmax",
     ) -> None:
-        super().__init__(dropout=dropout, normalizer=normalizer)
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
             raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
+        super().__init__(_SCALED_DOT, dropout=dropout, normalizer=normalizer)
         self.scale = None if scale is None else float(scale)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
@@ -375,10 +502,11 @@ class DotProductAttention(Attention):
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
 
 
-class MultiplicativeAttention(Attention):
+class MultiplicativeAttention(ScorerAttention):
     """General (multiplicative, bilinear) attention, ``a(q, k) = qᵀ W_a k``.
 
-    Luong et al. 2015, eq. (8) "general". Queries and keys may differ in size.
+    Luong et al. 2015, eq. (8) "general": the registry's ``"general"``. Queries and keys
+    may differ in size.
 
     Args:
         query_size: q (required).
@@ -388,10 +516,16 @@ class MultiplicativeAttention(Attention):
     Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
     ``W_a`` is ``nn.Linear(key_size, query_size, bias=False)``.
 
+    Raises:
+        ValueError: sizes that are not positive ints; in ``forward``, feature sizes unlike
+            ``W_a``'s.
+
     >>> attention = MultiplicativeAttention(query_size=20, key_size=2)
     >>> attention(torch.randn(2, 1, 20), torch.randn(2, 10, 2), torch.randn(2, 10, 4)).shape
     torch.Size([2, 1, 4])
     """
+
+    W_a: nn.Linear  # made from the spec's params
 
     def __init__(
         self,
@@ -401,42 +535,32 @@ class MultiplicativeAttention(Attention):
         *,
         normalizer: str | Normalizer = "softmax",
     ) -> None:
-        super().__init__(dropout=dropout, normalizer=normalizer)
-        q = _check_size(query_size, "query_size")
-        assert q is not None
-        k = _check_size(key_size, "key_size", optional=True)
-        self.W_a = nn.Linear(k, q, bias=False) if k else nn.LazyLinear(q, bias=False)
-
-    def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
-        _check_features(self.W_a, keys, "keys", "key_size")
-        if queries.shape[-1] != self.W_a.out_features:
-            raise ValueError(
-                f"Expected `queries` with last dimension query_size={self.W_a.out_features}, "
-                f"but got shape {tuple(queries.shape)} instead."
-            )
-        if isinstance(self.W_a, nn.LazyLinear) and self.W_a.has_uninitialized_params():
-            self.W_a(keys[..., :1, :])  # materialise W_a from the key size
-        return general_scores(queries, keys, self.W_a.weight)
+        _check_size(query_size, "query_size")
+        super().__init__(_GENERAL, query_size, key_size, None, dropout, normalizer=normalizer)
 
 
-class CosineAttention(Attention):
+class CosineAttention(ScorerAttention):
     """Scaled cosine attention, ``a(q, k) = s · cos(q, k)`` with a fixed or learned s.
 
-    Liu et al. 2022 (Swin Transformer V2), eq. (2), with s = 1/τ. A learned scale is kept
-    as its logarithm so that it stays positive.
+    Liu et al. 2022 (Swin Transformer V2), eq. (2), with s = 1/τ: the registry's
+    ``"cosine"`` (which learns s). The scale is kept as its logarithm ``log_scale`` so
+    that a learned one stays positive.
 
     Args:
         dropout, normalizer: as :class:`Attention`.
         scale: s, the inverse temperature (default 10).
-        learn_scale: learn s (parameter ``log_scale``).
+        learn_scale: learn s (``log_scale`` a parameter; else a buffer).
 
     Shapes: queries (..., n, d), keys (..., m, d), values (..., m, v) -> (..., n, v).
+
+    Raises:
+        ValueError: ``scale`` not a positive float.
 
     >>> CosineAttention()(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)).shape
     torch.Size([2, 3, 6])
     """
 
-    same_feature_size = True
+    log_scale: Tensor  # made from the spec's params
 
     def __init__(
         self,
@@ -446,14 +570,67 @@ class CosineAttention(Attention):
         learn_scale: bool = False,
         normalizer: str | Normalizer = "softmax",
     ) -> None:
-        super().__init__(dropout=dropout, normalizer=normalizer)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
             raise ValueError(f"Expected `scale` to be a positive float, but got {scale!r} instead.")
+        super().__init__(_COSINE, dropout=dropout, normalizer=normalizer)
         log_scale = torch.tensor(math.log(scale))
         if learn_scale:
             self.log_scale = nn.Parameter(log_scale)
         else:
+            del self.log_scale
             self.register_buffer("log_scale", log_scale)
 
-    def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
-        return cosine_scores(queries, keys, self.log_scale.exp().to(queries.dtype))
+
+def make_scorer(
+    name: str,
+    query_size: int,
+    key_size: int | None = None,
+    *,
+    num_hiddens: int | None = None,
+    dropout: float = 0.0,
+    normalizer: str | Normalizer = "softmax",
+) -> ScorerAttention:
+    """Build the attention module of the scorer registered as ``name``.
+
+    The built-in names give the textbook's classes (:class:`AdditiveAttention`,
+    :class:`DotProductAttention` with scale 1 for ``"dot"``, :class:`MultiplicativeAttention`,
+    :class:`CosineAttention` with a learned scale); any other registered name a
+    :class:`ScorerAttention` from its spec.
+
+    Args:
+        name: a registered scorer name (see :func:`attnscore.scorer_names`).
+        query_size: q, the queries' feature size.
+        key_size: k, the keys' feature size (default: ``query_size``).
+        num_hiddens: h for scorers with hidden units (additive; default: ``query_size``).
+        dropout: dropout on the attention weights.
+        normalizer: the probability function (:func:`attnscore.normalizers.normalizer_names`
+            or a callable ``(scores, mask) -> weights``).
+
+    Returns:
+        A module taking queries (..., n, q) and keys (..., m, k).
+
+    Raises:
+        ValueError: unknown name, or sizes that are not positive ints.
+
+    >>> make_scorer("additive", query_size=20, key_size=2, num_hiddens=8)(
+    ...     torch.randn(2, 1, 20), torch.randn(2, 10, 2), torch.randn(2, 10, 4)).shape
+    torch.Size([2, 1, 4])
+    >>> make_scorer("general", query_size=4, key_size=6)
+    MultiplicativeAttention(
+      (dropout): Dropout(p=0.0, inplace=False)
+      (W_a): Linear(in_features=6, out_features=4, bias=False)
+    )
+    """
+    spec = get_scorer(name)
+    k = query_size if key_size is None else key_size
+    h = query_size if num_hiddens is None else num_hiddens
+    if spec is _ADDITIVE:
+        return AdditiveAttention(k, query_size, h, dropout, normalizer=normalizer)
+    if spec is _DOT or spec is _SCALED_DOT:
+        scale = 1.0 if spec is _DOT else None
+        return DotProductAttention(dropout, scale=scale, normalizer=normalizer)
+    if spec is _GENERAL:
+        return MultiplicativeAttention(query_size, k, dropout, normalizer=normalizer)
+    if spec is _COSINE:
+        return CosineAttention(dropout, learn_scale=True, normalizer=normalizer)
+    return ScorerAttention(spec, query_size, k, h, dropout, normalizer=normalizer)

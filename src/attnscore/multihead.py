@@ -8,11 +8,13 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 from __future__ import annotations
 
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from ._checks import check_attention_inputs
-from .modules import Attention
+from ._engine import MaskOptions
+from .modules import Attention, make_scorer
 from .normalizers import Normalizer
-from .registry import make_scorer, scorer_names
+from .registry import scorer_names
 
 __all__ = ["MultiHeadAttention"]
 
@@ -40,7 +42,7 @@ class MultiHeadAttention(nn.Module):
             :class:`~attnscore.Attention` given as ``scoring`` keeps its own.
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
-    *, query_valid_lens=None, attend_mask=None, causal=False)`` -> (B, n, E).
+    **masks)`` -> (B, n, E).
     ``valid_lens`` (B,) or (B, n) applies to every head; ``attend_mask`` (bool, True = may
     attend) may be (n, m), (B, n, m) or (B, H, n, m). :attr:`attention_weights` is
     (B, H, n, m), the last call's, before dropout; rows with no valid key are zero.
@@ -106,16 +108,15 @@ class MultiHeadAttention(nn.Module):
         heads: Tensor = x.unflatten(-1, (self.num_heads, -1))
         return heads.transpose(1, 2)
 
+    # The signature of Attention.forward, on purpose: MultiHeadAttention takes every mask a
+    # single-head module does (`duplicates` pairs the two).
     def forward(
         self,
         queries: Tensor,
         keys: Tensor,
         values: Tensor,
         valid_lens: Tensor | None = None,
-        *,
-        query_valid_lens: Tensor | None = None,
-        attend_mask: Tensor | None = None,
-        causal: bool = False,
+        **masks: Unpack[MaskOptions],
     ) -> Tensor:
         """Multi-head attention of queries over keys and values.
 
@@ -124,10 +125,9 @@ class MultiHeadAttention(nn.Module):
                 device for all three (sizes q, k, v inferred on the first call).
             valid_lens: key lengths (B,) or (B, n), shared by every head; int or
                 whole-number float; lengths above m mean all keys.
-            query_valid_lens: (B,) query lengths; queries beyond them give zero attention
-                output (before ``W_o``).
-            attend_mask: bool, True = may attend: (n, m), (B, n, m) or (B, H, n, m).
-            causal: query i attends keys j <= i only.
+            **masks: ``query_valid_lens`` (B,): queries beyond them give zero attention
+                output (before ``W_o``); ``attend_mask``: bool, True = may attend, (n, m),
+                (B, n, m) or (B, H, n, m); ``causal``: query i attends keys j <= i only.
 
         Returns:
             (B, n, E) with E = ``num_hiddens``, in the inputs' dtype. Queries with no valid
@@ -144,16 +144,15 @@ class MultiHeadAttention(nn.Module):
                 "Expected `queries` of shape (B, n, q) for multi-head attention, but got shape "
                 f"{tuple(queries.shape)} instead."
             )
-        if attend_mask is not None and attend_mask.ndim == 3:
-            attend_mask = attend_mask.unsqueeze(1)  # (B, n, m) applies to every head
+        attend_mask = masks.get("attend_mask")
+        if isinstance(attend_mask, Tensor) and attend_mask.ndim == 3:
+            masks = {**masks, "attend_mask": attend_mask.unsqueeze(1)}  # (B, n, m): all heads
         heads = self.attention(
             self._split_heads(self.W_q(queries)),
             self._split_heads(self.W_k(keys)),
             self._split_heads(self.W_v(values)),
             valid_lens,
-            query_valid_lens=query_valid_lens,
-            attend_mask=attend_mask,
-            causal=causal,
+            **masks,
         )
         output: Tensor = self.W_o(heads.transpose(1, 2).flatten(-2))
         return output

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import check_new_name, compute_dtype
+from ._checks import check_registration, compute_dtype
 from ._mask import AttentionMask
 from .kernels import _ops
 
@@ -125,12 +125,8 @@ def register_normalizer(name: str, normalizer: Normalizer, *, replace: bool = Fa
     True
     >>> del NORMALIZERS["uniform"]
     """
-    check_new_name(name, NORMALIZERS, "normalizer", replace)
-    if not callable(normalizer):
-        raise TypeError(
-            f"Expected `normalizer` to be callable (scores, mask) -> weights, but got "
-            f"{type(normalizer).__name__} instead."
-        )
+    signature = ("normalizer", normalizer, "(scores, mask) -> weights")
+    check_registration(name, NORMALIZERS, "normalizer", replace, signature)
     NORMALIZERS[name] = normalizer
 
 

@@ -1,9 +1,12 @@
-"""The scorer registry: one table from a scoring name to the module that computes it.
+"""The scorer registry: one spec per scoring name, the single source of every front door.
 
-Every place that takes a scorer by name (``MultiHeadAttention(scoring=...)``,
-``attnscore run --scoring``, the G2P model, the benchmark and the test path registry)
-looks it up here, so a scorer registered once is usable everywhere. Names have the
-field's meaning:
+A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
+its parameters and their shapes, its formula and source, and, where it has one, a fused
+path for the whole pipeline. Everything else comes from the spec: the module
+(:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
+(:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
+``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
+benchmark and the test path registry. Names have the field's meaning:
 
 ========== ================================ =================================
 name       score a(q, k)                    source
@@ -15,68 +18,77 @@ general    qᵀ W_a k                         Luong et al. 2015, eq. 8 "general"
 cosine     s · cos(q, k), s learned          Liu et al. 2022 (Swin V2), eq. 2
 ========== ================================ =================================
 
->>> from attnscore.registry import make_scorer, scorer_names
+This module imports no ``nn.Module``: the modules build on it, never the other way.
+
 >>> scorer_names()
 ['additive', 'cosine', 'dot', 'general', 'scaled_dot']
->>> make_scorer("general", query_size=4, key_size=6)
-MultiplicativeAttention(
-  (dropout): Dropout(p=0.0, inplace=False)
-  (W_a): Linear(in_features=6, out_features=4, bias=False)
-)
+>>> [(p.name, p.shape) for p in get_scorer("general").params]
+[('W_a', ('query_size', 'key_size'))]
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
-from ._checks import check_new_name
-from .modules import (
-    AdditiveAttention,
-    Attention,
-    CosineAttention,
-    DotProductAttention,
-    MultiplicativeAttention,
-)
-from .normalizers import Normalizer
+from torch import Tensor
+
+from ._checks import check_registration
+from ._engine import FusedPath, fused_dot_product
+from .scoring import additive_scores, cosine_scores, dot_product_scores, general_scores
 
 __all__ = [
     "SCORERS",
-    "ScorerFactory",
+    "SIZE_NAMES",
+    "Param",
     "ScorerSpec",
     "get_scorer",
-    "make_scorer",
     "register_scorer",
     "scorer_names",
 ]
 
+#: The sizes a parameter's shape may name: q, k and h of the shape legend.
+SIZE_NAMES = ("query_size", "key_size", "num_hiddens")
 
-class ScorerFactory(Protocol):
-    """``factory(*, query_size, key_size, num_hiddens, dropout, normalizer) -> Attention``,
-    all arguments by keyword.
+ScoreFunction = Callable[..., Tensor]
 
-    Scorers without parameters of these sizes (dot, scaled_dot, cosine) ignore them; the
-    multi-head module passes the head size for all three sizes.
 
-    >>> factory = get_scorer("general").factory
-    >>> factory(query_size=4, key_size=6, num_hiddens=4, dropout=0.0, normalizer="softmax").W_a
-    Linear(in_features=6, out_features=4, bias=False)
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a scorer, as its score function receives it (by keyword).
+
+    A 2-D parameter (out, in) is a matrix: modules hold it as ``nn.Linear(in, out,
+    bias=False)`` (state_dict key ``name.weight``, PyTorch's initialisation,
+    ``nn.LazyLinear`` while ``in`` is not known yet); any other shape is an
+    ``nn.Parameter`` filled with ``init``.
+
+    >>> Param("W_a", ("query_size", "key_size")).is_matrix
+    True
     """
 
-    def __call__(
-        self,
-        *,
-        query_size: int,
-        key_size: int,
-        num_hiddens: int,
-        dropout: float,
-        normalizer: str | Normalizer,
-    ) -> Attention: ...
+    name: str
+    """The score function's keyword, and the module's attribute."""
+    shape: tuple[int | str, ...]
+    """One entry per dimension: a size name of :data:`SIZE_NAMES` or an int."""
+    init: float = 0.0
+    """The initial value of a parameter that is not a matrix."""
+
+    @property
+    def is_matrix(self) -> bool:
+        """True for a 2-D (out, in) parameter, held by modules as a bias-free Linear."""
+        return len(self.shape) == 2
+
+    def resolve(self, sizes: Mapping[str, int | None]) -> tuple[int | None, ...]:
+        """The shape with its size names replaced by ``sizes`` (None where unknown)."""
+        return tuple(sizes.get(d) if isinstance(d, str) else d for d in self.shape)
 
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    """A registered scorer: its name, how to build it, its formula and its source.
+    """A registered scorer: the single source of its module and its functional form.
 
     >>> spec = get_scorer("scaled_dot")
     >>> spec.formula, spec.same_feature_size, spec.hidden_units
@@ -84,56 +96,117 @@ class ScorerSpec:
     """
 
     name: str
-    factory: ScorerFactory
+    """The name ``scoring=`` arguments and ``--scoring`` options take."""
+    score: ScoreFunction
+    """``score(queries (..., n, q), keys (..., m, k), **params) -> scores (..., n, m)``,
+    called with every parameter by keyword, and with ``lengths`` (int64 (..., n) or None:
+    keys at j >= lengths[..., i] are masked afterwards, so they may be skipped) when it
+    takes that keyword."""
     formula: str
+    """The score a(q, k), for tables and ``--help``."""
     source: str
+    """Where the scoring function comes from (paper, equation)."""
+    params: tuple[Param, ...] = ()
+    """The parameters, in order (the modules' ``parameters()`` order)."""
     same_feature_size: bool = False
-    """True when queries and keys must have the same size d (dot, scaled_dot, cosine)."""
-    hidden_units: bool = False
-    """True when the scorer has a hidden layer of ``num_hiddens`` units (additive)."""
+    """Queries and keys must share their feature size d."""
+    fused: FusedPath | None = field(default=None, compare=False)
+    """A fused path for the whole pipeline with the softmax (see
+    :func:`attnscore._engine.attend`), or None."""
+    takes_lengths: bool = field(init=False, compare=False)
+    """True when :attr:`score` takes the ``lengths`` hint (read once from its signature)."""
+
+    def __post_init__(self) -> None:
+        try:
+            takes = "lengths" in inspect.signature(self.score).parameters
+        except (TypeError, ValueError):  # a callable without a signature
+            takes = False
+        object.__setattr__(self, "takes_lengths", takes)
+
+    def __copy__(self) -> ScorerSpec:
+        return self  # immutable: modules that are copied share their spec
+
+    def __deepcopy__(self, memo: dict[int, object]) -> ScorerSpec:
+        return self
+
+    @property
+    def hidden_units(self) -> bool:
+        """True when a parameter has ``num_hiddens`` units (what ``--num-hiddens`` sets)."""
+        return any("num_hiddens" in p.shape for p in self.params)
+
+    def scores(
+        self, queries: Tensor, keys: Tensor, params: Mapping[str, object], lengths: Tensor | None
+    ) -> Tensor:
+        """Scores (..., n, m) of checked inputs with parameters by name."""
+        if self.takes_lengths:
+            return self.score(queries, keys, **params, lengths=lengths)
+        return self.score(queries, keys, **params)
 
 
 SCORERS: dict[str, ScorerSpec] = {}
 
 
+def _check_params(params: object, name: str) -> tuple[Param, ...]:
+    if not isinstance(params, Sequence) or not all(isinstance(p, Param) for p in params):
+        raise TypeError(f"Expected `params` to be a sequence of Param, but got {params!r} instead.")
+    seen: set[str] = set()
+    for p in params:
+        bad = [d for d in p.shape if not (d in SIZE_NAMES or (type(d) is int and d > 0))]
+        if not p.name.isidentifier() or p.name in seen or p.name == "lengths" or bad:
+            raise ValueError(
+                f"Expected `params` of scorer {name!r} with distinct identifier names other "
+                f"than 'lengths' and shapes of positive ints or {list(SIZE_NAMES)}, but got "
+                f"{p!r} instead."
+            )
+        seen.add(p.name)
+    return tuple(params)
+
+
 def register_scorer(
     name: str,
-    factory: ScorerFactory,
+    score: ScoreFunction,
     *,
     formula: str,
     source: str,
+    params: Sequence[Param] = (),
     same_feature_size: bool = False,
-    hidden_units: bool = False,
+    fused: FusedPath | None = None,
     replace: bool = False,
 ) -> ScorerSpec:
-    """Register ``factory`` under ``name`` and return its :class:`ScorerSpec`.
+    """Register a scorer under ``name`` and return its :class:`ScorerSpec`.
+
+    The name then works everywhere a scorer is taken by name: :func:`attnscore.make_scorer`
+    (a module holding the parameters), :func:`attnscore.attention` (the functional form,
+    parameters given as tensors), ``MultiHeadAttention(scoring=...)`` and ``attnscore run
+    --scoring``.
 
     Args:
-        name: the name used by ``scoring=`` arguments and ``--scoring`` options.
-        factory: called with keywords ``query_size``, ``key_size``, ``num_hiddens``,
-            ``dropout``, ``normalizer``; returns an :class:`~attnscore.Attention`.
+        name: a word (letters, digits, underscores).
+        score: ``(queries, keys, **params[, lengths]) -> scores``; see :class:`ScorerSpec`.
         formula: the score a(q, k), for tables and ``--help``.
         source: where the scoring function comes from (paper, equation).
+        params: the parameters :attr:`ScorerSpec.score` takes, with their shapes.
         same_feature_size: queries and keys must share their feature size.
-        hidden_units: the scorer has a hidden layer of ``num_hiddens`` units.
+        fused: an optional fused path (see :class:`ScorerSpec`).
         replace: allow replacing an existing registration.
 
     Raises:
-        ValueError: ``name`` is not an identifier-like string or is already registered.
+        ValueError: ``name`` is not a word or is registered already; bad ``params``.
+        TypeError: ``score`` not callable, ``params`` not of :class:`Param`.
 
-    >>> from attnscore import Attention
-    >>> spec = register_scorer(
-    ...     "neg_distance",
-    ...     lambda dropout, normalizer, **sizes: Attention(
-    ...         lambda x, y: -torch.cdist(x, y), dropout, normalizer=normalizer),
-    ...     formula="-‖q - k‖", source="an example", same_feature_size=True)
-    >>> make_scorer("neg_distance", 4)(torch.randn(2, 3, 4), torch.randn(2, 5, 4),
-    ...                                torch.randn(2, 5, 6)).shape
+    >>> import attnscore
+    >>> spec = register_scorer("neg_distance", lambda q, k: -torch.cdist(q, k),
+    ...                        formula="-‖q - k‖", source="an example", same_feature_size=True)
+    >>> attnscore.make_scorer("neg_distance", 4)(torch.randn(2, 3, 4), torch.randn(2, 5, 4),
+    ...                                          torch.randn(2, 5, 6)).shape
     torch.Size([2, 3, 6])
     >>> del SCORERS["neg_distance"]
     """
-    check_new_name(name, SCORERS, "scorer", replace)
-    spec = ScorerSpec(name, factory, formula, source, same_feature_size, hidden_units)
+    signature = ("score", score, "(queries, keys, **params) -> scores")
+    check_registration(name, SCORERS, "scorer", replace, signature)
+    spec = ScorerSpec(
+        name, score, formula, source, _check_params(params, name), bool(same_feature_size), fused
+    )
     SCORERS[name] = spec
     return spec
 
@@ -164,84 +237,49 @@ def get_scorer(name: str) -> ScorerSpec:
         ) from None
 
 
-def make_scorer(
-    name: str,
-    query_size: int,
-    key_size: int | None = None,
-    *,
-    num_hiddens: int | None = None,
-    dropout: float = 0.0,
-    normalizer: str | Normalizer = "softmax",
-) -> Attention:
-    """Build the attention module registered as ``name``.
-
-    Args:
-        name: a registered scorer name (see :func:`scorer_names`).
-        query_size: q, the queries' feature size.
-        key_size: k, the keys' feature size (default: ``query_size``).
-        num_hiddens: h for scorers with a hidden layer (additive; default: ``query_size``).
-        dropout: dropout on the attention weights.
-        normalizer: the probability function (:func:`attnscore.normalizers.normalizer_names`
-            or a callable ``(scores, mask) -> weights``).
-
-    Returns:
-        An :class:`~attnscore.Attention` taking queries (..., n, q) and keys (..., m, k).
-
-    Raises:
-        ValueError: unknown name, or sizes the scorer rejects.
-
-    >>> make_scorer("additive", query_size=20, key_size=2, num_hiddens=8)(
-    ...     torch.randn(2, 1, 20), torch.randn(2, 10, 2), torch.randn(2, 10, 4)).shape
-    torch.Size([2, 1, 4])
-    """
-    spec = get_scorer(name)
-    return spec.factory(
-        query_size=query_size,
-        key_size=query_size if key_size is None else key_size,
-        num_hiddens=query_size if num_hiddens is None else num_hiddens,
-        dropout=dropout,
-        normalizer=normalizer,
-    )
+def _cosine_by_log_scale(queries: Tensor, keys: Tensor, log_scale: Tensor) -> Tensor:
+    """Cosine scores with the scale kept as its logarithm, so that a learned one stays > 0."""
+    return cosine_scores(queries, keys, log_scale.exp().to(queries.dtype))
 
 
 register_scorer(
     "additive",
-    lambda *, query_size, key_size, num_hiddens, dropout, normalizer: AdditiveAttention(
-        key_size, query_size, num_hiddens, dropout, normalizer=normalizer
+    additive_scores,
+    params=(  # in the textbook's order, which parameters() and optimizer states keep
+        Param("W_k", ("num_hiddens", "key_size")),
+        Param("W_q", ("num_hiddens", "query_size")),
+        Param("w_v", (1, "num_hiddens")),
     ),
     formula="w_vᵀ tanh(W_q q + W_k k)",
     source="Bahdanau et al. 2015, eq. A.1.2",
-    hidden_units=True,
 )
 register_scorer(
     "dot",
-    lambda *, dropout, normalizer, **sizes: DotProductAttention(
-        dropout, scale=1.0, normalizer=normalizer
-    ),
+    partial(dot_product_scores, scale=1.0),
+    fused=fused_dot_product(1.0),
     formula="qᵀk",
     source='Luong et al. 2015, eq. 8 "dot"',
     same_feature_size=True,
 )
 register_scorer(
     "scaled_dot",
-    lambda *, dropout, normalizer, **sizes: DotProductAttention(dropout, normalizer=normalizer),
+    partial(dot_product_scores, scale=None),
+    fused=fused_dot_product(None),
     formula="qᵀk / √d",
     source="Vaswani et al. 2017, eq. 1",
     same_feature_size=True,
 )
 register_scorer(
     "general",
-    lambda *, query_size, key_size, dropout, normalizer, **sizes: MultiplicativeAttention(
-        query_size, key_size, dropout, normalizer=normalizer
-    ),
+    general_scores,
+    params=(Param("W_a", ("query_size", "key_size")),),
     formula="qᵀ W_a k",
     source='Luong et al. 2015, eq. 8 "general"',
 )
 register_scorer(
     "cosine",
-    lambda *, dropout, normalizer, **sizes: CosineAttention(
-        dropout, learn_scale=True, normalizer=normalizer
-    ),
+    _cosine_by_log_scale,
+    params=(Param("log_scale", (), init=math.log(10.0)),),
     formula="s · cos(q, k), s learned",
     source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
     same_feature_size=True,

@@ -110,6 +110,8 @@ class AdditiveAttention(nn.Module):
         self.w_v = nn.Linear(num_hiddens, 1, bias=False)
         self.dropout = nn.Dropout(dropout)
 
+    # The two textbook classes' forwards and docstrings are alike (`duplicates`): kept as
+    # the book has them, side by side, not merged.
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
     ) -> Tensor:

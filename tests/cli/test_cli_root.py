@@ -48,18 +48,23 @@ def test_usage_errors_while_parsing_are_one_line_exit_2(capsys, argv, message):
     assert message in one_error_line(captured.err) and captured.out == ""
 
 
-def test_usage_error_raised_by_a_handler_is_one_line_exit_2(monkeypatch, capsys):
-    def boom(args):
-        raise UsageError("--out: something the handler found")
-
+def _demo_runs(handler, monkeypatch):
+    """Make ``attnscore demo`` run ``handler`` instead of the demo."""
     real = attnscore.cli.demo.add_parser
 
     def add_parser(sub):
         parser = real(sub)
-        parser.set_defaults(handler=boom)
+        parser.set_defaults(handler=handler)
         return parser
 
     monkeypatch.setattr(attnscore.cli.demo, "add_parser", add_parser)
+
+
+def test_usage_error_raised_by_a_handler_is_one_line_exit_2(monkeypatch, capsys):
+    def boom(args):
+        raise UsageError("--out: something the handler found")
+
+    _demo_runs(boom, monkeypatch)
     assert main(["demo"]) == 2
     assert one_error_line(capsys.readouterr().err).endswith("something the handler found\n")
 
@@ -86,14 +91,7 @@ def test_a_handler_exiting_with_a_message_exits_1(monkeypatch, capsys):
     def give_up(args):
         raise SystemExit("attnscore: demo gave up")
 
-    real = attnscore.cli.demo.add_parser
-
-    def add_parser(sub):
-        parser = real(sub)
-        parser.set_defaults(handler=give_up)
-        return parser
-
-    monkeypatch.setattr(attnscore.cli.demo, "add_parser", add_parser)
+    _demo_runs(give_up, monkeypatch)
     assert main(["demo"]) == 1
     assert capsys.readouterr().err == "attnscore: demo gave up\n"
 

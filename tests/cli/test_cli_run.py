@@ -162,7 +162,6 @@ def test_run_unknown_normalizer_is_one_line(tmp_path):
 
 def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
     """Issue 9.4: registered in one place, usable by `attnscore run --scoring NAME`."""
-    from attnscore import Attention
 
     def halved_dot(q, k):
         return q @ k.transpose(-1, -2) / 2
@@ -170,7 +169,7 @@ def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):
     name = "test_halved_dot"
     register_scorer(
         name,
-        lambda dropout, normalizer, **sizes: Attention(halved_dot, dropout, normalizer=normalizer),
+        halved_dot,
         formula="qᵀk / 2",
         source="a test",
         same_feature_size=True,

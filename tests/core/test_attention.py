@@ -383,35 +383,29 @@ def test_state_and_copies():
     )
 
 
+def _randn(*shapes):
+    return [torch.randn(*shape) for shape in shapes]
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
         (
-            lambda: DotProductAttention()(
-                torch.randn(2, 3, 4), torch.randn(2, 5, 3), torch.randn(2, 5, 2)
-            ),
+            lambda: DotProductAttention()(*_randn((2, 3, 4), (2, 5, 3), (2, 5, 2))),
             ValueError,
             "same feature size",
         ),
         (
-            lambda: DotProductAttention()(
-                torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 6, 2)
-            ),
+            lambda: DotProductAttention()(*_randn((2, 3, 4), (2, 5, 4), (2, 6, 2))),
             ValueError,
             r"keys.*values",
         ),
         (
-            lambda: DotProductAttention()(
-                torch.randn(2, 3, 4), torch.randn(3, 5, 4), torch.randn(3, 5, 2)
-            ),
+            lambda: DotProductAttention()(*_randn((2, 3, 4), (3, 5, 4), (3, 5, 2))),
             ValueError,
             "batch dimensions",
         ),
-        (
-            lambda: DotProductAttention()(torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 2)),
-            ValueError,
-            "at least 3",
-        ),
+        (lambda: DotProductAttention()(*_randn((3, 4), (5, 4), (5, 2))), ValueError, "at least 3"),
         (
             lambda: DotProductAttention()(
                 torch.randn(2, 3, 4), torch.randn(2, 5, 4).double(), torch.randn(2, 5, 2)
@@ -428,9 +422,7 @@ def test_state_and_copies():
         ),
         (
             lambda: DotProductAttention()(
-                torch.randn(2, 3, 4),
-                torch.randn(2, 5, 4),
-                torch.randn(2, 5, 2),
+                *_randn((2, 3, 4), (2, 5, 4), (2, 5, 2)),
                 torch.tensor([1, 2, 3]),
             ),
             ValueError,
@@ -438,9 +430,7 @@ def test_state_and_copies():
         ),
         (
             lambda: DotProductAttention()(
-                torch.randn(2, 3, 4),
-                torch.randn(2, 5, 4),
-                torch.randn(2, 5, 2),
+                *_randn((2, 3, 4), (2, 5, 4), (2, 5, 2)),
                 attend_mask=torch.ones(2, 3, 5),
             ),
             TypeError,
@@ -448,9 +438,7 @@ def test_state_and_copies():
         ),
         (
             lambda: DotProductAttention()(
-                torch.randn(2, 3, 4),
-                torch.randn(2, 5, 4),
-                torch.randn(2, 5, 2),
+                *_randn((2, 3, 4), (2, 5, 4), (2, 5, 2)),
                 attend_mask=torch.ones(2, 3, 4, dtype=torch.bool),
             ),
             ValueError,
@@ -458,32 +446,24 @@ def test_state_and_copies():
         ),
         (
             lambda: DotProductAttention()(
-                torch.randn(2, 3, 4),
-                torch.randn(2, 5, 4),
-                torch.randn(2, 5, 2),
+                *_randn((2, 3, 4), (2, 5, 4), (2, 5, 2)),
                 query_valid_lens=torch.tensor([1]),
             ),
             ValueError,
             "query_valid_lens",
         ),
         (
-            lambda: AdditiveAttention(2, 20, 8)(
-                torch.randn(2, 1, 19), torch.randn(2, 5, 2), torch.randn(2, 5, 2)
-            ),
+            lambda: AdditiveAttention(2, 20, 8)(*_randn((2, 1, 19), (2, 5, 2), (2, 5, 2))),
             ValueError,
             r"queries.*query_size=20.*\(2, 1, 19\)",
         ),
         (
-            lambda: MultiplicativeAttention(20, 2)(
-                torch.randn(2, 1, 20), torch.randn(2, 5, 3), torch.randn(2, 5, 2)
-            ),
+            lambda: MultiplicativeAttention(20, 2)(*_randn((2, 1, 20), (2, 5, 3), (2, 5, 2))),
             ValueError,
             r"keys.*key_size=2",
         ),
         (
-            lambda: MultiplicativeAttention(20, 2)(
-                torch.randn(2, 1, 19), torch.randn(2, 5, 2), torch.randn(2, 5, 2)
-            ),
+            lambda: MultiplicativeAttention(20, 2)(*_randn((2, 1, 19), (2, 5, 2), (2, 5, 2))),
             ValueError,
             r"queries.*query_size=20.*\(2, 1, 19\)",
         ),
@@ -499,7 +479,7 @@ def test_state_and_copies():
         (lambda: Attention(scoring=3), TypeError, "scoring"),
         (
             lambda: attnscore.dot_product_attention(
-                torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2), dropout_p=-0.1
+                *_randn((2, 3, 4), (2, 5, 4), (2, 5, 2)), dropout_p=-0.1
             ),
             ValueError,
             "dropout_p",

@@ -78,8 +78,11 @@ def test_compile_aot_eager_forward_and_backward():
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_jit_script_is_not_supported_with_the_documented_error():
-    """Documented in docs/architecture.md: keyword-only mask options and Python scorers."""
-    with pytest.raises(torch.jit.frontend.NotSupportedError, match="keyword-only arguments"):
+    """Documented in docs/architecture.md: the variadic mask options, Python scorers and
+    their specs."""
+    with pytest.raises(torch.jit.frontend.NotSupportedError, match="variable number of arg"):
+        torch.jit.script(attnscore.Attention(dot_product_scores))
+    with pytest.raises((torch.jit.frontend.NotSupportedError, ValueError, RuntimeError)):
         torch.jit.script(attnscore.DotProductAttention())
 
 

@@ -7,7 +7,10 @@ A scorer registered once (``register_scorer``) is usable by name through the mod
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -28,9 +31,7 @@ def registered():
     name = "neg_sq_distance"
     attnscore.register_scorer(
         name,
-        lambda dropout, normalizer, **sizes: attnscore.Attention(
-            neg_squared_distance, dropout, normalizer=normalizer
-        ),
+        neg_squared_distance,
         formula="-‖q - k‖²",
         source="a test",
         same_feature_size=True,
@@ -80,12 +81,78 @@ def test_a_registered_scorer_works_through_every_front_door(registered):
     torch.testing.assert_close(got.double(), expected_mha.detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_attention_by_name_rejects_scorers_with_parameters():
-    q = torch.randn(1, 2, 3)
-    with pytest.raises(ValueError, match=r"Expected `scoring` to name a scorer without param"):
+def test_attention_by_name_checks_the_params_against_the_spec():
+    q, k = torch.randn(1, 2, 3), torch.randn(1, 4, 5)
+    with pytest.raises(ValueError, match=r"`params` with the tensors \['W_k', 'W_q', 'w_v'\] of"):
         attnscore.attention(q, q, q, "additive")
+    with pytest.raises(ValueError, match=r"`params` .*\['W_a'\].*but got \['W_a', 'extra'\]"):
+        attnscore.attention(q, k, k, "general", params={"W_a": torch.ones(3, 5), "extra": q})
+    with pytest.raises(ValueError, match=r"Expected `W_a` of shape \(3, 5\), but got \(5, 3\)"):
+        attnscore.attention(q, k, k, "general", params={"W_a": torch.ones(5, 3)})
+    with pytest.raises(ValueError, match=r"`w_v` of shape \(1, 7\), but got \(1, 6\)"):
+        params = {"W_q": torch.ones(7, 3), "W_k": torch.ones(7, 5), "w_v": torch.ones(1, 6)}
+        attnscore.attention(q, k, k, "additive", params=params)
+    with pytest.raises(TypeError, match=r"Expected `W_a` to be a torch.Tensor, but got list"):
+        attnscore.attention(q, k, k, "general", params={"W_a": [[1.0]]})
+    with pytest.raises(TypeError, match=r"`params` only with a registered scorer's name"):
+        attnscore.attention(q, q, q, neg_squared_distance, params={})
     with pytest.raises(ValueError, match=r"Expected `scoring` to be one of"):
         attnscore.attention(q, q, q, "no_such_scorer")
+
+
+SIZES = ("query_size", "key_size")
+
+
+@contextmanager
+def temporarily(name, score, params):
+    """``score`` registered as ``name`` with ``params`` for the ``with`` block."""
+    attnscore.register_scorer(name, score, params=params, formula="-", source="a test")
+    try:
+        yield attnscore.get_scorer(name)
+    finally:
+        del registry.SCORERS[name]
+
+
+def bilinear_tanh(queries, keys, U, V):
+    """A scorer with parameters of three sizes: tanh(U q)ᵀ tanh(V k)."""
+    return torch.tanh(queries @ U.T) @ torch.tanh(keys @ V.T).transpose(-1, -2)
+
+
+def test_a_scorer_with_parameters_needs_only_its_function_and_registration(tmp_path):
+    """The spec alone gives the module (parameters of the declared shapes, checked sizes),
+    the functional form (params by name) and the CLI."""
+    name = "test_bilinear_tanh"
+    U, V = (attnscore.Param(n, ("num_hiddens", size)) for n, size in zip("UV", SIZES, strict=True))
+    with temporarily(name, bilinear_tanh, (U, V)) as spec:
+        assert spec.hidden_units and not spec.takes_lengths
+        module = attnscore.make_scorer(name, 3, 5, num_hiddens=7).eval()
+        assert isinstance(module, attnscore.ScorerAttention)
+        assert module.U.weight.shape == (7, 3) and module.V.weight.shape == (7, 5)
+        q, k, v = torch.randn(2, 4, 3), torch.randn(2, 6, 5), torch.randn(2, 6, 2)
+        lengths = torch.tensor([3, 6])
+        U, V = module.U.weight.double(), module.V.weight.double()
+        scores = torch.tanh(q.double() @ U.T) @ torch.tanh(k.double() @ V.T).transpose(1, 2)
+        allowed = torch.arange(6) < lengths[:, None, None]
+        w = torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1)
+        expected = (w @ v.double()).float()
+        torch.testing.assert_close(module(q, k, v, lengths), expected)
+        got = attnscore.attention(
+            q, k, v, name, lengths, params={"U": module.U.weight, "V": module.V.weight}
+        )
+        torch.testing.assert_close(got, expected)
+        with pytest.raises(ValueError, match=r"`keys` with last dimension key_size=5"):
+            module(q, q, q)
+        with pytest.raises(TypeError, match=r"needs `num_hiddens` \(a dimension of U"):
+            attnscore.ScorerAttention(name, query_size=3, key_size=5)
+        lazy = attnscore.ScorerAttention(name, num_hiddens=7)  # sizes from the first call
+        assert lazy(q, k, v).shape == (2, 4, 2) and lazy.V.weight.shape == (7, 5)
+        copied = pickle.loads(pickle.dumps(module))
+        torch.testing.assert_close(copied(q, k, v, lengths), expected)
+
+        src, out = tmp_path / "in.npz", tmp_path / "out.npz"
+        np.savez(src, queries=q.numpy(), keys=k.numpy(), values=v.numpy())
+        argv = ["run", "--input", str(src), "--scoring", name, "--num-hiddens", "7"]
+        assert main([*argv, "--output", str(out)]) == 0
 
 
 def test_attention_by_name_dot_is_unscaled_and_scaled_dot_is_scaled():
@@ -114,10 +181,10 @@ def test_register_scorer_refuses_names_that_are_not_words(name):
 def test_register_scorer_refuses_a_taken_name_unless_replacing(registered):
     spec = registry.SCORERS[registered]
     with pytest.raises(ValueError, match=rf"`name`.*'{registered}', which is registered already"):
-        attnscore.register_scorer(registered, spec.factory, formula="other", source="-")
+        attnscore.register_scorer(registered, spec.score, formula="other", source="-")
     assert registry.SCORERS[registered] is spec
     new = attnscore.register_scorer(
-        registered, spec.factory, formula="other", source="-", replace=True
+        registered, spec.score, formula="other", source="-", replace=True
     )
     assert registry.SCORERS[registered] is new and new.formula == "other"
 
@@ -135,3 +202,71 @@ def test_a_registered_scorer_works_through_the_cli(registered, tmp_path, capsys)
     with np.load(out, allow_pickle=False) as data:
         got = torch.from_numpy(data["output"])
     torch.testing.assert_close(got, ref_attention(q, k, v, lengths).float())
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "match"),
+    [
+        ([("W", ("query_size",))], TypeError, r"`params` to be a sequence of Param"),
+        ([attnscore.Param("W", ("heads",))], ValueError, r"`params` of scorer 'bad'.*'heads'"),
+        ([attnscore.Param("W", (0,))], ValueError, r"shapes of positive ints"),
+        ([attnscore.Param("lengths", ())], ValueError, r"other than 'lengths'"),
+        ([attnscore.Param("W", ()), attnscore.Param("W", ())], ValueError, r"distinct"),
+        ([attnscore.Param("not a name", ())], ValueError, r"identifier names"),
+    ],
+)
+def test_register_scorer_checks_params(params, error, match):
+    with pytest.raises(error, match=match):
+        attnscore.register_scorer(
+            "bad", neg_squared_distance, formula="-", source="-", params=params
+        )
+    assert "bad" not in registry.SCORERS
+
+
+def test_register_scorer_refuses_a_score_that_is_not_callable():
+    with pytest.raises(TypeError, match=r"Expected `score` to be callable.*but got str"):
+        attnscore.register_scorer("bad", "q @ k", formula="-", source="-")
+    assert "bad" not in registry.SCORERS
+
+
+def test_a_spec_reads_the_lengths_hint_from_the_signature():
+    assert registry.SCORERS["additive"].takes_lengths
+    assert not registry.SCORERS["general"].takes_lengths
+    # a builtin without a signature gets no hint rather than an error
+    spec = registry.ScorerSpec("builtin", torch.matmul, "-", "-")
+    assert not spec.takes_lengths
+
+
+def test_copied_modules_share_their_spec_and_still_score():
+    module = attnscore.make_scorer("general", 3, 5)
+    q, k, v = torch.randn(2, 4, 3), torch.randn(2, 6, 5), torch.randn(2, 6, 2)
+    for copied in (copy.copy(module), copy.deepcopy(module)):
+        assert copied.spec is module.spec
+        torch.testing.assert_close(copied(q, k, v), module(q, k, v))
+
+
+def test_dot_product_attention_with_its_own_scale_matches_the_formula():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+    lengths = torch.tensor([2, 5])
+    scores = (q.double() @ k.double().transpose(1, 2)) * 0.3
+    allowed = torch.arange(5) < lengths[:, None, None]
+    w = torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1)
+    got = attnscore.dot_product_attention(q, k, v, lengths, scale=0.3)
+    torch.testing.assert_close(got, (w @ v.double()).float())
+
+
+def test_only_input_sizes_may_wait_for_the_first_call():
+    A = attnscore.Param("A", ("num_hiddens", "query_size"))
+    B = attnscore.Param("B", ("key_size", "num_hiddens"))  # an output of a size from inputs
+    with temporarily("test_hidden_in", lambda q, k, A, B: (q @ A.T @ B.T) @ k.mT, (A, B)) as spec:
+        with pytest.raises(TypeError, match=r"needs `num_hiddens` \(a dimension of A"):
+            attnscore.ScorerAttention(spec, key_size=4)
+        with pytest.raises(TypeError, match=r"needs `key_size` \(a dimension of B"):
+            attnscore.ScorerAttention(spec, num_hiddens=3)  # B's output size is not an input's
+        module = attnscore.ScorerAttention(spec, key_size=4, num_hiddens=3)  # q from the call
+        assert module(torch.randn(2, 5, 6), torch.randn(2, 7, 4), torch.randn(2, 7, 1)).shape == (
+            2,
+            5,
+            1,
+        )
+        assert module.A.weight.shape == (3, 6)

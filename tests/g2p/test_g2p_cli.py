@@ -190,6 +190,8 @@ def test_defaults_use_every_core_and_a_step_budget(monkeypatch: pytest.MonkeyPat
     assert cfg.steps is None and cfg.time_budget == 2.0
 
 
+# A table of (option, value, message) rows, as tests/cli/test_cli_run.py's output table
+# (alike in shape to `duplicates`): parametrized cases, one line each.
 @pytest.mark.parametrize(
     ("option", "value", "expected"),
     [

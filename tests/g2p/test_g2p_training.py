@@ -140,25 +140,21 @@ def test_resume_after_ctrl_c_and_after_kill(
     ref = tiny_config(toy_dict, tmp_path / "ref", dropout=0.2)
     run_training(ref)
 
-    # Ctrl-C at step 8 (mid-epoch): the checkpoint is written on the way out
-    cfg = replace(ref, out=str(tmp_path / "ctrlc"))
-    with monkeypatch.context() as m:
-        _fail_at(m, 8, KeyboardInterrupt)
-        with pytest.raises(KeyboardInterrupt):
-            run_training(cfg)
-    assert load_checkpoint(tmp_path / "ctrlc" / "last.pt").state.step == 7
-    run_training(cfg, resume=True)
-    assert_same_params(tmp_path / "ref" / "last.pt", tmp_path / "ctrlc" / "last.pt")
-
-    # a killed process: nothing is saved on the way out, the step-5 checkpoint is used
-    cfg = replace(ref, out=str(tmp_path / "killed"))
-    with monkeypatch.context() as m:
-        _fail_at(m, 9, _KilledError)
-        with pytest.raises(_KilledError):
-            run_training(cfg)
-    assert load_checkpoint(tmp_path / "killed" / "last.pt").state.step == 5
-    run_training(cfg, resume=True)
-    assert_same_params(tmp_path / "ref" / "last.pt", tmp_path / "killed" / "last.pt")
+    # (run, failing step, error, the step the checkpoint then holds): Ctrl-C at step 8
+    # (mid-epoch) writes the checkpoint on the way out; a killed process saves nothing, so
+    # the step-5 checkpoint is used
+    for run, step, error, saved in (
+        ("ctrlc", 8, KeyboardInterrupt, 7),
+        ("killed", 9, _KilledError, 5),
+    ):
+        cfg = replace(ref, out=str(tmp_path / run))
+        with monkeypatch.context() as m:
+            _fail_at(m, step, error)
+            with pytest.raises(error):
+                run_training(cfg)
+        assert load_checkpoint(tmp_path / run / "last.pt").state.step == saved
+        run_training(cfg, resume=True)
+        assert_same_params(tmp_path / "ref" / "last.pt", tmp_path / run / "last.pt")
 
 
 def test_two_process_ddp_equals_one_process(toy_dict: Path, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 import attnscore
 
 from .. import textbook
-from ..registry import make_scorer
+from ..modules import make_scorer
 from ._core import Built, Forward, Shapes, key_mask, lengths
 
 MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")

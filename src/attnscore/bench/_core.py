@@ -289,30 +289,26 @@ def _ms(t: float | None) -> str:
     return f"{t * 1e3:.3f}" if t < 0.01 else f"{t * 1e3:.1f}"
 
 
+# A target kind: how the table shows its measured value and its bound.
+_FORMATS = {
+    "time": ("{v:.2f}x {vs}", "<= {b:.2f}"),
+    "peak": ("mem {v:.2f}x {vs}", "mem <= {b:.2f}"),
+    "us": ("{v:.1f} us", "<= {b:.0f} us"),
+    "peak_mib": ("peak {v:.0f} MiB", "<= {b:.0f} MiB"),
+    "rss_mib": ("peak RSS {v:.0f} MiB", "<= {b:.0f} MiB"),
+}
+
+
 def ratio_text(c: dict[str, Any]) -> str:
     """A target's measured value, as the table shows it."""
-    v = c["value"]
-    if v is None:
+    if c["value"] is None:
         return "n/a"
-    if c["kind"] == "time":
-        return f"{v:.2f}x {c['vs']}"
-    if c["kind"] == "peak":
-        return f"mem {v:.2f}x {c['vs']}"
-    if c["kind"] == "us":
-        return f"{v:.1f} us"
-    label = "peak" if c["kind"] == "peak_mib" else "peak RSS"
-    return f"{label} {v:.0f} MiB"
+    return _FORMATS[c["kind"]][0].format(v=c["value"], vs=c.get("vs"))
 
 
 def target_text(c: dict[str, Any]) -> str:
     """A target's bound, as the table shows it."""
-    bound = c["bound"]
-    if c["kind"] in ("peak_mib", "rss_mib"):
-        return f"<= {bound:.0f} MiB"
-    if c["kind"] == "us":
-        return f"<= {bound:.0f} us"
-    prefix = "mem " if c["kind"] == "peak" else ""
-    return f"{prefix}<= {bound:.2f}"
+    return _FORMATS[c["kind"]][1].format(b=c["bound"])
 
 
 def _verdict(c: dict[str, Any]) -> str:

@@ -24,35 +24,24 @@ from ._core import Case, Shapes, Target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LENGTH_MASKS = ("lengths (B,)", "lengths (B, n)", "causal + lengths")
 
-SHAPES: dict[str, dict[str, Shapes]] = {
-    "cpu": {
-        "masked_softmax": {"B": 32, "n": 256, "m": 1024},
-        "dot": {"B": 8, "n": 512, "m": 512, "d": 64},
-        "heads": {"B": 4, "H": 8, "n": 256, "m": 256, "d": 64},
-        "multihead": {"B": 8, "n": 256, "E": 256, "H": 4},
-        "additive": {"B": 4, "n": 128, "m": 256, "h": 128, "d": 64},
-        "general": {"B": 8, "n": 256, "m": 256, "d": 64},
-        "cosine": {"B": 8, "n": 256, "m": 256, "d": 64},
-    },
-    "quick": {
-        "masked_softmax": {"B": 8, "n": 32, "m": 128},
-        "dot": {"B": 4, "n": 64, "m": 64, "d": 32},
-        "heads": {"B": 2, "H": 4, "n": 64, "m": 64, "d": 32},
-        "multihead": {"B": 4, "n": 32, "E": 64, "H": 4},
-        "additive": {"B": 2, "n": 16, "m": 64, "h": 32, "d": 16},
-        "general": {"B": 4, "n": 64, "m": 64, "d": 32},
-        "cosine": {"B": 4, "n": 64, "m": 64, "d": 32},
-    },
-    "cuda": {
-        "masked_softmax": {"B": 64, "n": 256, "m": 1024},
-        "dot": {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "heads": {"B": 16, "H": 16, "n": 1024, "m": 1024, "d": 64},
-        "multihead": {"B": 32, "n": 512, "E": 512, "H": 8},
-        "additive": {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64},
-        "general": {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "cosine": {"B": 32, "n": 1024, "m": 1024, "d": 64},
-    },
+_SIZES = {
+    # row: (its dimensions, then their sizes on the CPU, in a quick run, on CUDA)
+    "masked_softmax": ("B n m", (32, 256, 1024), (8, 32, 128), (64, 256, 1024)),
+    "dot": ("B n m d", (8, 512, 512, 64), (4, 64, 64, 32), (32, 1024, 1024, 64)),
+    "heads": ("B H n m d", (4, 8, 256, 256, 64), (2, 4, 64, 64, 32), (16, 16, 1024, 1024, 64)),
+    "multihead": ("B n E H", (8, 256, 256, 4), (4, 32, 64, 4), (32, 512, 512, 8)),
+    "additive": ("B n m h d", (4, 128, 256, 128, 64), (2, 16, 64, 32, 16), (8, 128, 512, 128, 64)),
+    "general": ("B n m d", (8, 256, 256, 64), (4, 64, 64, 32), (32, 1024, 1024, 64)),
+    "cosine": ("B n m d", (8, 256, 256, 64), (4, 64, 64, 32), (32, 1024, 1024, 64)),
 }
+SHAPES: dict[str, dict[str, Shapes]] = {
+    device: {
+        row: dict(zip(dims.split(), sizes[i], strict=True))
+        for row, (dims, *sizes) in _SIZES.items()
+    }
+    for i, device in enumerate(("cpu", "quick", "cuda"))
+}
+"""The matrix's shapes by device (``cpu``, ``cuda``) or ``quick``, then by row."""
 
 BASELINE = {
     "masked_softmax": "softmax",
@@ -130,76 +119,27 @@ def matrix(device_type: str, quick: bool) -> list[Case]:
 
 # ---- rows outside the matrix -----------------------------------------------------------
 
+_ISSUE_DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
+_ISSUE_SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
+_LENGTHS = "lengths (B,)"
+
 ISSUE_ROWS: list[tuple[str, str, Shapes, str, bool, list[Target]]] = [
     # (row, mask, shapes, dtype, backward, targets): issue 16's table, at its shapes
-    (
-        "multihead",
-        "lengths (B,)",
-        {"B": 32, "n": 512, "E": 512, "H": 8},
-        "float32",
-        True,
-        [Target("time", 0.9, "torch_mha")],
-    ),
-    (
-        "heads",
-        "lengths (B,)",
-        {"B": 16, "H": 8, "n": 512, "m": 512, "d": 64},
-        "float32",
-        True,
-        [Target("time", 0.9, "sdpa")],
-    ),
-    (
-        "dot",
-        "none",
-        {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "float32",
-        False,
-        [Target("time", 1.05, "sdpa")],
-    ),
-    (
-        "dot",
-        "causal",
-        {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "float32",
-        False,
-        [Target("time", 1.05, "sdpa")],
-    ),
-    (
-        "dot",
-        "lengths (B,)",
-        {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "float32",
-        False,
-        [Target("time", 0.8, "sdpa")],
-    ),
-    (
-        "dot",
-        "lengths (B,)",
-        {"B": 32, "n": 1024, "m": 1024, "d": 64},
-        "float32",
-        True,
-        [Target("time", 0.9, "sdpa")],
-    ),
-    *(
-        (
-            "masked_softmax",
-            "lengths (B,)",
-            {"B": 64, "n": 256, "m": 1024},
-            dtype,
-            False,
-            [Target("time", 1.0, "softmax")],
-        )
-        for dtype in ("bfloat16", "float16")
-    ),
-    (
-        "masked_softmax",
-        "lengths (B,)",
-        {"B": 2, "n": 4, "m": 8},
-        "float32",
-        False,
-        [Target("us", 20.0), Target("time", 4.0, "softmax")],
-    ),
-]
+    ("multihead", _LENGTHS, {"B": 32, "n": 512, "E": 512, "H": 8}, "float32", True,
+     [Target("time", 0.9, "torch_mha")]),
+    ("heads", _LENGTHS, {"B": 16, "H": 8, "n": 512, "m": 512, "d": 64}, "float32", True,
+     [Target("time", 0.9, "sdpa")]),
+    ("dot", "none", _ISSUE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
+    ("dot", "causal", _ISSUE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
+    ("dot", _LENGTHS, _ISSUE_DOT, "float32", False, [Target("time", 0.8, "sdpa")]),
+    ("dot", _LENGTHS, _ISSUE_DOT, "float32", True, [Target("time", 0.9, "sdpa")]),
+    ("masked_softmax", _LENGTHS, _ISSUE_SOFTMAX, "bfloat16", False,
+     [Target("time", 1.0, "softmax")]),
+    ("masked_softmax", _LENGTHS, _ISSUE_SOFTMAX, "float16", False,
+     [Target("time", 1.0, "softmax")]),
+    ("masked_softmax", _LENGTHS, {"B": 2, "n": 4, "m": 8}, "float32", False,
+     [Target("us", 20.0), Target("time", 4.0, "softmax")]),
+]  # fmt: skip
 """Issue 16's table, row by row, at its own shapes (float32 unless said; the tiny softmax
 call has its own targets: <= 20 us and <= 4x ``torch.softmax``)."""
 
@@ -214,15 +154,7 @@ SOFTMAX_COMPILED: Shapes = {"B": 64, "n": 256, "m": 1024}
 
 
 def _tiny_shapes(row: str) -> Shapes:
-    keys = {
-        "dot": ("B", "n", "m", "d"),
-        "heads": ("B", "H", "n", "m", "d"),
-        "multihead": ("B", "n", "E", "H"),
-        "additive": ("B", "n", "m", "h", "d"),
-        "general": ("B", "n", "m", "d"),
-        "cosine": ("B", "n", "m", "d"),
-    }[row]
-    return {k: TINY[k] for k in keys}
+    return {k: TINY[k] for k in SHAPES["quick"][row]}
 
 
 def extras(device_type: str, quick: bool) -> list[Case]:
@@ -277,27 +209,15 @@ def extras(device_type: str, quick: bool) -> list[Case]:
             )
         )
     if device_type == "cpu" and not quick:
-        out.append(
-            Case(
-                "additive_compiled",
-                ADDITIVE_COMPILED,
-                "float32",
-                partial(_cases.compiled_additive, ADDITIVE_COMPILED, device=device),
-                [Target("time", 0.1, "textbook")],
-                backward=True,
-                mask="lengths (B,)",
-            )
+        compiled = (  # (row, shapes, builder, bound, baseline); the additive one is fwd+bwd
+            ("additive_compiled", ADDITIVE_COMPILED, _cases.compiled_additive, 0.1, "textbook"),
+            ("masked_softmax_compiled", SOFTMAX_COMPILED, _cases.compiled_softmax, 1.3, "eager"),
         )
-        out.append(
-            Case(
-                "masked_softmax_compiled",
-                SOFTMAX_COMPILED,
-                "float32",
-                partial(_cases.compiled_softmax, SOFTMAX_COMPILED, device=device),
-                [Target("time", 1.3, "eager")],
-                mask="lengths (B,)",
-            )
-        )
+        for row, s, builder, bound, vs in compiled:
+            build = partial(builder, s, device=device)
+            target = [Target("time", bound, vs)]
+            backward = row == "additive_compiled"
+            out.append(Case(row, s, "float32", build, target, backward=backward, mask=_LENGTHS))
     return out
 
 

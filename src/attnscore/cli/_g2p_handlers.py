@@ -1,9 +1,10 @@
 """The handlers of ``attnscore g2p train|eval|predict|compare|table``: ``handler(args) -> int``.
 
-Each turns parsed options into calls of :mod:`attnscore.g2p`, prints the results and writes
-the files asked for (through :mod:`._files`). Bad input raises
-:class:`~attnscore.cli._usage.UsageError`; the library's own errors are turned into it by
-:mod:`.g2p`.
+Each ``cmd_*`` takes its command's parsed options, turns them into calls of
+:mod:`attnscore.g2p`, prints the results, writes the files asked for (through
+:mod:`._files`: output paths are checked before any work) and returns the exit status 0.
+Bad input raises :class:`~attnscore.cli._usage.UsageError`; the library's own errors are
+turned into it by :mod:`.g2p`.
 """
 
 from __future__ import annotations
@@ -115,20 +116,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search).
-
-    Args:
-        args: the ``eval`` options.
-
-    Returns:
-        0.
-
-    Raises:
-        UsageError: a ``--json`` path that cannot be written.
-    """
-    if args.json is not None:
-        check_output(Path(args.json), "--json", (".json",))
-    torch.set_num_threads(args.threads)
+    """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search); a
+    ``--json`` path that cannot be written is a UsageError."""
+    _start(args.threads, args.json, "--json", (".json",))
     res = evaluate_checkpoint(
         args.checkpoint,
         args.split,
@@ -188,9 +178,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         UsageError: a ``--heatmap`` path that cannot be written, or a word the model cannot
             spell (:func:`check_words`).
     """
-    if args.heatmap is not None:
-        check_output(Path(args.heatmap), "--heatmap", FIGURE_FORMATS)
-    torch.set_num_threads(1)
+    _start(1, args.heatmap, "--heatmap", FIGURE_FORMATS)
     model, letters, phones, _ = load_model(args.checkpoint, args.device)
     words = check_words(args.words, letters)
     prons, atts = predict(
@@ -206,25 +194,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(threads: int, path: str | None, option: str, formats: tuple[str, ...]) -> None:
+    """Check the output ``path`` of ``option`` (if given) before any work, then set torch's
+    threads."""
+    if path is not None:
+        check_output(Path(path), option, formats)
+    torch.set_num_threads(threads)
+
+
 def _write_text(path: Path, text: str, option: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode()), option)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by scorer).
-
-    Args:
-        args: the ``table`` options.
-
-    Returns:
-        0.
-
-    Raises:
-        UsageError: an ``--out`` path that cannot be written.
-    """
-    if args.out is not None:
-        check_output(Path(args.out), "--out", (".md",))
-    torch.set_num_threads(args.threads)
+    """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by
+    scorer); an ``--out`` path that cannot be written is a UsageError."""
+    _start(args.threads, args.out, "--out", (".md",))
     results = [run_result(Path(r), args.beam, args.device, args.length_norm) for r in args.runs]
     table = format_table(summarize(results), args.beam)
     if args.out is not None:

@@ -119,13 +119,8 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
-    """Add ``attnscore bench`` to ``subparsers``; :func:`handle` is its ``handler`` default.
-
-    Args:
-        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
-
-    Returns:
-        The ``bench`` parser.
+    """Add ``attnscore bench`` to ``subparsers`` (from ``add_subparsers()``) and return
+    its parser, whose ``handler`` default runs the command.
 
     >>> parser = ArgumentParser(prog="attnscore")
     >>> _ = add_parser(parser.add_subparsers())

@@ -25,17 +25,12 @@ __all__ = ["add_parser", "run_demo", "toy_inputs"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
-    """Add ``attnscore demo`` to ``subparsers``; its handler is set as the ``handler`` default.
-
-    Args:
-        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
-
-    Returns:
-        The ``demo`` parser.
+    """Add ``attnscore demo`` to ``subparsers`` (what ``add_subparsers()`` returns) and
+    return its parser, whose ``handler`` default runs :func:`run_demo`.
 
     >>> parser = ArgumentParser(prog="attnscore")
-    >>> demo = add_parser(parser.add_subparsers())
-    >>> parser.parse_args(["demo", "--out", "figures", "--format", "svg"]).format
+    >>> _ = add_parser(parser.add_subparsers())
+    >>> parser.parse_args(["demo", "--format", "svg"]).format
     'svg'
     """
     demo = subparsers.add_parser("demo", help="run the section's worked examples and draw heatmaps")

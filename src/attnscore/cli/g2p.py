@@ -114,18 +114,11 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         metavar="FRAC",
         help="evaluate with the weights averaged over this final fraction of steps",
     )
-    p.add_argument(
-        "--eval-every",
-        type=non_negative_int,
-        default=t.eval_every,
-        help="steps between validations",
-    )
-    p.add_argument(
-        "--ckpt-every",
-        type=non_negative_int,
-        default=t.ckpt_every,
-        help="steps between checkpoints",
-    )
+    for flag, default, what in (
+        ("--eval-every", t.eval_every, "validations"),
+        ("--ckpt-every", t.ckpt_every, "checkpoints"),
+    ):
+        p.add_argument(flag, type=non_negative_int, default=default, help=f"steps between {what}")
     p.add_argument("--eval-words", type=positive_int, help="validate on this many words only")
     p.add_argument("--max-train-words", type=positive_int, help="train on a subset (tests)")
     p.add_argument(

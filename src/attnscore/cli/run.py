@@ -53,17 +53,10 @@ def _scoring_help() -> str:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
-    """Add ``attnscore run`` to ``subparsers``; its handler is set as the ``handler`` default.
+    """Add ``attnscore run`` to ``subparsers`` and return its parser (``handler`` set).
 
-    Args:
-        subparsers: what ``ArgumentParser.add_subparsers()`` returned.
-
-    Returns:
-        The ``run`` parser.
-
-    >>> parser = ArgumentParser(prog="attnscore")
-    >>> run = add_parser(parser.add_subparsers())
-    >>> parser.parse_args(["run", "--input", "in.pt", "--scoring", "additive"]).scoring
+    >>> run = add_parser(ArgumentParser(prog="attnscore").add_subparsers())
+    >>> run.parse_args(["--input", "in.pt", "--scoring", "additive"]).scoring
     'additive'
     """
     from ..normalizers import normalizer_names
@@ -216,7 +209,7 @@ def _run(args: argparse.Namespace) -> int:
     """The handler of ``attnscore run``: 0, or a UsageError for bad input."""
     import torch
 
-    from ..registry import make_scorer
+    from ..modules import make_scorer
 
     if args.output is not None:
         check_output(args.output, "--output", ARRAY_FORMATS)

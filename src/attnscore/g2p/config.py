@@ -58,6 +58,7 @@ class ModelConfig:
 class TrainConfig:
     """Everything a training run depends on (stored in its checkpoints and summary)."""
 
+    # One field a line, `name: type = default` (alike in shape to `duplicates`, by nature).
     model: ModelConfig = field(default_factory=ModelConfig)
     out: str = "runs/g2p"
     data: str | None = None

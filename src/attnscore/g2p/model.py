@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..registry import make_scorer
+from ..modules import make_scorer
 from .config import ModelConfig
 from .data import BOS_ID, EOS_ID, PAD_ID
 

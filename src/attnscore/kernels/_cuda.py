@@ -69,23 +69,14 @@ import os
 import torch
 from torch import Tensor
 
-from ._plain import dot_product_attention, mask_summary, masked_softmax_dense
+# A private module without __all__: its names are the backend contract (_dispatch.Backend,
+# checked by mypy), three of them the plain backend's, re-exported as they are.
+from ._plain import dot_product_attention as dot_product_attention
+from ._plain import mask_summary as mask_summary
+from ._plain import masked_softmax_dense as masked_softmax_dense
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh
 from ._triton_softmax import masked_softmax_bwd, masked_softmax_fwd
-
-__all__ = [
-    "additive_scores",
-    "additive_scores_backward",
-    "dot_product_attention",
-    "mask_summary",
-    "masked_softmax",
-    "masked_softmax_backward",
-    "masked_softmax_dense",
-    "supports",
-    "tanh_mode",
-    "uses_hardware_tanh",
-]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TANH_MODES = ("auto", "exact", "approx")

@@ -82,20 +82,29 @@ def _round_up(L, VEC: tl.constexpr):
 
 
 @triton.jit
-def _fwd_block_kernel(
-    x_ptr, len_ptr, y_ptr, n_rows, m,
-    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
-    # One (ROWS, BLOCK_M) tile: ROWS whole rows, BLOCK_M >= m. The launcher guarantees
-    # m % VEC == 0, so every row starts on a vector boundary.
+def _tile(len_ptr, n_rows, m, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr):
+    """This program's (ROWS, BLOCK_M) tile of whole rows (BLOCK_M >= m; the launcher
+    guarantees m % VEC == 0, so every row starts on a vector boundary): the rows' lengths
+    L, the offsets, where columns are valid (< L), where to load (< L rounded up to VEC,
+    so that loads stay vectors) and where to store (every column of a real row)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     L = _row_lengths(len_ptr, rows, row_ok, m)
     cols = tl.arange(0, BLOCK_M)
     offs = tl.multiple_of(rows * m, VEC)[:, None] + cols[None, :]
-    store_ok = row_ok[:, None] & (cols[None, :] < _round_up(m, VEC))  # == m
     valid = cols[None, :] < L[:, None]
-    x = tl.load(x_ptr + offs, mask=cols[None, :] < _round_up(L, VEC)[:, None])
+    load_ok = cols[None, :] < _round_up(L, VEC)[:, None]
+    store_ok = row_ok[:, None] & (cols[None, :] < _round_up(m, VEC))  # == m
+    return L, offs, valid, load_ok, store_ok
+
+
+@triton.jit
+def _fwd_block_kernel(
+    x_ptr, len_ptr, y_ptr, n_rows, m,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    L, offs, valid, load_ok, store_ok = _tile(len_ptr, n_rows, m, ROWS, BLOCK_M, VEC)
+    x = tl.load(x_ptr + offs, mask=load_ok)
     # Padded positions become -inf, so exp() makes them 0 without a second mask.
     x = tl.where(valid, x.to(ACC), -float("inf"))
     # A row with L == 0 has maximum -inf; subtracting 0 instead avoids -inf - -inf = NaN.
@@ -107,14 +116,20 @@ def _fwd_block_kernel(
 
 
 @triton.jit
+def _row(len_ptr, m, VEC: tl.constexpr):
+    """This program's row (one per program): its length L clamped to [0, m], L rounded up
+    to VEC (the load bound) and the row's offset."""
+    row = tl.program_id(0).to(tl.int64)
+    L = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), m)
+    return L, _round_up(L, VEC), tl.multiple_of(row * m, VEC)
+
+
+@triton.jit
 def _fwd_loop_kernel(
     x_ptr, len_ptr, y_ptr, m, BLOCK_M: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr
 ):
     # One row per program, BLOCK_M < m.
-    row = tl.program_id(0).to(tl.int64)
-    L = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), m)
-    Lv = _round_up(L, VEC)
-    start_of_row = tl.multiple_of(row * m, VEC)
+    L, Lv, start_of_row = _row(len_ptr, m, VEC)
     x_row = x_ptr + start_of_row
     y_row = y_ptr + start_of_row
     cols = tl.arange(0, BLOCK_M)
@@ -155,14 +170,7 @@ def _bwd_block_kernel(
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     # dx = y * (g - sum_{j<L} g_j y_j) below L, exact zeros beyond.
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    L = _row_lengths(len_ptr, rows, row_ok, m)
-    cols = tl.arange(0, BLOCK_M)
-    offs = tl.multiple_of(rows * m, VEC)[:, None] + cols[None, :]
-    store_ok = row_ok[:, None] & (cols[None, :] < _round_up(m, VEC))  # == m
-    valid = cols[None, :] < L[:, None]
-    load_ok = cols[None, :] < _round_up(L, VEC)[:, None]
+    _, offs, valid, load_ok, store_ok = _tile(len_ptr, n_rows, m, ROWS, BLOCK_M, VEC)
     y = tl.where(valid, tl.load(y_ptr + offs, mask=load_ok).to(ACC), 0.0)
     g = tl.where(valid, tl.load(g_ptr + offs, mask=load_ok).to(ACC), 0.0)
     dot = tl.sum(g * y, axis=1)
@@ -174,10 +182,7 @@ def _bwd_block_kernel(
 def _bwd_loop_kernel(
     g_ptr, y_ptr, len_ptr, dx_ptr, m, BLOCK_M: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr
 ):
-    row = tl.program_id(0).to(tl.int64)
-    L = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), m)
-    Lv = _round_up(L, VEC)
-    start_of_row = tl.multiple_of(row * m, VEC)
+    L, Lv, start_of_row = _row(len_ptr, m, VEC)
     g_row = g_ptr + start_of_row
     y_row = y_ptr + start_of_row
     dx_row = dx_ptr + start_of_row

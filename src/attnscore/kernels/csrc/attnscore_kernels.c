@@ -539,6 +539,8 @@ DEFINE_ADDITIVE(double, f64, tanh)
     CALL;                                                                                   \
   }
 
+/* The drivers below are alike in shape (`duplicates`): each exports one ctypes symbol per
+   op and dtype around EACH_RANGE, which holds their shared body. */
 #define DEFINE_SOFTMAX_DRIVERS(ST, SUF)                                                     \
   void masked_softmax_par_##SUF(const ST *x, const int64_t *lengths, ST *y,                 \
                                 const int64_t *cuts, int64_t parts, int64_t m, int64_t div) { \
