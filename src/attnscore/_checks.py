@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "LOOK_NUMEL",
     "bad_rows",
     "check_attention_inputs",
     "check_dropout",
@@ -27,6 +28,12 @@ except ImportError:  # pragma: no cover - a torch without it
 
     def _is_wrapped(tensor: Tensor) -> bool:
         return False
+
+
+LOOK_NUMEL = 1 << 15
+"""Tensors of at least this many elements (together) have their padding looked at (one
+read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally (a few
+``masked_fill`` calls cost less than the looking)."""
 
 
 def in_functorch(tensor: Tensor) -> bool:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import bad_rows, check_attention_inputs, check_dropout, in_transform
+from ._checks import LOOK_NUMEL, bad_rows, check_attention_inputs, check_dropout, in_transform
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .masking import build_mask
@@ -141,7 +141,8 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     masked position is never read by the normalizers), so without gradients the copies
     are saved. On the CPU nothing is copied unless some padding is not finite (finite
     garbage is harmless: it meets exact zeros); elsewhere, where looking would cost a sync,
-    padding is zeroed unconditionally.
+    and in small calls (fewer than ``LOOK_NUMEL`` elements in queries, keys and values
+    together), padding is zeroed unconditionally.
     """
     mask = prepared.mask
     if mask.unmasked:
@@ -156,12 +157,23 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         assert dense is not None
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
-    if padded_keys is not None and _some(padded_keys):
-        if _some(padded_keys & bad_rows(v)):
+    # Small calls zero without looking: the looks cost more than the copies.
+    look = q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
+
+    def holds_garbage(rows: Tensor, t: Tensor) -> bool:
+        return not look or _some(rows & bad_rows(t))
+
+    if padded_keys is not None and (not look or _some(padded_keys)):
+        if holds_garbage(padded_keys, v):
             v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-        if keys_and_queries and _some(padded_keys & bad_rows(k)):
+        if keys_and_queries and holds_garbage(padded_keys, k):
             k = k.masked_fill(padded_keys.unsqueeze(-1), 0.0)
-    if keys_and_queries and idle is not None and _some(idle) and _some(idle & bad_rows(q)):
+    if (
+        idle is not None
+        and keys_and_queries
+        and (not look or _some(idle))
+        and holds_garbage(idle, q)
+    ):
         q = q.masked_fill(idle.unsqueeze(-1), 0.0)
     return Prepared(q, k, v, mask)
 

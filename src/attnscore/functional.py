@@ -190,9 +190,8 @@ def attention(
             "Expected `params` only with a registered scorer's name as `scoring`, but got "
             f"them with a {type(scoring).__name__}."
         )
-    return _pool(
-        _ad_hoc("scoring", scoring, None), queries, keys, values, valid_lens, None, options
-    )
+    prepared = prepare(queries, keys, values, valid_lens, **_masks(options))
+    return _attend(prepared, scoring, options, None)  # a user's callable: (q, k) -> scores
 
 
 def _spec_tensors(
@@ -237,31 +236,41 @@ def _pool(
     options: PoolingOptions,
     **constants: object,
 ) -> Result:
-    """The functional form of ``spec`` (what every form runs): check inputs, masks and
-    parameters once, score with the spec's function (``constants`` passed to it as they
-    are), take its fused path where the weights are not asked for."""
-    unknown = set(options) - set(PoolingOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
-    masks = cast(MaskOptions, {k: v for k, v in options.items() if k in _MASK_NAMES})
+    """The functional form of ``spec`` (what every form of a scorer runs): check inputs,
+    masks and parameters once, score with the spec's function (``constants`` passed to it
+    as they are), take its fused path where the weights are not asked for."""
+    masks = _masks(options)
     prepared = prepare(
         queries, keys, values, valid_lens, same_feature_size=spec.same_feature_size, **masks
     )
     tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
+    return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, spec.fused)
+
+
+def _masks(options: PoolingOptions) -> MaskOptions:
+    """The masks among ``options``, after refusing keywords that are not options."""
+    unknown = set(options) - set(PoolingOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
+    return cast(MaskOptions, {k: v for k, v in options.items() if k in _MASK_NAMES})
+
+
+def _attend(
+    prepared: Prepared, scoring: Scoring, options: PoolingOptions, fused: FusedPath | None
+) -> Result:
+    """The pipeline on checked inputs, with ``options``' dropout, normalizer and weights."""
     return_weights = options.get("return_weights", False)
     result = attend(
         prepared,
-        lambda q, k: spec.scores(q, k, tensors, lengths),
+        scoring,
         dropout_p=options.get("dropout_p", 0.0),
         normalizer=options.get("normalizer", "softmax"),
-        fused=None if return_weights else spec.fused,
+        fused=None if return_weights else fused,
     )
     return finish(result, return_weights)
 
 
-# The named forms share their first lines (queries, keys, values) with each other and with
-# the scoring functions they stand on: a tensor signature, alike by nature (`duplicates`).
 @_pooling
 def additive_attention(
     queries: Tensor,
@@ -420,8 +429,7 @@ def cosine_attention(
     >>> cosine_attention(q, k, v, torch.tensor([2, 5]), scale=5.0).shape
     torch.Size([2, 3, 6])
     """
-    spec = _ad_hoc("cosine", partial(cosine_scores, scale=scale), None)
-    return _pool(spec, queries, keys, values, valid_lens, None, options)
+    return _pool(_COSINE_FORM, queries, keys, values, valid_lens, None, options, scale=scale)
 
 
 # The built-in specs the named forms stand for (captured at import: a later registration
@@ -430,8 +438,12 @@ _ADDITIVE, _GENERAL = get_scorer("additive"), get_scorer("general")
 
 
 def _ad_hoc(name: str, score: Scoring, fused: FusedPath | None) -> ScorerSpec:
-    """A spec for one call of a named form with its own constants (not registered)."""
+    """A spec of a named form with its own constants (not registered; queries and keys of
+    one size d)."""
     return ScorerSpec(name, score, "", "", same_feature_size=True, fused=fused)
+
+
+_COSINE_FORM = _ad_hoc("cosine", cosine_scores, None)  # its scale comes with each call
 
 
 def _dot_product(scale: float | None) -> ScorerSpec:

@@ -62,6 +62,17 @@ def _check_features(expected: int, name: str, x: Tensor, size_name: str) -> None
         )
 
 
+def _check_dtype(parameter: Tensor, queries: Tensor) -> None:
+    """Name the inputs' dtype when it is not the module's (outside autocast, where PyTorch
+    would fail inside a matrix product)."""
+    if parameter.dtype != queries.dtype and not torch.is_autocast_enabled(queries.device.type):
+        raise TypeError(
+            f"Expected `queries`, `keys` and `values` of the module's dtype {parameter.dtype} "
+            f"(its parameters'), but got {queries.dtype} instead: convert the module with "
+            f"`.to({queries.dtype})` or the inputs with `.to({parameter.dtype})`."
+        )
+
+
 _INPUT_SIZES = ("query_size", "key_size")  # the sizes the first call's inputs tell
 
 
@@ -73,7 +84,8 @@ def _is_lazy(linear: nn.Module) -> bool:
 class Attention(nn.Module):
     """Attention pooling with any scoring function.
 
-    ``forward(queries, keys, values, valid_lens=None, **masks)`` returns
+    ``forward(queries, keys, values, valid_lens=None, *, return_weights=False, **masks)``
+    returns
     ``dropout(normalizer(scores, mask)) @ values`` with queries (..., n, q), keys
     (..., m, k), values (..., m, v) -> output (..., n, v).
     Dropout acts on the weights in training mode only.
@@ -150,8 +162,10 @@ class Attention(nn.Module):
         keys: Tensor,
         values: Tensor,
         valid_lens: Tensor | None = None,
+        *,
+        return_weights: bool = False,
         **masks: Unpack[MaskOptions],
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Attention pooling of ``values`` by the weights of ``queries`` over ``keys``.
 
         Args:
@@ -164,12 +178,16 @@ class Attention(nn.Module):
                 nothing; ``attend_mask``: bool broadcastable to (..., n, m), **True = may
                 attend**; ``causal``: query i attends keys j <= i only (top-left aligned).
                 See :class:`attnscore.functional.MaskOptions`.
+            return_weights: also return the weights (..., n, m), before dropout, as a
+                tensor that carries gradients (for attention regularisation or supervision
+                losses); the call then takes the plain path, which computes them anyway.
 
         Returns:
             output (..., n, v) in the inputs' dtype: ``dropout(weights) @ values`` with
-            ``weights = normalizer(score(queries, keys), mask)``. Queries that may attend
-            no key give zero output (and zero gradient). The weights (..., n, m), before
-            dropout, are in :attr:`attention_weights` afterwards.
+            ``weights = normalizer(score(queries, keys), mask)``; with ``return_weights``,
+            ``(output, weights)``. Queries that may attend no key give zero output and zero
+            weights (and zero gradient). The weights, detached, are in
+            :attr:`attention_weights` afterwards either way.
 
         Raises:
             TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.
@@ -182,19 +200,23 @@ class Attention(nn.Module):
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
-        output, weights_fn = self._attend(prepared)
+        output, weights_fn = self._attend(prepared, fused=not return_weights)
+        if return_weights:
+            weights = weights_fn()
+            self.__dict__["_weights"] = weights.detach()
+            return output, weights
         # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call.
         self.__dict__["_weights"] = weights_fn
         return output
 
-    def _attend(self, prepared: Prepared) -> tuple[Tensor, WeightsFn]:
+    def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
         lengths = prepared.mask.lengths
         return attend(
             prepared,
             lambda q, k: self.score(q, k, lengths),
             dropout_p=self.dropout.p if self.training else 0.0,
             normalizer=self.normalizer,
-            fused=self.fused_path(),
+            fused=self.fused_path() if fused else None,
         )
 
     @property
@@ -316,6 +338,7 @@ class ScorerAttention(Attention):
             for size_name, expected in zip(param.shape, linear.weight.shape, strict=True):
                 if size_name in inputs:
                     _check_features(expected, *inputs[str(size_name)], str(size_name))
+            _check_dtype(linear.weight, queries)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)

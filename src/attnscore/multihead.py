@@ -7,6 +7,7 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
@@ -116,8 +117,10 @@ class MultiHeadAttention(nn.Module):
         keys: Tensor,
         values: Tensor,
         valid_lens: Tensor | None = None,
+        *,
+        return_weights: bool = False,
         **masks: Unpack[MaskOptions],
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Multi-head attention of queries over keys and values.
 
         Args:
@@ -125,6 +128,7 @@ class MultiHeadAttention(nn.Module):
                 device for all three (sizes q, k, v inferred on the first call).
             valid_lens: key lengths (B,) or (B, n), shared by every head; int or
                 whole-number float; lengths above m mean all keys.
+            return_weights: also return the weights, which carry gradients.
             **masks: ``query_valid_lens`` (B,): queries beyond them give zero attention
                 output (before ``W_o``); ``attend_mask``: bool, True = may attend, (n, m),
                 (B, n, m) or (B, H, n, m); ``causal``: query i attends keys j <= i only.
@@ -132,7 +136,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (B, n, E) with E = ``num_hiddens``, in the inputs' dtype. Queries with no valid
             key get zero attention output, so their result is ``W_o``'s bias (0 without
-            bias). :attr:`attention_weights` then holds (B, H, n, m).
+            bias). :attr:`attention_weights` then holds (B, H, n, m). With
+            ``return_weights=True``, ``(output, weights)``: the per-head weights
+            (B, H, n, m) with their gradients (``nn.MultiheadAttention``'s
+            ``need_weights=True, average_attn_weights=False``).
 
         Raises:
             TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not
@@ -144,6 +151,7 @@ class MultiHeadAttention(nn.Module):
                 "Expected `queries` of shape (B, n, q) for multi-head attention, but got shape "
                 f"{tuple(queries.shape)} instead."
             )
+        self._check_sizes(queries, keys, values)
         attend_mask = masks.get("attend_mask")
         if isinstance(attend_mask, Tensor) and attend_mask.ndim == 3:
             masks = {**masks, "attend_mask": attend_mask.unsqueeze(1)}  # (B, n, m): all heads
@@ -152,10 +160,37 @@ class MultiHeadAttention(nn.Module):
             self._split_heads(self.W_k(keys)),
             self._split_heads(self.W_v(values)),
             valid_lens,
+            return_weights=return_weights,
             **masks,
         )
+        if return_weights:
+            heads, weights = heads
+            return self.W_o(heads.transpose(1, 2).flatten(-2)), weights
         output: Tensor = self.W_o(heads.transpose(1, 2).flatten(-2))
         return output
+
+    def _check_sizes(self, queries: Tensor, keys: Tensor, values: Tensor) -> None:
+        """Name the input whose feature size or dtype is not the projections' (fixed by the
+        first call: they are lazy), rather than fail inside a matrix product."""
+        for name, x, linear in (
+            ("queries", queries, self.W_q),
+            ("keys", keys, self.W_k),
+            ("values", values, self.W_v),
+        ):
+            if isinstance(linear, nn.LazyLinear) and linear.has_uninitialized_params():
+                continue
+            if x.shape[-1] != linear.in_features:
+                raise ValueError(
+                    f"Expected `{name}` with last dimension {linear.in_features} (fixed by the "
+                    f"first call), but got shape {tuple(x.shape)} instead."
+                )
+        dtype = self.W_q.weight.dtype
+        if queries.dtype != dtype and not torch.is_autocast_enabled(queries.device.type):
+            raise TypeError(
+                f"Expected `queries`, `keys` and `values` of the module's dtype {dtype}, but "
+                f"got {queries.dtype} instead: convert the module with `.to({queries.dtype})` "
+                f"or the inputs with `.to({dtype})`."
+            )
 
     @property
     def attention_weights(self) -> Tensor | None:

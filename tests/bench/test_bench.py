@@ -288,3 +288,14 @@ def test_run_refuses_unknown_cases():
 )
 def test_last_float_of_a_child(stdout, value):
     assert cpu._last_float(stdout) == value
+
+
+def test_additive_memory_note_gives_the_size_of_the_run_it_describes():
+    """Issue 21.8: the quick run's note said '0.0 GiB'; it says the size at its shape."""
+    quick = _cases.additive_memory(matrix.ADDITIVE_MEMORY_QUICK, device=CPU).notes[0]
+    s = matrix.ADDITIVE_MEMORY_QUICK
+    mib = s["B"] * s["n"] * s["m"] * s["h"] * 4 / 2**20
+    assert f"would take {mib:.0f} MiB here" in quick and "0.0 GiB" not in quick
+    full = matrix.ADDITIVE_MEMORY
+    gib = full["B"] * full["n"] * full["m"] * full["h"] * 4 / 2**30
+    assert f"would take {gib:.1f} GiB here" in _cases.additive_memory(full, device=CPU).notes[0]

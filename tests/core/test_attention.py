@@ -17,6 +17,7 @@ from attnscore import (
     Attention,
     CosineAttention,
     DotProductAttention,
+    MultiHeadAttention,
     MultiplicativeAttention,
 )
 from reference import (
@@ -189,8 +190,11 @@ MODULES = {
 }
 
 
+@pytest.mark.parametrize("looked", [False, True], ids=["small: zeroed", "large: looked at"])
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_padded_garbage_changes_nothing(name):
+def test_padded_garbage_changes_nothing(name, looked, monkeypatch):
+    if looked:  # padding is looked at (read for NaN/inf) before zeroing, as in large calls
+        monkeypatch.setattr(attnscore._engine, "LOOK_NUMEL", 0)
     attention = MODULES[name]().double()
     q, k, v = _random_case(d_q=3)
     lens = torch.tensor([2, 0, 4])
@@ -220,6 +224,8 @@ def test_padded_garbage_changes_nothing(name):
     assert torch.isfinite(dirty[3]).all() and torch.isfinite(dirty[4]).all()
     assert torch.all(dirty[3][0, 2:] == 0) and torch.all(dirty[4][1] == 0)
     assert torch.all(dirty[0][1] == 0) and torch.all(dirty[1][1] == 0)
+    with torch.no_grad():  # without gradients only the values are zeroed
+        torch.testing.assert_close(attention(q, k2, v2, lens), clean[0].detach())
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -472,6 +478,20 @@ def _randn(*shapes):
         (lambda: CosineAttention(scale=0.0), ValueError, r"`scale`.*positive float.*0.0"),
         (lambda: CosineAttention(scale=True), ValueError, r"`scale`.*positive float.*True"),
         (lambda: AdditiveAttention(2, 20), TypeError, "num_hiddens"),
+        (
+            lambda: AdditiveAttention(2, 20, 8)(
+                *(t.double() for t in _randn((2, 1, 20), (2, 5, 2), (2, 5, 2)))
+            ),
+            TypeError,
+            r"module's dtype torch.float32 \(its parameters'\), but got torch.float64",
+        ),
+        (
+            lambda: MultiplicativeAttention(20, 2)(
+                *(t.double() for t in _randn((2, 1, 20), (2, 5, 2), (2, 5, 2)))
+            ),
+            TypeError,
+            r"convert the module with `.to\(torch.float64\)`",
+        ),
         (lambda: AdditiveAttention(2, 20, 0), ValueError, "num_hiddens.*0"),
         (lambda: DotProductAttention(dropout=1.5), ValueError, r"dropout.*\[0, 1\).*1.5"),
         (lambda: DotProductAttention(dropout="0.1"), TypeError, r"`dropout`.*float.*'0.1'"),
@@ -562,3 +582,29 @@ def test_inference_mode_keys_are_projected_every_call():
         module(q, keys, keys)
         module(q, keys, keys)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_return_weights_gives_weights_that_carry_gradients(name):
+    """Issue 21.5: weights for losses on them (alignment supervision, regularisers), on
+    every module, those with a fused path included; finite differences check them."""
+    attention = MODULES[name]().double().eval()
+    q, k, v = (t.requires_grad_(True) for t in _random_case(d_q=3))
+    lens = torch.tensor([[1, 2, 0, 6], [3, 3, 3, 3], [6, 1, 5, 2]])
+    out, weights = attention(q, k, v, lens, return_weights=True)
+    torch.testing.assert_close(out, attention(q, k, v, lens))
+    torch.testing.assert_close(weights.detach(), attention.attention_weights)
+    assert weights.requires_grad and weights.shape == (3, 4, 6)
+    assert torch.all(weights[0, 2] == 0)  # a query with no valid key: zero weights
+    torch.autograd.gradcheck(lambda a, b: attention(a, b, v, lens, return_weights=True)[1], (q, k))
+
+
+def test_multihead_return_weights_per_head_with_gradients():
+    mha = MultiHeadAttention(8, 2).double().eval()
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    lens = torch.tensor([2, 3])
+    out, weights = mha(x, x, x, lens, return_weights=True)
+    assert weights.shape == (2, 2, 3, 3) and weights.requires_grad
+    torch.testing.assert_close(out, mha(x, x, x, lens))
+    torch.testing.assert_close(weights.detach(), mha.attention_weights)
+    torch.autograd.gradcheck(lambda a: mha(a, a, a, lens, return_weights=True)[1], (x,))

@@ -57,3 +57,23 @@ def test_every_public_forward_documents_its_shapes(forward):
     assert "Define the computation performed at every call" not in text
     assert "(..., n, q)" in text or "(B, n, q)" in text
     assert "Returns:" in text and "Raises:" in text
+
+
+def test_attention_with_a_callable_allows_queries_and_keys_of_other_sizes():
+    """A user's scoring callable may project: q and k need not share d (the notebook's
+    low-rank example), and it is called with (queries, keys) only."""
+    W_q, W_k = torch.randn(3, 20, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    q, k = torch.randn(2, 1, 20, dtype=torch.float64), torch.randn(2, 10, 2, dtype=torch.float64)
+    v = torch.randn(2, 10, 4, dtype=torch.float64)
+    lengths = torch.tensor([2, 6])
+
+    def low_rank(queries, keys, lengths=None):  # a keyword named `lengths` stays unset
+        assert lengths is None
+        return (queries @ W_q.T) @ (keys @ W_k.T).transpose(-1, -2)
+
+    out, w = attnscore.attention(q, k, v, low_rank, lengths, return_weights=True)
+    scores = (q @ W_q.T) @ (k @ W_k.T).transpose(1, 2)
+    allowed = torch.arange(10) < lengths[:, None, None]
+    expected = torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1)
+    torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(out, expected @ v)

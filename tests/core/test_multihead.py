@@ -112,3 +112,24 @@ def test_queries_must_be_3d():
     x = torch.randn(2, 1, 3, 8)
     with pytest.raises(ValueError, match=r"`queries` of shape \(B, n, q\).*\(2, 1, 3, 8\)"):
         mha(x, x, x)
+
+
+@pytest.mark.parametrize("name", ["queries", "keys", "values"])
+def test_feature_sizes_are_fixed_by_the_first_call(name):
+    """Issue 21.4: the size the lazy projections took, named, not a matmul error."""
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 3, 16)
+    mha(x, x, x)
+    inputs = {"queries": x, "keys": x, "values": x} | {name: torch.randn(2, 3, 12)}
+    with pytest.raises(ValueError, match=rf"`{name}` with last dimension 16 \(fixed by the first"):
+        mha(**inputs)
+
+
+def test_inputs_of_another_dtype_than_the_module_are_named():
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"module's dtype torch.float32, but got torch.float64"):
+        mha(x, x, x)
+    assert mha.double()(x, x, x).dtype == torch.float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast mixes dtypes by design
+        assert MultiHeadAttention(16, 2)(x.float(), x.float(), x.float()).dtype == torch.bfloat16

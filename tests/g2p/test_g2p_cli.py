@@ -97,6 +97,8 @@ def test_bad_input_is_one_line_and_exit_2(
         (_train_args(toy_dict, tmp_path / "r", "--time-budget", "1"), "but got both"),
         (_train_args(toy_dict, tmp_path / "r", "--dropout", "1.5"), "[0, 1)"),
         (["predict", str(trained), "qu!z"], "training letters"),
+        (["predict", str(trained), "two words"], "(unknown: ' ', "),  # shown, not blank
+        (["predict", str(trained), ""], "(an empty word)"),
         (["eval", str(trained), "--json", str(tmp_path / "nodir" / "r.json")], "--json"),
         (["table", str(tmp_path)], "summary.json"),
     ]
@@ -294,3 +296,67 @@ def test_each_option_sets_the_field_it_names(toy_dict: Path) -> None:
     assert (cfg.warmup_steps, cfg.label_smoothing, cfg.average_last) == (3, 0.2, 0.4)
     assert (cfg.eval_every, cfg.ckpt_every, cfg.eval_words, cfg.max_train_words) == (11, 12, 13, 14)
     assert (cfg.threads, cfg.device, cfg.progress, cfg.out, cfg.seed) == (3, "cpu", False, "o", 4)
+
+
+def test_train_refuses_a_folder_with_an_earlier_run(
+    toy_dict: Path, trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21.2: a typo in --out must not replace a trained model."""
+    before = {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(_train_args(toy_dict, trained, "--steps", "3")) == 2
+    err = _one_line_error(capsys)
+    assert "holds an earlier run" in err and "--resume" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before
+    assert main(_train_args(toy_dict, trained, "--resume", "--overwrite")) == 2
+    assert "not allowed with argument" in _one_line_error(capsys)
+    assert main(_train_args(toy_dict, trained, "--steps", "3", "--overwrite")) == 0
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["steps"] == 3
+
+
+def test_train_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21.6: the defaults are the config's, and the help says them."""
+    with pytest.raises(SystemExit, match="0"):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in (
+        "(default: runs/g2p)",
+        "attention scorer (default: cosine)",
+        "words a step (default: 128)",
+        "peak learning rate (default: 0.002)",
+        "linear LR warm-up (default: 200)",
+        "(default: 0.1)",
+    ):
+        assert shown in out, shown
+    with pytest.raises(SystemExit, match="0"):
+        main(["compare", "--help"])
+    assert "default: 0 1 2" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_names_its_losses_and_warns_of_a_warm_up_longer_than_the_run(
+    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    argv = _train_args(toy_dict, tmp_path / "r", "--eval-every", "7", "--warmup-steps", "14")
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "the warm-up (14 steps) spans the whole run of 14 steps" in captured.err
+    assert "step 7: mean train loss " in captured.out
+    assert "(since the last validation)" in captured.out
+
+
+def test_words_figure_has_no_empty_band_under_its_title() -> None:
+    """Issue 21.11: the title sits just above the panels, whatever their heights."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnscore.g2p.plots import words_figure
+
+    prons = [["AH", "T", "EH", "N", "SH", "AH", "N"], ["N", "AY", "T"]]
+    atts = [torch.full((8, 9), 1 / 9), torch.full((4, 6), 1 / 6)]
+    fig = words_figure(["attention", "knight"], prons, atts, title="cosine")
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    title = fig._suptitle.get_window_extent(renderer)  # type: ignore[union-attr]
+    panels = max(ax.title.get_window_extent(renderer).y1 for ax in fig.axes[:2])
+    assert 0 <= title.y0 - panels < 0.3 * fig.dpi  # under 0.3 inch between them

@@ -55,3 +55,9 @@ def test_error_rates_checks() -> None:
         error_rates([["A"]], [])
     with pytest.raises(ValueError, match="at least one word"):
         error_rates([], [])
+
+
+def test_per_exceeds_100_percent_when_the_output_inserts_phones() -> None:
+    """docs/g2p.md, Metrics: insertions count, so PER can pass 1 (issue 21.6)."""
+    per, wer = error_rates([p("K AE AE AE AE")], [[p("K AE")]])  # three insertions
+    assert per == 3 / 2 and wer == 1.0

@@ -334,15 +334,24 @@ def additive_memory(s: Shapes, *, device: torch.device) -> Built:
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
     valid_lens = lengths(B, m, device)
     ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
-    gib = B * n * m * h * 4 / 2**30
     return Built(
         {"attnscore": lambda: ours(q, k, v, valid_lens)},
         {"attnscore": list(ours.parameters())},
         notes=[
-            f"additive_memory: the textbook is not run; its (B, n, m, h) float32 features "
-            f"tensor alone would be {gib:.1f} GiB"
+            "additive_memory: attnscore's peak RSS alone (the textbook is not run); the "
+            f"textbook's (B, n, m, h) float32 features tensor would take {_size(B * n * m * h * 4)}"
+            " here by itself"
         ],
     )
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as the table says them: MiB below a GiB, GiB above.
+
+    >>> _size(16 * 2**20), _size(4 * 2**30)
+    ('16 MiB', '4.0 GiB')
+    """
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def compiled_additive(s: Shapes, *, device: torch.device) -> Built:

@@ -95,9 +95,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         0, or 130 when interrupted (the last checkpoint is kept).
 
     Raises:
-        UsageError: as :func:`train_config`.
+        UsageError: as :func:`train_config`; an ``--out`` folder that holds files, unless
+            ``--resume`` (continue it) or ``--overwrite`` (replace it) says what to do.
     """
     cfg = train_config(args)
+    out = Path(cfg.out)
+    if not (args.resume or args.overwrite) and out.is_dir() and any(out.iterdir()):
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise UsageError(
+            f"--out: {out} holds an earlier run ({held}); continue it with --resume or "
+            "replace it with --overwrite"
+        )
     try:
         summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt:
@@ -154,10 +162,8 @@ def check_words(words: list[str], letters: Vocab) -> list[str]:
         lw = w.lower()
         unknown = sorted({c for c in lw if c not in letters.stoi})
         if not lw or unknown:
-            raise UsageError(
-                f"expected words made of the training letters, but got {w!r} "
-                f"(unknown: {''.join(unknown) or 'empty word'})"
-            )
+            what = f"unknown: {', '.join(map(repr, unknown))}" if unknown else "an empty word"
+            raise UsageError(f"expected words made of the training letters, but got {w!r} ({what})")
         out.append(lw)
     return out
 

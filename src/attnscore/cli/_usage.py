@@ -51,6 +51,27 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Say each option's default in its help (where it has one worth saying and the help
+    does not say it already): ``(default: 128)``.
+
+    >>> p = ArgumentParser(prog="x")
+    >>> _ = p.add_argument("--batch-size", type=int, default=128)
+    >>> show_defaults(p)
+    >>> "(default: 128)" in p.format_help()
+    True
+    """
+    for action in parser._actions:
+        default = action.default
+        nothing = default is None or default is False or default == argparse.SUPPRESS
+        if nothing or not action.option_strings:
+            continue
+        if "default" in (action.help or ""):
+            continue
+        shown = " ".join(map(str, default)) if isinstance(default, list) else "%(default)s"
+        action.help = f"{action.help or ''} (default: {shown})".lstrip()
+
+
 def argument_type(
     convert: Callable[[str], T], accept: Callable[[T], bool], expected: str
 ) -> Callable[[str], T]:

@@ -33,6 +33,7 @@ from ._usage import (
     non_negative_int,
     positive_float,
     positive_int,
+    show_defaults,
 )
 
 __all__ = ["add_parser", "build_parser", "main"]
@@ -89,12 +90,12 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     )
     # The defaults are the dataclasses' (one source): the recipe of docs/g2p.md's results.
     t, m = TrainConfig, ModelConfig
-    p.add_argument("--batch-size", type=positive_int, default=t.batch_size)
+    p.add_argument("--batch-size", type=positive_int, default=t.batch_size, help="words a step")
     p.add_argument("--lr", type=positive_float, default=t.lr, help="peak learning rate")
     p.add_argument(
         "--warmup-steps", type=non_negative_int, default=t.warmup_steps, help="linear LR warm-up"
     )
-    p.add_argument("--emb", type=positive_int, default=m.emb)
+    p.add_argument("--emb", type=positive_int, default=m.emb, help="letter/phone embedding size")
     p.add_argument(
         "--hidden", type=positive_int, default=m.enc_hidden, help="encoder/decoder GRU size"
     )
@@ -104,9 +105,13 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         default=m.enc_layers,
         help="bidirectional GRU layers over letters",
     )
-    p.add_argument("--dropout", type=fraction, default=m.dropout)
-    p.add_argument("--label-smoothing", type=fraction, default=t.label_smoothing)
-    p.add_argument("--input-feeding", action="store_true")
+    p.add_argument("--dropout", type=fraction, default=m.dropout, help="dropout of every layer")
+    p.add_argument(
+        "--label-smoothing", type=fraction, default=t.label_smoothing, help="of the phone loss"
+    )
+    p.add_argument(
+        "--input-feeding", action="store_true", help="feed the attention output to the next step"
+    )
     p.add_argument(
         "--average-last",
         type=fraction,
@@ -142,9 +147,15 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     )
     p = sub.add_parser("train", help="train one model")
     p.add_argument("--out", default=TrainConfig.out, help="run folder (checkpoints, summary)")
-    p.add_argument("--scoring", choices=scorer_names(), default=ModelConfig.scoring)
-    p.add_argument("--seed", type=int, default=TrainConfig.seed)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    p.add_argument(
+        "--scoring", choices=scorer_names(), default=ModelConfig.scoring, help="attention scorer"
+    )
+    p.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of weights and data")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    again.add_argument(
+        "--overwrite", action="store_true", help="replace the run already in OUT (if any)"
+    )
     _add_train_options(p)
     p.set_defaults(handler=_usage_errors(cmd_train))
 
@@ -188,6 +199,8 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     _add_device(p)
     p.add_argument("--out", help="also write the table to this .md file")
     p.set_defaults(handler=_usage_errors(cmd_table))
+    for command in sub.choices.values():
+        show_defaults(command)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:

@@ -117,9 +117,10 @@ class Trainer:
                     n_tokens, loss = self._step(batches[state.batch])
                     tokens += n_tokens
                     state.elapsed = base_elapsed + time.perf_counter() - start
-                    progress.update(
-                        state.step, loss=loss, tok_s=tokens / (state.elapsed - base_elapsed)
-                    )
+                    tok_s = tokens / (state.elapsed - base_elapsed)
+                    # the bar shows the last batch's loss; validation lines the mean since
+                    # the previous one (names say which)
+                    progress.update(state.step, batch_loss=loss, tok_s=tok_s)
                     self._after_step(progress)
                 if state.batch >= len(batches):
                     state.epoch += 1
@@ -184,7 +185,10 @@ class Trainer:
         if state.best_wer is None or res.wer < state.best_wer:
             state.best_wer = res.wer
             self.save(self.out / "best.pt")
-        progress.write(f"step {state.step}: train loss {loss:.4f}, valid {res.line('greedy')}")
+        progress.write(
+            f"step {state.step}: mean train loss {loss:.4f} (since the last validation), "
+            f"valid {res.line('greedy')}"
+        )
 
     def save(self, path: Path) -> None:
         """Write the run's checkpoint (main process only).

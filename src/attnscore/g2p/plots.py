@@ -63,7 +63,12 @@ def words_figure(
     axes[0].set_ylabel("phonemes")
     fig.colorbar(image, ax=list(axes), shrink=0.8)
     if title:
-        fig.suptitle(title)
+        # Just above the panels' titles: square cells leave the panels shorter than their
+        # grid cells, and a title at the figure's top would float over an empty band.
+        for ax in axes:
+            ax.apply_aspect()
+        top = max(ax.get_position().y1 for ax in axes)
+        fig.suptitle(title, y=min(1.0, top + 0.4 / fig.get_figheight()), va="bottom")
     return fig
 
 

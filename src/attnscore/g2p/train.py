@@ -81,6 +81,13 @@ def _train(cfg: TrainConfig, rank: int, world_size: int, resume: bool) -> RunSum
             )
     else:
         budget = Budget(steps=cfg.steps, time_budget_min=cfg.time_budget)
+    if is_main and ckpt is None and cfg.warmup_steps >= budget.steps:
+        print(
+            f"warning: the warm-up ({cfg.warmup_steps} steps) spans the whole run of "
+            f"{budget.steps} steps, so the learning rate never reaches its peak {cfg.lr:g} "
+            "(--warmup-steps sets it)",
+            file=sys.stderr,
+        )
     trainer = Trainer(cfg, data, rank, world_size, resume_from=ckpt)
     trainer.run()
     summary = trainer.summary(budget)

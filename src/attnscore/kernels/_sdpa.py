@@ -25,16 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import bad_rows, in_transform
+from .._checks import LOOK_NUMEL, bad_rows, in_transform
 from .._mask import AttentionMask
 from . import _ops
 
 __all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmasked"]
-
-_LOOK_NUMEL = 1 << 15
-"""Keys and values of at least this many elements (together) have their padding looked
-at (one read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally
-(three ``masked_fill`` calls cost less than the looking)."""
 
 
 def compact(t: Tensor) -> Tensor:
@@ -120,9 +115,7 @@ def masked(
     # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
     # while tracing, and not in small calls, where the looking costs more than the zeroing.
     look = (
-        q.device.type == "cpu"
-        and k.numel() + v.numel() >= _LOOK_NUMEL
-        and not in_transform(q, k, v)
+        q.device.type == "cpu" and k.numel() + v.numel() >= LOOK_NUMEL and not in_transform(q, k, v)
     )
     allowed = _allowed(mask, m, q.device)
     attn_mask: Tensor = allowed
