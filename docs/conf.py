@@ -40,8 +40,14 @@ extensions = [
     "sphinx.ext.viewcode",
     "sphinx.ext.intersphinx",
     "myst_nb",
+    "sphinx-mathjax-offline",  # MathJax copied into the site: maths render offline
     "scorer_table",
+    "site_checks",
 ]
+# The package re-exports its public names; their source links go from the pages of the
+# modules that define them (following the re-exports made viewcode's "[docs]" back-links
+# point at anchors that do not exist: docs/_ext/anchors.py fails the build on those).
+viewcode_follow_imported_members = False
 
 exclude_patterns = ["_build", "jupyter_execute", ".jupyter_cache", "Thumbs.db", ".DS_Store"]
 suppress_warnings = ["myst.header"]

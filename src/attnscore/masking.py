@@ -226,7 +226,7 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
 
     Raises:
         TypeError, ValueError: as :func:`build_mask` for bad lengths, or when ``valid_len``
-        does not broadcast to ``X.shape[:-1]``.
+            does not broadcast to ``X.shape[:-1]``.
 
     Source: D2L "Attention Scoring Functions" (``d2l.sequence_mask``).
 

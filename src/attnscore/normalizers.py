@@ -117,8 +117,8 @@ def register_normalizer(name: str, normalizer: Normalizer, *, replace: bool = Fa
         replace: allow replacing an existing registration.
 
     Raises:
-        ValueError: ``name`` is not a word or is registered already; TypeError:
-            ``normalizer`` is not callable.
+        ValueError: ``name`` is not a word or is registered already.
+        TypeError: ``normalizer`` is not callable.
 
     >>> register_normalizer("uniform", lambda s, mask: softmax(s * 0, mask))
     >>> "uniform" in normalizer_names()
