@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sphinx.application import Sphinx
-from sphinx.errors import ExtensionError
+if TYPE_CHECKING:  # the checks themselves need no Sphinx (the tests import them without)
+    from sphinx.application import Sphinx
 
 _LINK = re.compile(r'href="([^"#:?]*\.html)#([^"]+)"')
 _ID = re.compile(r'\bid="([^"]+)"')
@@ -46,6 +46,8 @@ def remote_scripts(outdir: Path) -> list[str]:
 
 
 def _check(app: Sphinx, exception: Exception | None) -> None:
+    from sphinx.errors import ExtensionError
+
     if exception is not None or app.builder.format != "html":
         return
     outdir = Path(app.outdir)
