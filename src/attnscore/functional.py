@@ -271,6 +271,7 @@ def _attend(
     return finish(result, return_weights)
 
 
+# Signature alike in shape to dot_product_attention's (`duplicates`): one pooling API, on purpose.
 @_pooling
 def additive_attention(
     queries: Tensor,

@@ -20,9 +20,15 @@ from .kernels import _ops
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
 
 
-def _check_values(t: Tensor, name: str) -> None:
-    """Non-negative whole numbers, checked without a device sync and without data-dependent
-    Python where Python cannot run.
+# Integer lengths up to this many are checked in Python (one read of the values costs less
+# than a reduction op and its ``.item()``).
+_SMALL_LENGTHS = 256
+
+
+def _check_values(t: Tensor, name: str) -> int | None:
+    """Check that ``t`` holds non-negative whole numbers, without a device sync and without
+    data-dependent Python where Python cannot run; return the largest value where it was
+    read on the way (CPU integer tensors in eager code), else None.
 
     CPU tensors in eager code: a ValueError naming the first bad value. CUDA (and other
     device) tensors and ``torch.compile``: an on-device / in-graph assertion
@@ -31,32 +37,40 @@ def _check_values(t: Tensor, name: str) -> None:
     Python, so only shapes, dtypes and devices are checked there.
     """
     compiling = torch.compiler.is_compiling()
-    if t.numel() == 0 or (not compiling and in_functorch(t)):
-        return
+    if not compiling and in_functorch(t):
+        return None
     floating = t.is_floating_point()
+    numel = t.numel()
+    if numel == 0:
+        return None
     if not floating and not compiling and t.device.type == "cpu":
-        if t.min().item() >= 0:  # the common case: one reduction, one read
-            return
-        raise ValueError(
-            f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead."
-        )
+        if numel <= _SMALL_LENGTHS:
+            values = t.flatten().tolist()
+            low, high = int(min(values)), int(max(values))
+        else:
+            low_t, high_t = torch.aminmax(t)
+            low, high = int(low_t), int(high_t)
+        if low >= 0:  # the common case: one read
+            return high
+        raise ValueError(f"Expected `{name}` to be non-negative, but got {low!r} instead.")
     bad = ((t < 0) | ~torch.isfinite(t) | (t != torch.floor(t))) if floating else None
     ok = ~bad.any() if bad is not None else t.min() >= 0
     if compiling or t.device.type != "cpu":
         torch._assert_async(
             ok, f"Expected `{name}` to hold non-negative whole numbers, but got others."
         )
-        return
+        return None
     if bool(ok):
-        return
+        return None
     first = t[bad].flatten()[0].item() if bad is not None else t.min().item()
     if floating and (first != first or abs(first) == float("inf") or first % 1):
         raise ValueError(f"Expected `{name}` to hold whole numbers, but got {first!r} instead.")
     raise ValueError(f"Expected `{name}` to be non-negative, but got {t.min().item()!r} instead.")
 
 
-def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
-    """Check that ``lengths`` holds non-negative whole numbers; return them as int64."""
+def _check_lengths(lengths: object, name: str, device: torch.device) -> tuple[Tensor, int | None]:
+    """Check that ``lengths`` holds non-negative whole numbers; return them as int64, with
+    their largest value where the check read it (else None)."""
     t = check_tensor(lengths, name)
     if t.dtype != torch.int64 and (t.dtype == torch.bool or t.is_complex()):
         raise TypeError(
@@ -67,8 +81,8 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> Tensor:
         raise ValueError(
             f"Expected `{name}` on the device of the scores ({device}), but got {t.device} instead."
         )
-    _check_values(t, name)
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
+    high = _check_values(t, name)
+    return (t if t.dtype == torch.int64 else t.to(torch.int64)), high
 
 
 def _canonical_lengths(
@@ -87,12 +101,18 @@ def _canonical_lengths(
     (B, n) one per query, shared across the other batch dimensions (e.g. heads);
     ``batch_shape + (n,)`` one per query and batch entry.
     """
-    t = _check_lengths(valid_lens, "valid_lens", device)
+    t, high = _check_lengths(valid_lens, "valid_lens", device)
     full = (*batch_shape, n)
     B = batch_shape[0]
     ones = (1,) * (len(batch_shape) - 1)
     shape = tuple(t.shape)
+    # Lengths above m mean "every key is valid" (documented), so clamping loses nothing;
+    # lengths read on the way and found within m need no clamp.
+    if clamp and (high is None or high > m):
+        t = t.clamp(max=m)
     if shape == (B,):
+        if high is not None:  # eager CPU lengths: one view instead of two
+            return t.as_strided(full, (t.stride(0), *(0,) * (len(full) - 1)))
         t = t.view(B, *ones, 1)
     elif shape == (B, n):
         t = t.view(B, *ones, n) if ones else t
@@ -104,8 +124,7 @@ def _canonical_lengths(
             f"Expected `valid_lens` of shape {expected} for scores of shape "
             f"{(*batch_shape, n, m)}, but got shape {tuple(t.shape)} instead."
         )
-    # Lengths above m mean "every key is valid" (documented), so clamping loses nothing.
-    return (t.clamp(max=m) if clamp else t).expand(full)
+    return t.expand(full)
 
 
 def build_mask(
@@ -165,7 +184,7 @@ def build_mask(
         )
     query_lengths = None
     if query_valid_lens is not None:
-        query_lengths = _check_lengths(query_valid_lens, "query_valid_lens", device)
+        query_lengths, _ = _check_lengths(query_valid_lens, "query_valid_lens", device)
         B = batch_shape[0]
         if query_lengths.shape == (B,):
             query_lengths = query_lengths.reshape(B, *(1,) * (len(batch_shape) - 1))
@@ -237,7 +256,7 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
     X = check_tensor(X, "X")
     if X.ndim < 1:
         raise ValueError("Expected `X` with at least 1 dimension, but got shape () instead.")
-    lengths = _check_lengths(valid_len, "valid_len", X.device)
+    lengths, _ = _check_lengths(valid_len, "valid_len", X.device)
     try:
         torch.broadcast_shapes(lengths.shape, X.shape[:-1])
         ok = lengths.ndim <= X.ndim - 1

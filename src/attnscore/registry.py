@@ -6,22 +6,21 @@ path for the whole pipeline. Everything else comes from the spec: the module
 (:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
 (:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
-benchmark and the test path registry. Names have the field's meaning:
+benchmark and the test path registry.
 
-========== ================================ =================================
-name       score a(q, k)                    source
-========== ================================ =================================
-additive   w_vᵀ tanh(W_q q + W_k k)          Bahdanau et al. 2015, eq. A.1.2
-dot        qᵀk                              Luong et al. 2015, eq. 8 "dot"
-scaled_dot qᵀk / √d                         Vaswani et al. 2017, eq. 1
-general    qᵀ W_a k                         Luong et al. 2015, eq. 8 "general"
-cosine     s · cos(q, k), s learned          Liu et al. 2022 (Swin V2), eq. 2
-========== ================================ =================================
+The built-in scorers (``additive``, ``dot``, ``scaled_dot``, ...) are registered at the
+end of this module; :func:`scorer_names` lists every registered name and
+:func:`get_scorer` gives each one's formula and source (``attnscore run --help`` and the
+docs' scorer table, docs/scorers.md, are generated from them). Names have the field's
+meaning: ``scaled_dot`` is Vaswani et al.'s ``qᵀk / √d``.
 
 This module imports no ``nn.Module``: the modules build on it, never the other way.
 
->>> scorer_names()
-['additive', 'cosine', 'dot', 'general', 'scaled_dot']
+>>> {"additive", "dot", "scaled_dot"} <= set(scorer_names())
+True
+>>> spec = get_scorer("scaled_dot")
+>>> spec.formula, spec.source
+('qᵀk / √d', 'Vaswani et al. 2017, eq. 1')
 >>> [(p.name, p.shape) for p in get_scorer("general").params]
 [('W_a', ('query_size', 'key_size'))]
 """

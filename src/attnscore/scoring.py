@@ -132,6 +132,7 @@ def additive_scores_from_projections(
     return kernels.additive_scores(qh.to(dtype), kh.to(dtype), w_v.reshape(-1).to(dtype), lengths)
 
 
+# Parameters named as functional.additive_attention's, alike in shape (`duplicates`) on purpose.
 def additive_scores(
     queries: Tensor,
     keys: Tensor,

@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 import attnscore
 from attnscore import masked_softmax, sequence_mask
-from reference import broadcast_lengths, d2l_masked_softmax, np_masked_softmax
+from reference import (
+    broadcast_lengths,
+    d2l_masked_softmax,
+    np_attention,
+    np_dot_scores,
+    np_masked_softmax,
+)
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -198,6 +204,36 @@ def test_leading_dimensions_broadcast_lengths():
 def test_bad_input_errors(X, lens, error, match):
     with pytest.raises(error, match=match):
         masked_softmax(X, lens)
+
+
+@pytest.mark.parametrize("B", [3, 300], ids=["few lengths", "many lengths"])
+@pytest.mark.parametrize("per_query", [False, True], ids=["(B,)", "(B, n)"])
+def test_lengths_read_in_python_or_by_a_reduction_agree(B, per_query):
+    """Up to 256 lengths are checked by reading them into Python, more by a reduction: both
+    give the float64 reference, lengths above m included (no clamp is skipped wrongly),
+    and both name a negative length."""
+    n, m = 2, 5
+    gen = torch.Generator().manual_seed(B)
+    X = torch.randn(B, n, m, generator=gen, dtype=torch.float64)
+    shape = (B, n) if per_query else (B,)
+    lens = torch.randint(0, m + 3, shape, generator=gen)
+    lens.view(-1)[-1] = m + 7  # one far above m, last (where a read might stop early)
+    expected = np_masked_softmax(X.numpy(), broadcast_lengths(lens.numpy(), (B,), n))
+    np.testing.assert_allclose(masked_softmax(X, lens).numpy(), expected, atol=1e-12)
+    q = torch.randn(B, n, 4, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, B, m, 4, generator=gen, dtype=torch.float64)
+    weights = np_masked_softmax(
+        np_dot_scores(q.numpy(), k.numpy()), broadcast_lengths(lens.numpy(), (B,), n)
+    )
+    np.testing.assert_allclose(
+        attnscore.dot_product_attention(q, k, v, lens).numpy(),
+        np_attention(weights, v.numpy()),
+        atol=1e-12,
+    )
+    bad = lens.clone()
+    bad.view(-1)[-1] = -4
+    with pytest.raises(ValueError, match=r"`valid_lens` to be non-negative, but got -4"):
+        masked_softmax(X, bad)
 
 
 def test_sequence_mask_returns_new_tensor():

@@ -315,6 +315,27 @@ def test_train_refuses_a_folder_with_an_earlier_run(
     assert summary["steps"] == 3
 
 
+def test_overwrite_deletes_the_earlier_runs_files_only(
+    toy_dict: Path, trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--overwrite leaves nothing of the old model to be read as the new one's: its test
+    scores cached by g2p table/compare, and a checkpoint's half-written .tmp, are gone;
+    files the run never writes stay."""
+    stale = {"greedy": {"per": 0.5, "wer": 0.25}, "beam": {"per": 0.5, "wer": 0.25}}
+    (trained / "test-beam2-ln0.json").write_text(json.dumps(stale))
+    (trained / "best.pt.tmp").write_bytes(b"half a checkpoint")
+    (trained / "notes.txt").write_text("mine")
+    (trained / "plots").mkdir()
+    assert main(_train_args(toy_dict, trained, "--steps", "3", "--overwrite")) == 0
+    held = {p.name for p in trained.iterdir()}
+    assert not held & {"test-beam2-ln0.json", "best.pt.tmp"}, held
+    assert (trained / "notes.txt").read_text() == "mine" and (trained / "plots").is_dir()
+    assert json.loads((trained / "summary.json").read_text())["steps"] == 3
+    capsys.readouterr()
+    assert main(["table", str(trained), "--beam", "2"]) == 0
+    assert (trained / "test-beam2-ln0.json").read_text() != json.dumps(stale)
+
+
 def test_train_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 21.6: the defaults are the config's, and the help says them."""
     with pytest.raises(SystemExit, match="0"):

@@ -83,9 +83,16 @@ def _inputs(batch, n, m, d=8, dv=8, dtype=torch.float64, seed=0, heads_inner=Fal
     return q.to(dtype), k.to(dtype), v.to(dtype), g
 
 
+def _always_loop(monkeypatch):
+    """The padding-free loop at any size: cutting always pays, and so do the backward's
+    threads (with fewer heads than threads)."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    monkeypatch.setattr(_cpu, "_THREADS_WORK", 0)
+
+
 def run(route, q, k, v, mask, scale, monkeypatch):
     if route == "loop":
-        monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting always pays
+        _always_loop(monkeypatch)
     elif route.startswith("masked"):
         monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
         if route == "masked, looked":
@@ -180,7 +187,7 @@ def test_gradients_match_the_reference(route, mask_kind, value_size, monkeypatch
 def test_loop_gradcheck(mask_kind, dropout, monkeypatch):
     """Both forms of the loop: one autograd node (no dropout) and SDPA's autograd (taken
     with dropout; checked here with dv != d, which the flash op does not take either)."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    _always_loop(monkeypatch)
     q, k, v, g = _inputs((2, 2), 3, 4, d=2, dv=3 if dropout else 2, seed=4)
     mask = build_mask(q.shape[:-2], 3, 4, q.device, **MASKS[mask_kind]((2, 2), 3, 4, g))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -190,7 +197,7 @@ def test_loop_gradcheck(mask_kind, dropout, monkeypatch):
 
 
 def test_an_example_with_nothing_to_attend_still_gives_zero_gradients(monkeypatch):
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    _always_loop(monkeypatch)
     q, k, v, _ = _inputs((2,), 3, 4)
     mask = build_mask(torch.Size([2]), 3, 4, q.device, valid_lens=torch.tensor([0, 0]))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -242,7 +249,7 @@ def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
 def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
     """One flash call per example with all its heads, keys cut to its length; no mask
     inside the cut for per-example lengths; the backward likewise."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    _always_loop(monkeypatch)
     calls = []
     forward, backward = _cpu._flash_ops()
 
@@ -272,9 +279,50 @@ def test_small_work_runs_one_masked_sdpa_call(sdpa_calls):
     assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
 
 
+def test_small_training_with_fewer_heads_than_threads_runs_masked_sdpa(sdpa_calls, monkeypatch):
+    """Where the loop's backward would need threads whose start its work does not repay,
+    training runs one SDPA call with the mask; inference keeps the loop."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting pays; the threads do not
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v, _ = _inputs((3, 1), 6, 10)
+        mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
+        K.dot_product_attention(q, k, v, mask, scale=0.3)
+        assert sdpa_calls == []  # inference: the loop (flash op, not SDPA)
+        q.requires_grad_(True)
+        K.dot_product_attention(q, k, v, mask, scale=0.3).sum().backward()
+        assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
+        assert q.grad is not None
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_empty_rows_probe_on_this_torch():
     """The CPU loop relies on SDPA giving zero rows for fully masked queries (torch >= 2.5);
     where it does not, every lengths call takes the masked route, which fixes rows itself."""
     probe = _sdpa.empty_rows_are_zero("cpu")
     assert isinstance(probe, bool)
     assert _sdpa.empty_rows_are_zero("cuda") is False
+
+
+def test_loop_backward_leaves_no_thread_behind(monkeypatch):
+    """With fewer heads than threads the loop's backward runs examples on threads of its
+    own; they end with it. (A live thread that has run a PyTorch op slows every later small
+    op of the main thread, about 35 us each: measured with ``attnscore bench``.)"""
+    import threading
+
+    _always_loop(monkeypatch)  # the loop, threads in its backward, at a small shape
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        before = {t.ident for t in threading.enumerate()}
+        q, k, v, g = _inputs((4, 1), 6, 9, dtype=torch.float32)
+        mask = build_mask(q.shape[:-2], 6, 9, q.device, **MASKS["lengths (B,)"]((4, 1), 6, 9, g))
+        args = [t.requires_grad_(True) for t in (q, k, v)]
+        K.dot_product_attention(*args, mask, scale=0.5).sum().backward()
+        assert all(t.grad is not None for t in args)
+        left = [t.name for t in threading.enumerate() if t.ident not in before]
+    finally:
+        torch.set_num_threads(old)
+    assert left == []

@@ -24,7 +24,6 @@ timed call, on both sides, as a user's code builds it per batch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,13 +42,6 @@ MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + l
 
 SOFTMAX_MASKS = ("none", "lengths (B,)", "lengths (B, n)")
 """``masked_softmax(X, valid_lens)`` takes lengths only."""
-
-
-def free_bytes(device: torch.device) -> int:
-    """Bytes free on ``device``: CUDA's free memory, or the CPU's available pages."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 class Masks:

@@ -21,6 +21,7 @@ from ..g2p.checkpoint import load_model
 from ..g2p.compare import (
     alignment_figures,
     budget_line,
+    clear_run,
     format_table,
     run_result,
     summarize,
@@ -28,6 +29,7 @@ from ..g2p.compare import (
 )
 from ..g2p.config import DEFAULT_STEPS, TrainConfig, usable_cores
 from ..g2p.data import Vocab
+from ..g2p.distributed import distributed_env
 from ..g2p.evaluate import EvalResult, evaluate_checkpoint, predict
 from ..g2p.plots import comparison_figure, words_figure
 from ..g2p.summary import SUMMARY_FILE
@@ -88,6 +90,10 @@ def train_config(
 def cmd_train(args: argparse.Namespace) -> int:
     """``g2p train``: train one model; prints its summary line.
 
+    ``--overwrite`` first deletes what an earlier run wrote in ``--out`` (its checkpoints,
+    config, summary and test-score caches: :func:`~attnscore.g2p.compare.clear_run`; on
+    torchrun's rank 0 only), so nothing of the old model is read as the new one's.
+
     Args:
         args: the ``train`` options.
 
@@ -106,6 +112,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"--out: {out} holds an earlier run ({held}); continue it with --resume or "
             "replace it with --overwrite"
         )
+    if args.overwrite and distributed_env()[0] == 0:
+        clear_run(out)
     try:
         summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt:

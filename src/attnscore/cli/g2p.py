@@ -154,7 +154,10 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     again.add_argument(
-        "--overwrite", action="store_true", help="replace the run already in OUT (if any)"
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in OUT (if any): first delete its files (best.pt, "
+        "last.pt, config.json, summary.json, test-beam*-ln*.json); other files are kept",
     )
     _add_train_options(p)
     p.set_defaults(handler=_usage_errors(cmd_train))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,13 +21,44 @@ from .config import TrainConfig
 from .data import load_lexicon
 from .evaluate import evaluate_checkpoint, forced_alignment, predict
 from .plots import alignments_figure
-from .summary import RunSummary
+from .summary import SUMMARY_FILE, RunSummary
 from .train import train
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _METRICS = ("per_greedy", "wer_greedy", "per_beam", "wer_beam")
+
+RUN_FILES = ("config.json", "last.pt", "best.pt", "last.pt.tmp", "best.pt.tmp", SUMMARY_FILE)
+"""The files a training run writes in its folder (checkpoints through a ``.tmp`` file)."""
+
+_TEST_CACHE = re.compile(r"test-beam\d+-ln[-+.\w]+\.json")
+"""The names of :func:`run_result`'s test-score caches, ``test-beam{beam}-ln{length_norm}``."""
+
+
+def clear_run(run: Path) -> list[str]:
+    """Delete what an earlier run wrote in folder ``run``: :data:`RUN_FILES` and the test
+    score caches of :func:`run_result`. Other files and sub-folders are left alone.
+
+    Args:
+        run: a run folder; one that does not exist holds nothing.
+
+    Returns:
+        The names deleted, sorted.
+
+    Raises:
+        OSError: a file that cannot be deleted.
+    """
+    if not run.is_dir():
+        return []
+    names = sorted(
+        p.name
+        for p in run.iterdir()
+        if (p.name in RUN_FILES or _TEST_CACHE.fullmatch(p.name)) and not p.is_dir()
+    )
+    for name in names:
+        (run / name).unlink(missing_ok=True)
+    return names
 
 
 def _child(cfg: TrainConfig) -> None:

@@ -53,12 +53,14 @@ def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> Attenti
             attend = attend.unsqueeze(1)
         elif len(batch) > 2:
             attend = attend.expand(*batch, mask.n, mask.m).reshape(B, heads, mask.n, mask.m)
+    lengths = lengths_4d(mask.lengths)
+    same = mask.key_lengths is mask.lengths  # key lengths alone: one reshape serves both
     return AttentionMask(
         n=mask.n,
         m=mask.m,
-        lengths=lengths_4d(mask.lengths),
+        lengths=lengths,
         attend=attend,
-        key_lengths=lengths_4d(mask.key_lengths),
+        key_lengths=lengths if same else lengths_4d(mask.key_lengths),
         query_lengths=query_lengths,
         causal=mask.causal,
     )

@@ -71,12 +71,12 @@ from torch import Tensor
 
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
 # checked by mypy), three of them the plain backend's, re-exported as they are.
+from . import _triton_softmax
 from ._plain import dot_product_attention as dot_product_attention
 from ._plain import mask_summary as mask_summary
 from ._plain import masked_softmax_dense as masked_softmax_dense
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh
-from ._triton_softmax import masked_softmax_bwd, masked_softmax_fwd
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TANH_MODES = ("auto", "exact", "approx")
@@ -146,7 +146,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
 
     Source: D2L "Attention Scoring Functions" (masked softmax), one pass per row.
     """
-    return masked_softmax_fwd(x.contiguous(), lengths.contiguous())
+    return _triton_softmax.masked_softmax(x.contiguous(), lengths.contiguous())
 
 
 def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
@@ -162,7 +162,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
         exact zeros at and beyond L and on rows with L == 0; 16-bit reduced in float32.
     """
     g = grad_y.to(y.dtype).contiguous()
-    return masked_softmax_bwd(g, y.contiguous(), lengths.contiguous())
+    return _triton_softmax.masked_softmax_backward(g, y.contiguous(), lengths.contiguous())
 
 
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:

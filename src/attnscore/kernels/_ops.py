@@ -28,13 +28,12 @@ device, values in [0, m].
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .._checks import in_functorch
+from .._checks import fake_tensor_type, in_functorch
 from . import _plain
 from ._dispatch import backend_function, enabled
 
@@ -78,14 +77,7 @@ def _needs_grad(*tensors: Tensor) -> bool:
 
 def _is_fake(t: Tensor) -> bool:
     """A FakeTensor (torch.export's and torch.compile's shape propagation)."""
-    return type(t) is not Tensor and isinstance(t, _fake_tensor_type())
-
-
-@functools.cache
-def _fake_tensor_type() -> type:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return FakeTensor
+    return type(t) is not Tensor and isinstance(t, fake_tensor_type())
 
 
 # ---- masked softmax ------------------------------------------------------------------------

@@ -35,11 +35,13 @@ __all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmas
 def compact(t: Tensor) -> Tensor:
     """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
     tensor that broadcasts back to it. Lengths arrive expanded over heads and queries."""
-    index = tuple(
-        slice(0, 1) if stride == 0 and size > 1 else slice(None)
-        for size, stride in zip(t.shape, t.stride(), strict=True)
-    )
-    return t[index]
+    strides = t.stride()
+    sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
+    if sizes == list(t.shape):
+        return t
+    if type(t) is Tensor and not in_transform(t):  # one view op (slicing takes one per dim)
+        return t.as_strided(sizes, strides)
+    return t[tuple(slice(0, size) for size in sizes)]
 
 
 def as_4d(t: Tensor) -> Tensor:
@@ -86,11 +88,15 @@ def causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
 
 
-def _allowed(mask: AttentionMask, m: int, device: torch.device) -> Tensor:
-    """Bool (B or 1, H or 1, n or 1, m): True = may attend, as small as broadcasting allows."""
+def _allowed(
+    mask: AttentionMask, m: int, device: torch.device, lengths: Tensor | None = None
+) -> Tensor:
+    """Bool (B or 1, H or 1, n or 1, m): True = may attend, as small as broadcasting allows
+    (``lengths``: the mask's lengths already :func:`compact`)."""
     allowed: Tensor | None = None
     if mask.lengths is not None:
-        lengths = compact(mask.lengths)
+        if lengths is None:
+            lengths = compact(mask.lengths)
         allowed = torch.arange(m, device=device) < lengths.unsqueeze(-1)
     if mask.attend is not None:
         allowed = mask.attend if allowed is None else allowed & mask.attend
@@ -101,7 +107,15 @@ def _allowed(mask: AttentionMask, m: int, device: torch.device) -> Tensor:
 
 
 def masked(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    scale: float,
+    dropout_p: float,
+    lengths: Tensor | None = None,
+    has_idle: bool | None = None,
 ) -> Tensor:
     """SDPA with the boolean form of ``mask`` (lengths and/or ``attend``), q (B, H, n, d).
 
@@ -109,7 +123,9 @@ def masked(
     CPU only then; elsewhere always, since looking would cost a sync), and makes rows with
     no allowed key zeros. On the CPU the mask goes to SDPA in its additive form, made by one
     C pass over the boolean mask that also finds the padding: SDPA would convert it anyway,
-    more slowly (``torch.where``).
+    more slowly (``torch.where``). A caller that has read the lengths already may pass them
+    :func:`compact` (``lengths``) and say whether some query attends no key (``has_idle``),
+    which saves small calls the ops that find out.
     """
     m = k.shape[-2]
     # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
@@ -117,19 +133,24 @@ def masked(
     look = (
         q.device.type == "cpu" and k.numel() + v.numel() >= LOOK_NUMEL and not in_transform(q, k, v)
     )
-    allowed = _allowed(mask, m, q.device)
+    if lengths is None and mask.lengths is not None:
+        lengths = compact(mask.lengths)
+    allowed = _allowed(mask, m, q.device, lengths)
     attn_mask: Tensor = allowed
+    idle: Tensor | None
     if look:  # one C pass: the additive mask SDPA would make anyway, and where padding is
         additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype)
         assert additive is not None
         attn_mask = additive
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
     elif mask.attend is None:  # lengths: the padding is read off the lengths themselves
-        assert mask.lengths is not None
-        lengths = compact(mask.lengths)
-        longest = lengths.amax(-1, keepdim=True)
-        padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
-        idle = (lengths == 0).unsqueeze(-1)
+        assert lengths is not None
+        if lengths.shape[-1] == 1:  # one length per (example, head): padding = not allowed
+            padded = ~allowed.mT
+        else:
+            longest = lengths.amax(-1, keepdim=True)
+            padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
+        idle = None if has_idle is False else (lengths == 0).unsqueeze(-1)
     else:
         _, row_any, col_any = _ops.mask_summary(allowed, None)
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
@@ -140,15 +161,17 @@ def masked(
             k = k.masked_fill(padded, 0.0)
         if not look or bool((padded & bad_rows(v).unsqueeze(-1)).any()):
             v = v.masked_fill(padded, 0.0)
-    has_idle = not look or bool(idle.any())
-    if has_idle and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
+    if look and idle is not None and not bool(idle.any()):
+        idle = None  # looked: every query attends some key
+    if idle is not None and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
         q = q.masked_fill(idle, 0.0)
-    fix_rows = has_idle and not empty_rows_are_zero(q.device.type)
-    if fix_rows:  # no fully masked row inside SDPA: such rows attend key 0, zeroed below
+    # Rows SDPA itself does not make zeros attend key 0 inside the call, zeroed after.
+    fix = idle if idle is not None and not empty_rows_are_zero(q.device.type) else None
+    if fix is not None:
         if attn_mask.dtype != torch.bool:
             attn_mask = attn_mask == 0
-        attn_mask = attn_mask | (idle & (torch.arange(m, device=q.device) == 0))
+        attn_mask = attn_mask | (fix & (torch.arange(m, device=q.device) == 0))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
-    return out.masked_fill(idle, 0.0) if fix_rows else out
+    return out if fix is None else out.masked_fill(fix, 0.0)

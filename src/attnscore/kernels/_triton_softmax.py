@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._triton_launch import Launch
 
-__all__ = ["bwd_launch", "fwd_launch", "masked_softmax_bwd", "masked_softmax_fwd"]
+__all__ = ["bwd_launch", "fwd_launch", "masked_softmax", "masked_softmax_backward"]
 
 # Longest row held in registers by one program (elements of the reduction dtype).
 _MAX_SINGLE = {torch.float64: 4096}
@@ -230,17 +230,17 @@ def _launch(
 
 
 def fwd_launch(x: Tensor, lengths: Tensor, y: Tensor) -> Launch:
-    """The launch :func:`masked_softmax_fwd` makes for x (..., m), m > 0 and rows > 0;
+    """The launch :func:`masked_softmax` makes for x (..., m), m > 0 and rows > 0;
     any device (``meta`` tensors for the compile report)."""
     return _launch(_fwd_block_kernel, _fwd_loop_kernel, (x, lengths), y, x.shape[-1])
 
 
 def bwd_launch(grad_y: Tensor, y: Tensor, lengths: Tensor, dx: Tensor) -> Launch:
-    """The launch :func:`masked_softmax_bwd` makes; as :func:`fwd_launch`."""
+    """The launch :func:`masked_softmax_backward` makes; as :func:`fwd_launch`."""
     return _launch(_bwd_block_kernel, _bwd_loop_kernel, (grad_y, y, lengths), dx, y.shape[-1])
 
 
-def masked_softmax_fwd(x: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     """y = softmax(x[..., :L]) followed by exact zeros; see the module docstring.
 
     x: (..., m) contiguous float tensor; lengths: int64 contiguous, shape x.shape[:-1].
@@ -251,10 +251,10 @@ def masked_softmax_fwd(x: Tensor, lengths: Tensor) -> Tensor:
     return y
 
 
-def masked_softmax_bwd(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
+def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     """grad_x = y * (grad_y - sum_{j<L} grad_y y) below L, exact zeros beyond and for L == 0.
 
-    grad_y, y: (..., m) contiguous, one float dtype; lengths as in :func:`masked_softmax_fwd`.
+    grad_y, y: (..., m) contiguous, one float dtype; lengths as in :func:`masked_softmax`.
     """
     dx = torch.empty_like(y)
     if dx.numel():
