@@ -157,8 +157,9 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         assert dense is not None
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
-    # Small calls zero without looking: the looks cost more than the copies.
-    look = q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
+    # Small calls zero without looking: the looks cost more than the copies. Traced code
+    # never looks (and compares no sizes, which would hold an exported program to them).
+    look = not in_transform(q) and q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
 
     def holds_garbage(rows: Tensor, t: Tensor) -> bool:
         return not look or _some(rows & bad_rows(t))

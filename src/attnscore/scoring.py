@@ -56,8 +56,9 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     if scale is None:
         # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
         scale = default_scale(queries.shape[-1])
-    # Scaling the smaller operand costs less than scaling the (n, m) scores.
-    if queries.shape[-2] <= keys.shape[-2]:
+    # Scaling the smaller operand costs less than scaling the (n, m) scores (not while
+    # exporting: a branch on n <= m would hold the exported program to that case).
+    if torch.compiler.is_exporting() or queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(queries * scale, keys.transpose(-1, -2))
     return torch.matmul(queries, (keys * scale).transpose(-1, -2))
 
@@ -77,8 +78,9 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     >>> general_scores(torch.ones(1, 2, 3), torch.ones(1, 4, 5), torch.ones(3, 5)).shape
     torch.Size([1, 2, 4])
     """
-    # Project whichever side has fewer vectors: the cost is (n or m) * q * k.
-    if queries.shape[-2] <= keys.shape[-2]:
+    # Project whichever side has fewer vectors: the cost is (n or m) * q * k (not while
+    # exporting: a branch on n <= m would hold the exported program to that case).
+    if torch.compiler.is_exporting() or queries.shape[-2] <= keys.shape[-2]:
         return torch.matmul(torch.matmul(queries, W_a), keys.transpose(-1, -2))
     return torch.matmul(queries, torch.matmul(keys, W_a.transpose(0, 1)).transpose(-1, -2))
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_one_tree_with_every_subcommand():
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    assert list(sub.choices) == ["demo", "run", "bench", "g2p"]
+    assert list(sub.choices) == ["demo", "run", "bench", "g2p", "export"]
     assert all(type(p) is type(parser) for p in sub.choices.values())
     for argv in (["demo"], ["run", "--input", "x.npz"], ["bench"], ["g2p", "table", "r"]):
         assert callable(parser.parse_args(argv).handler)

@@ -29,7 +29,7 @@ def build_parser() -> ArgumentParser:
     ('scaled_dot', '_run')
     """
     from .. import __version__
-    from . import bench, demo, g2p, run
+    from . import bench, demo, export, g2p, run
 
     parser = ArgumentParser(
         prog="attnscore",
@@ -40,7 +40,7 @@ def build_parser() -> ArgumentParser:
         "--version", action="version", version=f"attnscore {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (demo, run, bench, g2p):
+    for command in (demo, run, bench, g2p, export):
         command.add_parser(sub)
     return parser
 

@@ -131,7 +131,7 @@ def masked(
     # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
     # while tracing, and not in small calls, where the looking costs more than the zeroing.
     look = (
-        q.device.type == "cpu" and k.numel() + v.numel() >= LOOK_NUMEL and not in_transform(q, k, v)
+        q.device.type == "cpu" and not in_transform(q, k, v) and k.numel() + v.numel() >= LOOK_NUMEL
     )
     if lengths is None and mask.lengths is not None:
         lengths = compact(mask.lengths)

@@ -1,0 +1,8 @@
+"""Where users' models live: attnscore inside other libraries' models and runtimes.
+
+Each submodule imports its client library only when it is used, so ``import attnscore``
+never needs them:
+
+- :mod:`attnscore.integrations.export`: ``torch.export`` programs and ONNX files of the
+  library's modules, run by ONNX Runtime; extra ``[onnx]``.
+"""
