@@ -3,6 +3,8 @@
 Each submodule imports its client library only when it is used, so ``import attnscore``
 never needs them:
 
+- :mod:`attnscore.integrations.transformers`: Hugging Face transformers models select
+  attnscore's attention by name (``attn_implementation="attnscore"``); extra ``[hf]``.
 - :mod:`attnscore.integrations.export`: ``torch.export`` programs and ONNX files of the
   library's modules, run by ONNX Runtime; extra ``[onnx]``.
 """
