@@ -22,6 +22,7 @@ __all__ = [
     "fake_tensor_type",
     "in_functorch",
     "in_transform",
+    "value_range",
 ]
 
 try:  # private, but the only way to tell that a tensor is inside a torch.func transform
@@ -68,6 +69,21 @@ def fake_tensor_type() -> type:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return FakeTensor
+
+
+SMALL_VALUES = 256
+"""Integer tensors up to this many values are read into Python at once by
+:func:`value_range` (cheaper than a reduction op and its ``.item()``)."""
+
+
+def value_range(t: Tensor) -> tuple[int, int]:
+    """(smallest, largest) value of a non-empty integer CPU tensor, in one read: a
+    ``.tolist()`` of up to :data:`SMALL_VALUES` values, else one ``aminmax``."""
+    if t.numel() <= SMALL_VALUES:
+        values = t.flatten().tolist()
+        return int(min(values)), int(max(values))
+    low, high = torch.aminmax(t)
+    return int(low), int(high)
 
 
 def check_tensor(x: object, name: str) -> Tensor:

@@ -13,16 +13,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_floating, check_tensor, in_functorch
+from ._checks import check_floating, check_tensor, in_functorch, value_range
 from ._mask import AttentionMask
 from .kernels import _ops
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
-
-
-# Integer lengths up to this many are checked in Python (one read of the values costs less
-# than a reduction op and its ``.item()``).
-_SMALL_LENGTHS = 256
 
 
 def _check_values(t: Tensor, name: str) -> int | None:
@@ -44,12 +39,7 @@ def _check_values(t: Tensor, name: str) -> int | None:
     if numel == 0:
         return None
     if not floating and not compiling and t.device.type == "cpu":
-        if numel <= _SMALL_LENGTHS:
-            values = t.flatten().tolist()
-            low, high = int(min(values)), int(max(values))
-        else:
-            low_t, high_t = torch.aminmax(t)
-            low, high = int(low_t), int(high_t)
+        low, high = value_range(t)
         if low >= 0:  # the common case: one read
             return high
         raise ValueError(f"Expected `{name}` to be non-negative, but got {low!r} instead.")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import compute_dtype
+from .._checks import compute_dtype, value_range
 from .._mask import AttentionMask
 from . import _plain, _sdpa
 from ._build import has_float16, load_library, parallel_in_c
@@ -55,17 +55,24 @@ def _lib() -> ctypes.CDLL:
 _HUGE_MIN_BYTES = 4 << 20
 
 
-def _empty(shape: Sequence[int] | Tensor, dtype: torch.dtype) -> Tensor:
-    """torch.empty on CPU (of a contiguous tensor's shape: ``torch.empty_like``, half the
-    cost in small calls), hinted to use huge pages so first-touch page faults stay cheap."""
-    if isinstance(shape, Tensor) and shape.dtype == dtype:
-        t = torch.empty_like(shape, memory_format=torch.contiguous_format)
-    else:
-        t = torch.empty(shape.shape if isinstance(shape, Tensor) else shape, dtype=dtype)
+def _huge(t: Tensor) -> Tensor:
+    """``t`` (new, uninitialised), hinted to use huge pages when large, so first-touch page
+    faults stay cheap."""
     nbytes = t.numel() * t.element_size()
     if nbytes >= _HUGE_MIN_BYTES:
         _lib().attnscore_advise_huge(t.data_ptr(), nbytes)
     return t
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """torch.empty on CPU, hinted to use huge pages."""
+    return _huge(torch.empty(shape, dtype=dtype))
+
+
+def _empty_like(t: Tensor) -> Tensor:
+    """A contiguous ``torch.empty_like(t)`` (half ``torch.empty``'s cost in small calls),
+    hinted to use huge pages."""
+    return _huge(torch.empty_like(t, memory_format=torch.contiguous_format))
 
 
 def _split(
@@ -226,7 +233,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     dtype = _softmax_dtype(x.dtype)
     m = x.shape[-1]
     xc = x if x.dtype == dtype and x.is_contiguous() else x.to(dtype).contiguous()
-    y = _empty(xc, dtype)
+    y = _empty_like(xc)
     R = lengths.numel()
     if R and m:
         shared, div = _shared_lengths(lengths)
@@ -246,7 +253,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     m = y.shape[-1]
     yc = y.to(dtype).contiguous()
     g = grad_y.to(dtype).contiguous()
-    dx = _empty(yc, dtype)
+    dx = _empty_like(yc)
     R = lengths.numel()
     if R and m:
         shared, div = _shared_lengths(lengths)
@@ -400,8 +407,6 @@ _CALL_WORK = 1 << 21
 #: Work (multiply-adds) of the loop's backward from which threads of its own pay for
 #: their start (measured on 2 cores: (8, 512, 512, 64) no, (32, 1024, 1024, 64) yes).
 _THREADS_WORK = 1 << 30
-# Lengths up to this many are read into Python at once (cheaper than a reduction op).
-_SMALL_LENGTHS = 256
 
 
 @dataclass(frozen=True)
@@ -652,34 +657,29 @@ def dot_product_attention(
     lengths = _sdpa.compact(mask.lengths) if mask.lengths is not None else None
     if lengths is None or B == 0 or not _sdpa.empty_rows_are_zero("cpu"):
         return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
-    if lengths.numel() <= _SMALL_LENGTHS:  # a read of a few values costs less than an op
-        values = lengths.flatten().tolist()
-        shortest, has_idle = min(values), 0 in values
-    else:
-        shortest = int(lengths.min())
-        has_idle = shortest == 0
+    shortest, _ = value_range(lengths)
     if shortest == m:  # lengths that cut nothing: no mask at all
         return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
+
+    def with_mask() -> Tensor:  # SDPA with the mask, told what the lengths showed
+        return _sdpa.masked(
+            q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=shortest == 0
+        )
+
     full = B * n * m
     work = H * (q.shape[-1] + v.shape[-1])
-    if full * work < B * _CALL_WORK:  # too little to cut: SDPA with the mask
-        return _sdpa.masked(
-            q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=has_idle
-        )
+    if full * work < B * _CALL_WORK:  # too little to cut
+        return with_mask()
     cuts = _cuts(mask, lengths, n)
     kept = sum(c.size * c.keys for c in cuts)
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
-        return _sdpa.masked(
-            q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=has_idle
-        )
+        return with_mask()
     # With fewer heads than threads the loop's backward needs threads of its own, whose
     # start (about 3 ms on 2 cores) only a large backward repays: below that, training
     # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and torch.get_num_threads() > H and kept * work < _THREADS_WORK:
-        return _sdpa.masked(
-            q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=has_idle
-        )
+        return with_mask()
     # The flash op takes no dropout and one head size for q, k and v.
     if dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None:
         return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]

@@ -88,15 +88,11 @@ def causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
 
 
-def _allowed(
-    mask: AttentionMask, m: int, device: torch.device, lengths: Tensor | None = None
-) -> Tensor:
+def _allowed(mask: AttentionMask, lengths: Tensor | None, m: int, device: torch.device) -> Tensor:
     """Bool (B or 1, H or 1, n or 1, m): True = may attend, as small as broadcasting allows
-    (``lengths``: the mask's lengths already :func:`compact`)."""
+    (``lengths``: the mask's lengths, :func:`compact`)."""
     allowed: Tensor | None = None
-    if mask.lengths is not None:
-        if lengths is None:
-            lengths = compact(mask.lengths)
+    if lengths is not None:
         allowed = torch.arange(m, device=device) < lengths.unsqueeze(-1)
     if mask.attend is not None:
         allowed = mask.attend if allowed is None else allowed & mask.attend
@@ -135,7 +131,7 @@ def masked(
     )
     if lengths is None and mask.lengths is not None:
         lengths = compact(mask.lengths)
-    allowed = _allowed(mask, m, q.device, lengths)
+    allowed = _allowed(mask, lengths, m, q.device)
     attn_mask: Tensor = allowed
     idle: Tensor | None
     if look:  # one C pass: the additive mask SDPA would make anyway, and where padding is
