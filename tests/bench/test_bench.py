@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnscore import bench
-from attnscore.bench import _cases, _core, cpu, matrix
+from attnscore.bench import _cases, _core, _hf, cpu, matrix
 from reference import broadcast_lengths, np_masked_softmax
 
 CPU = torch.device("cpu")
@@ -119,7 +119,7 @@ def test_extra_rows_build_and_agree():
     """The decoder step and the tiny calls compute what their baselines compute; the
     compiled rows build lazily (compiling runs only in the full bench)."""
     for case in matrix.extras("cpu", quick=True):
-        if case.name == "additive_memory":
+        if case.name == "additive_memory" or (case.name == "hf_llama" and not _hf.available()):
             continue
         built = case.build()
         with torch.no_grad():
@@ -299,3 +299,38 @@ def test_additive_memory_note_gives_the_size_of_the_run_it_describes():
     full = matrix.ADDITIVE_MEMORY
     gib = full["B"] * full["n"] * full["m"] * full["h"] * 4 / 2**30
     assert f"would take {gib:.1f} GiB here" in _cases.additive_memory(full, device=CPU).notes[0]
+
+
+def test_hf_row_pads_on_the_left_to_the_bench_lengths():
+    """The Llama row's batch: example b keeps its last valid_lens[b] tokens, pads the rest
+    with id 0, and its attention mask says so."""
+    ids, attention_mask = _hf.padded_batch(4, 9, 50, CPU)
+    valid_lens = _core.lengths(4, 9)
+    for b, length in enumerate(valid_lens.tolist()):
+        expected = [0] * (9 - length) + [1] * length
+        assert attention_mask[b].tolist() == expected
+        assert (ids[b, : 9 - length] == 0).all() and (ids[b, 9 - length :] >= 3).all()
+
+
+def test_hf_row_without_transformers_is_a_note_not_a_verdict(monkeypatch):
+    """Without the [hf] extra the row is measured as nothing: a note, no verdict, no miss."""
+    monkeypatch.setattr(_hf, "available", lambda: False)
+    (case,) = [c for c in matrix.extras("cpu", quick=True) if c.name == "hf_llama"]
+    row = _core.measure(case, CPU, threads=1, min_time=0.01, judge=True)
+    assert row["median_s"] == {} and _hf.MISSING in row["notes"]
+    assert [t["met"] for t in row["targets"]] == [None, None]
+    assert bench.missed({"rows": [row]}) == []
+
+
+def test_hf_row_matches_sdpa_and_both_train():
+    """With transformers, the row's two models are the same model: equal logits, and a
+    gradient for every parameter of each."""
+    pytest.importorskip("transformers")
+    built = _hf.llama(_hf.LLAMA_QUICK, device=CPU)
+    assert set(built.forwards) == {"attnscore", "sdpa"} and built.same == ("sdpa",)
+    ours, theirs = built.forwards["attnscore"](), built.forwards["sdpa"]()
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    for name, forward in built.forwards.items():
+        params = built.grad_inputs[name]
+        grads = torch.autograd.grad(forward().sum(), params)
+        assert len(grads) == len(params) and all(g.isfinite().all() for g in grads)

@@ -118,6 +118,34 @@ def test_masked_softmax_fast_and_plain_gradients_agree(dtype):
     torch.testing.assert_close(grads[0], grads[1], atol=TOL[dtype] * 4, rtol=TOL[dtype] * 4)
 
 
+def _broadcast_gradients(shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """Upstream gradients that are views of fewer numbers: a sum's (one value everywhere),
+    one row repeated, every row its own."""
+    m = shape[-1]
+    return {
+        "sum": torch.ones(()).expand(shape),
+        "row": torch.randn(m).expand(shape),
+        "dense": torch.randn(shape),
+    }
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["sum", "row", "dense"])
+def test_masked_softmax_backward_of_broadcast_gradients(fast, dtype, kind):
+    """dx = y * (g - sum_j g_j y_j) on valid positions, zeros beyond, whatever g's strides
+    (the fast path reads one broadcast row once instead of copying it out)."""
+    x = torch.randn(3, 5, 37, dtype=torch.float64).to(dtype).requires_grad_(True)
+    lens = torch.randint(0, 38, (3, 5))
+    lens[0, 0], lens[1, 2] = 0, 37
+    g = _broadcast_gradients(x.shape)[kind].to(dtype)
+    run(fast, K.masked_softmax, x, lens).backward(g)
+    y = ref_masked_softmax(x.detach().double().numpy(), lens.numpy())
+    g64 = g.double().numpy()
+    expected = y * (g64 - (g64 * y).sum(-1, keepdims=True))
+    np.testing.assert_allclose(x.grad.double().numpy(), expected, atol=TOL[dtype] * 4, rtol=0)
+
+
 @pytest.mark.parametrize("fast", PATHS)
 def test_masked_softmax_gradcheck(fast):
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)

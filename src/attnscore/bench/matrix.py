@@ -18,7 +18,7 @@ from functools import partial
 
 import torch
 
-from . import _cases
+from . import _cases, _hf
 from ._core import Case, Shapes, Target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -159,7 +159,9 @@ def _tiny_shapes(row: str) -> Shapes:
 
 def extras(device_type: str, quick: bool) -> list[Case]:
     """The rows outside the matrix: issue 16's table at its shapes, tiny calls, the decoder
-    step, and (CPU, full run) additive attention's peak RSS and the compiled rows."""
+    step, a tiny Hugging Face Llama trained with ``"attnscore"`` against ``"sdpa"`` (issue
+    18; no verdict without transformers), and (CPU, full run) additive attention's peak RSS
+    and the compiled rows."""
     device = torch.device(device_type)
     out: list[Case] = []
     if not quick:
@@ -192,6 +194,18 @@ def extras(device_type: str, quick: bool) -> list[Case]:
             partial(_cases.decoder_step, DECODER, device=device),
             [Target("time", 1 / 1.5, "textbook")],
             mask="lengths (B,)",
+        )
+    )
+    hf = _hf.LLAMA_QUICK if quick else _hf.LLAMA
+    out.append(
+        Case(
+            "hf_llama",
+            hf,
+            "float32",
+            partial(_hf.llama, hf, device=device),
+            [Target("time", 1.05, "sdpa"), Target("peak", 1.05, "sdpa")],
+            backward=True,
+            mask="padded",
         )
     )
     if device_type == "cpu":

@@ -235,7 +235,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
         # (..., m, div): div rows share one length
         "masked_softmax": ([p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),
-        "masked_softmax_backward": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
+        # (..., m, div, gs): the upstream gradient's rows are gs apart (m, or 0: one row)
+        "masked_softmax_backward": ([p, p, p, p, i, i, i, i, i], [p, p, p, p, p, i, i, i, i]),
         "masked_softmax_dense": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
         "mask_summary": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
         "additive_scores": ([p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),

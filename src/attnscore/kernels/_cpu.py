@@ -252,7 +252,10 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     dtype = _softmax_dtype(y.dtype)
     m = y.shape[-1]
     yc = y.to(dtype).contiguous()
-    g = grad_y.to(dtype).contiguous()
+    # One row broadcast to every row (the gradient of a sum) is read as that one row, not
+    # copied out to y's size first.
+    one_row = grad_y.ndim > 1 and grad_y.numel() > 0 and not any(grad_y.stride()[:-1])
+    g = (grad_y.reshape(-1, m)[0] if one_row else grad_y).to(dtype).contiguous()
     dx = _empty_like(yc)
     R = lengths.numel()
     if R and m:
@@ -260,7 +263,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
         ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (yc.data_ptr(), g.data_ptr(), shared.data_ptr(), dx.data_ptr())
         kernel = f"masked_softmax_backward_{_suffix(dtype)}"
-        _run(lib, kernel, ranges, lambda _i: (head, (m, div)))
+        _run(lib, kernel, ranges, lambda _i: (head, (m, div, 0 if one_row else m)))
     return dx if y.dtype == dtype else dx.to(y.dtype)
 
 

@@ -59,7 +59,9 @@ class Backend(Protocol):
         """x (..., m), lengths x.shape[:-1] -> softmax of x[..., :L], then exact zeros."""
 
     def masked_softmax_backward(self, grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-        """y * (grad_y - sum_j grad_y y) over j < L; exact zeros beyond L and for L == 0."""
+        """y * (grad_y - sum_j grad_y y) over j < L; exact zeros beyond L and for L == 0.
+        ``grad_y`` comes as autograd hands it: any strides (a sum's gradient is one value
+        broadcast to y's shape)."""
 
     def masked_softmax_dense(self, x: Tensor, allowed: Tensor) -> Tensor:
         """x (..., m), allowed bool broadcastable to x -> softmax over the allowed positions,

@@ -103,7 +103,7 @@ def _masked_softmax_backward(grad: Tensor, y: Tensor, lengths: Tensor) -> Tensor
     if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
         return _plain.masked_softmax_backward(grad, y, lengths)
     fn = backend_function(y.device.type, "masked_softmax_backward")
-    return fn(grad.contiguous(), y, lengths)  # type: ignore[no-any-return]
+    return fn(grad, y, lengths)  # type: ignore[no-any-return]
 
 
 class _MaskedSoftmax(torch.autograd.Function):
@@ -154,7 +154,7 @@ def _softmax_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     y, lengths = ctx.saved_tensors
     if torch.is_grad_enabled():
         return _plain.masked_softmax_backward(grad, y, lengths), None
-    return masked_softmax_backward_op(grad.contiguous(), y, lengths), None
+    return masked_softmax_backward_op(grad, y, lengths), None
 
 
 masked_softmax_op.register_autograd(_softmax_op_backward, setup_context=_softmax_setup)

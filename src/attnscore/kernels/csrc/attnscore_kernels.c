@@ -75,6 +75,38 @@ DEFINE_SOFTMAX_ROW(float, f32, exp_neg)
 
 static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L > m ? m : L); }
 
+/* ---- software prefetch of the rows ahead --------------------------------------------------
+ * Rows read up to their length only leave gaps in the stream of addresses that the hardware
+ * prefetcher follows: on the 2-core Zen 4 VM a masked softmax backward over bfloat16 rows of
+ * uniform lengths ran 15-25% faster with the next rows' valid entries prefetched (a C harness,
+ * four alternating rounds). Before row r, rows_ahead tops up the prefetched window to
+ * PREFETCH_AHEAD bytes of valid entries per array: `next` is the first row not yet prefetched
+ * and `ahead` the valid bytes prefetched beyond row r (both start at 0). Prefetching never
+ * faults, and these addresses are the ones the row loop reads next. */
+#define PREFETCH_AHEAD 2048
+
+static inline void prefetch_bytes(const char *p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+static inline void rows_ahead(const void *a, const void *b, int64_t esize,
+                              const int64_t *lengths, int64_t r, int64_t r1, int64_t m,
+                              int64_t div, int64_t *next, int64_t *ahead) {
+  if (*next <= r) {
+    *next = r + 1; /* row r itself is read now: start after it */
+    *ahead = 0;
+  } else {
+    *ahead -= clamp_length(lengths[r / div], m) * esize;
+  }
+  while (*next < r1 && *ahead < PREFETCH_AHEAD) {
+    const int64_t bytes = clamp_length(lengths[*next / div], m) * esize;
+    prefetch_bytes((const char *)a + *next * m * esize, bytes);
+    if (b) prefetch_bytes((const char *)b + *next * m * esize, bytes);
+    *ahead += bytes;
+    ++*next;
+  }
+}
+
 /* ---- masked softmax: float32 and float64 rows, in place in the output -------------------
  * y[r, :L] = softmax(x[r, :L]), y[r, L:] = 0 with L = min(lengths[r / div], m) (div rows share
  * a length: the queries and heads of one example); rows with L == 0 are zero. Padded
@@ -82,20 +114,26 @@ static inline int64_t clamp_length(int64_t L, int64_t m) { return L < 0 ? 0 : (L
 #define DEFINE_MASKED_SOFTMAX(T, SUF)                                                       \
   void masked_softmax_##SUF(const T *x, const int64_t *lengths, T *y, int64_t r0,           \
                             int64_t r1, int64_t m, int64_t div) {                           \
+    int64_t next = 0, ahead = 0;                                                            \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t L = clamp_length(lengths[r / div], m);                                        \
       T *yr = y + r * m;                                                                    \
+      rows_ahead(x, NULL, sizeof(T), lengths, r, r1, m, div, &next, &ahead);                \
       if (L > 0) softmax_row_##SUF(x + r * m, yr, L);                                       \
       if (L < m) memset(yr + L, 0, (size_t)(m - L) * sizeof(T));                            \
     }                                                                                       \
   }                                                                                         \
-  /* dx = y * (g - sum(g * y)) on the first L positions, exact zeros elsewhere. */          \
+  /* dx = y * (g - sum(g * y)) on the first L positions, exact zeros elsewhere; g's rows are \
+     gs apart (m, or 0 for one row broadcast to all, as the gradient of a sum). */          \
   void masked_softmax_backward_##SUF(const T *y, const T *g, const int64_t *lengths, T *dx, \
-                                     int64_t r0, int64_t r1, int64_t m, int64_t div) {      \
+                                     int64_t r0, int64_t r1, int64_t m, int64_t div,        \
+                                     int64_t gs) {                                          \
+    int64_t next = 0, ahead = 0;                                                            \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t L = clamp_length(lengths[r / div], m);                                        \
       T *dr = dx + r * m;                                                                   \
-      if (L > 0) softmax_backward_row_##SUF(y + r * m, g + r * m, dr, L);                   \
+      rows_ahead(y, gs ? g : NULL, sizeof(T), lengths, r, r1, m, div, &next, &ahead);       \
+      if (L > 0) softmax_backward_row_##SUF(y + r * m, g + r * gs, dr, L);                  \
       if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(T));                            \
     }                                                                                       \
   }
@@ -326,9 +364,11 @@ static inline float exp_sum_row(float *row, int64_t L, float mx) {
   void masked_softmax_##SUF(const uint16_t *x, const int64_t *lengths, uint16_t *y,         \
                             int64_t r0, int64_t r1, int64_t m, int64_t div) {               \
     float *row = (float *)malloc((size_t)(m > 0 ? m : 1) * sizeof(float));                  \
+    int64_t next = 0, ahead = 0;                                                            \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t L = clamp_length(lengths[r / div], m);                                        \
       uint16_t *yr = y + r * m;                                                             \
+      rows_ahead(x, NULL, 2, lengths, r, r1, m, div, &next, &ahead);                        \
       if (L > 0) {                                                                          \
         float mx = SUF##_row_max(x + r * m, row, L);                                        \
         float s = exp_sum_row(row, L, mx);                                                  \
@@ -340,11 +380,13 @@ static inline float exp_sum_row(float *row, int64_t L, float mx) {
   }                                                                                         \
   void masked_softmax_backward_##SUF(const uint16_t *y, const uint16_t *g,                  \
                                      const int64_t *lengths, uint16_t *dx, int64_t r0,      \
-                                     int64_t r1, int64_t m, int64_t div) {                  \
+                                     int64_t r1, int64_t m, int64_t div, int64_t gs) {      \
+    int64_t next = 0, ahead = 0;                                                            \
     for (int64_t r = r0; r < r1; ++r) {                                                     \
       int64_t L = clamp_length(lengths[r / div], m);                                        \
-      const uint16_t *yr = y + r * m, *gr = g + r * m;                                      \
+      const uint16_t *yr = y + r * m, *gr = g + r * gs;                                     \
       uint16_t *dr = dx + r * m;                                                            \
+      rows_ahead(y, gs ? g : NULL, 2, lengths, r, r1, m, div, &next, &ahead);               \
       if (L > 0) SUF##_row_backward(yr, gr, dr, L, SUF##_dot(gr, yr, L));                   \
       if (L < m) memset(dr + L, 0, (size_t)(m - L) * sizeof(uint16_t));                     \
     }                                                                                       \
@@ -548,8 +590,8 @@ DEFINE_ADDITIVE(double, f64, tanh)
   }                                                                                         \
   void masked_softmax_backward_par_##SUF(const ST *y, const ST *g, const int64_t *lengths,  \
                                          ST *dx, const int64_t *cuts, int64_t parts,        \
-                                         int64_t m, int64_t div) {                          \
-    EACH_RANGE(masked_softmax_backward_##SUF(y, g, lengths, dx, r0, r1, m, div))            \
+                                         int64_t m, int64_t div, int64_t gs) {              \
+    EACH_RANGE(masked_softmax_backward_##SUF(y, g, lengths, dx, r0, r1, m, div, gs))        \
   }
 
 DEFINE_SOFTMAX_DRIVERS(double, f64)
