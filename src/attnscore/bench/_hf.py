@@ -16,7 +16,7 @@ import importlib.util
 
 import torch
 
-from ._core import Built, Shapes, lengths
+from ._core import Built, Forward, Shapes, lengths
 
 LLAMA: Shapes = {"B": 8, "n": 256, "E": 256, "H": 8, "layers": 4}
 """Shapes of the full run: batch, tokens, hidden size, query heads, decoder layers."""
@@ -65,20 +65,24 @@ def llama(s: Shapes, *, device: torch.device) -> Built:
         bos_token_id=1,
         eos_token_id=2,
     )
-    models = {}
+    models: dict[str, torch.nn.Module] = {}
     for name in ("attnscore", "sdpa"):
         torch.manual_seed(0)  # the same weights in both
-        model = LlamaForCausalLM(config).to(device)
+        model = LlamaForCausalLM(config)
         model.set_attn_implementation(name)
-        models[name] = model.train()  # dropout is 0 in this config: train = eval's numbers
+        module: torch.nn.Module = model  # (transformers types its .to for PreTrainedModel)
+        models[name] = module.to(device).train()  # dropout 0: train = eval's numbers
     ids, attention_mask = padded_batch(B, n, config.vocab_size, device)
 
-    def forward(model: LlamaForCausalLM) -> torch.Tensor:
-        logits: torch.Tensor = model(input_ids=ids, attention_mask=attention_mask).logits
+    def forward(model: torch.nn.Module) -> Forward:
+        def logits() -> torch.Tensor:
+            out: torch.Tensor = model(input_ids=ids, attention_mask=attention_mask).logits
+            return out
+
         return logits
 
     return Built(
-        {name: (lambda model=model: forward(model)) for name, model in models.items()},
+        {name: forward(model) for name, model in models.items()},
         {name: list(model.parameters()) for name, model in models.items()},
         same=("sdpa",),
         notes=[
