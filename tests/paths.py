@@ -102,6 +102,10 @@ def ref_general(p: Params, q: Tensor, k: Tensor) -> Tensor:
     return ((q @ p["W_a.weight"]).unsqueeze(-2) * k.unsqueeze(-3)).sum(-1)
 
 
+def ref_general_scaled(p: Params, q: Tensor, k: Tensor) -> Tensor:
+    return ref_general(p, q, k) / math.sqrt(k.shape[-1])
+
+
 def ref_cosine(p: Params, q: Tensor, k: Tensor) -> Tensor:
     def unit(x: Tensor) -> Tensor:
         norm = torch.sqrt((x * x).sum(-1, keepdim=True))
@@ -202,6 +206,7 @@ REFERENCES: dict[str, Callable[[Params, Tensor, Tensor], Tensor]] = {
     "dot": ref_dot(1.0),
     "scaled_dot": ref_dot(None),
     "general": ref_general,
+    "general_scaled": ref_general_scaled,
     "cosine": ref_cosine,
 }
 

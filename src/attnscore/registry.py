@@ -236,6 +236,12 @@ def get_scorer(name: str) -> ScorerSpec:
         ) from None
 
 
+def _general_scaled(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
+    """General scores divided by √d, d the keys' feature size: the scaling that keeps dot
+    products of unit-variance vectors at unit variance, applied to the bilinear form."""
+    return general_scores(queries, keys, W_a) / math.sqrt(keys.shape[-1])
+
+
 def _cosine_by_log_scale(queries: Tensor, keys: Tensor, log_scale: Tensor) -> Tensor:
     """Cosine scores with the scale kept as its logarithm, so that a learned one stays > 0."""
     return cosine_scores(queries, keys, log_scale.exp().to(queries.dtype))
@@ -274,6 +280,13 @@ register_scorer(
     params=(Param("W_a", ("query_size", "key_size")),),
     formula="qᵀ W_a k",
     source='Luong et al. 2015, eq. 8 "general"',
+)
+register_scorer(
+    "general_scaled",
+    _general_scaled,
+    params=(Param("W_a", ("query_size", "key_size")),),
+    formula="qᵀ W_a k / √d",
+    source='Luong et al. 2015, eq. 8 "general", scaled as Vaswani et al. 2017, eq. 1',
 )
 register_scorer(
     "cosine",

@@ -23,16 +23,20 @@ from ..g2p.compare import (
     budget_line,
     clear_run,
     format_table,
+    grid_table,
+    pick_lr,
+    run_folder,
     run_result,
     summarize,
-    train_in_subprocess,
+    train_or_reuse,
 )
 from ..g2p.config import DEFAULT_STEPS, TrainConfig, usable_cores
 from ..g2p.data import Vocab
 from ..g2p.distributed import distributed_env
 from ..g2p.evaluate import EvalResult, evaluate_checkpoint, predict
-from ..g2p.plots import comparison_figure, words_figure
-from ..g2p.summary import SUMMARY_FILE
+from ..g2p.plots import attention_figure, comparison_figure, words_figure
+from ..g2p.state import AttentionStats
+from ..g2p.summary import RunSummary
 from ..g2p.train import train
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
 from ._usage import UsageError
@@ -233,9 +237,12 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``g2p compare``: every scorer x every seed with one budget, then table and figures.
+    """``g2p compare``: every scorer x every seed with one budget, then tables and figures.
 
-    Runs already finished in ``--out`` are reused.
+    With ``--lr-grid``, each scorer first trains the first seed at every rate of the grid
+    and keeps the rate of the lowest validation WER (:func:`~attnscore.g2p.compare.pick_lr`)
+    for its other seeds; ``lr-grid.md`` records the grid. Runs already finished in ``--out``
+    are reused when their recipe is this one's (and refused when it is not).
 
     Args:
         args: the ``compare`` options.
@@ -244,7 +251,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        UsageError: as :func:`train_config`, or an ``--out`` whose folder does not exist.
+        UsageError: as :func:`train_config`, an ``--out`` whose folder does not exist, or a
+            finished run in ``--out`` of another recipe.
     """
     base = train_config(args, scoring=args.scorings[0], seed=args.seeds[0])
     out = Path(args.out)
@@ -252,22 +260,53 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
     out.mkdir(exist_ok=True)
     print(budget_line(base))
+    grid = list(dict.fromkeys(args.lr_grid or ()))
+
+    def run(scoring: str, seed: int, lr: float | None) -> Path:
+        folder = run_folder(out, scoring, seed, lr)
+        cfg = replace(
+            base,
+            model=replace(base.model, scoring=scoring),
+            seed=seed,
+            lr=base.lr if lr is None else lr,
+            out=str(folder),
+        )
+        train_or_reuse(cfg)
+        return folder
+
     results = []
     first_runs: dict[str, Path] = {}
+    grid_wer: dict[str, dict[float, float | None]] = {}
+    chosen: dict[str, float] = {}
+    attention: dict[str, list[list[AttentionStats]]] = {}
     for scoring in args.scorings:
+        lr: float | None = None
+        if grid:
+            grid_wer[scoring] = {
+                rate: RunSummary.read(run(scoring, args.seeds[0], rate)).best_valid_wer
+                for rate in grid
+            }
+            lr = chosen[scoring] = pick_lr(grid_wer[scoring])
+            print(f"{scoring}: peak lr {lr:g} (lowest validation WER of seed {args.seeds[0]})")
         for seed in args.seeds:
-            run = out / f"{scoring}-seed{seed}"
-            cfg = replace(base, model=replace(base.model, scoring=scoring), seed=seed, out=str(run))
-            if not (run / SUMMARY_FILE).is_file():
-                train_in_subprocess(cfg)
-            results.append(run_result(run, args.beam, args.device, args.length_norm))
-            first_runs.setdefault(scoring, run)
+            folder = run(scoring, seed, lr)
+            results.append(run_result(folder, args.beam, args.device, args.length_norm))
+            attention.setdefault(scoring, []).append(RunSummary.read(folder).attention)
+            first_runs.setdefault(scoring, folder)
     rows = summarize(results)
     table = format_table(rows, args.beam)
     _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out")
     _write_text(out / "compare.md", budget_line(base) + "\n\n" + table + "\n", "--out")
+    if grid:
+        text = grid_table(grid_wer, chosen)
+        _write_text(out / "lr-grid.json", json.dumps(grid_wer, indent=2) + "\n", "--out")
+        heading = f"best validation WER (%, greedy) of seed {args.seeds[0]} by peak lr"
+        _write_text(out / "lr-grid.md", f"{heading}\n\n{text}\n", "--out")
+        print(text)
     print(table)
     save_figure(comparison_figure(rows), out / "compare.png", "--out")
+    if all(attention.values()):
+        save_figure(attention_figure(attention), out / "attention.png", "--out")
     for word, fig in alignment_figures(first_runs, args.words).items():
         path = out / f"alignment-{word}.png"
         save_figure(fig, path, "--words")

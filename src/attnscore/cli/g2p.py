@@ -185,6 +185,14 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/g2p-compare", help="folder of the runs and tables")
     p.add_argument("--scorings", nargs="+", choices=scorer_names(), default=scorer_names())
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument(
+        "--lr-grid",
+        nargs="+",
+        type=positive_float,
+        metavar="LR",
+        help="peak learning rates to try per scorer on the first seed; the other seeds train "
+        "at the rate of its lowest validation WER (lr-grid.md records the grid)",
+    )
     _add_decoding(p)
     p.add_argument(
         "--words",

@@ -88,6 +88,98 @@ def train_in_subprocess(cfg: TrainConfig) -> RunSummary:
     return RunSummary.read(Path(cfg.out))
 
 
+_NOT_RECIPE = frozenset({"out", "progress", "threads", "nprocs", "device"})
+"""Configuration fields that do not change what a run computes (up to rounding)."""
+
+
+def same_recipe(a: TrainConfig, b: TrainConfig) -> bool:
+    """Whether two configurations train the same model the same way: every field but where
+    the run is written, its threads, processes, device and progress bar. With a time budget
+    the step count is the budget's, decided by each run's warm-up, and not compared.
+
+    >>> same_recipe(TrainConfig(out="a", threads=1), TrainConfig(out="b", threads=2))
+    True
+    >>> same_recipe(TrainConfig(lr=1e-3), TrainConfig(lr=2e-3))
+    False
+    """
+    return not recipe_differences(a, b)
+
+
+def recipe_differences(a: TrainConfig, b: TrainConfig) -> list[str]:
+    """The fields (the model's by their own names) in which two recipes differ, sorted; see
+    :func:`same_recipe`.
+
+    >>> recipe_differences(TrainConfig(), TrainConfig.from_fields({"dropout": 0.3, "lr": 1.0}))
+    ['dropout', 'lr']
+    """
+    ignored = _NOT_RECIPE | ({"steps"} if a.time_budget or b.time_budget else set())
+
+    def flat(cfg: TrainConfig) -> dict[str, Any]:
+        fields = cfg.to_dict()
+        return {**fields.pop("model"), **fields}
+
+    fa, fb = flat(a), flat(b)
+    return sorted(k for k in fa.keys() - ignored if fa[k] != fb[k])
+
+
+def run_folder(out: Path, scoring: str, seed: int, lr: float | None = None) -> Path:
+    """Where ``g2p compare`` keeps a run: ``{scoring}-seed{seed}``, or with a learning-rate
+    grid ``{scoring}-lr{lr:g}-seed{seed}``."""
+    return out / (f"{scoring}-seed{seed}" if lr is None else f"{scoring}-lr{lr:g}-seed{seed}")
+
+
+def train_or_reuse(cfg: TrainConfig) -> RunSummary:
+    """The summary of the run ``cfg`` describes: the finished one in ``cfg.out`` if there is
+    one, else a new one trained in a subprocess (:func:`train_in_subprocess`).
+
+    Raises:
+        ValueError: ``cfg.out`` holds a finished run of another recipe (:func:`same_recipe`).
+        RuntimeError: the training process failed.
+    """
+    run = Path(cfg.out)
+    if not (run / SUMMARY_FILE).is_file():
+        return train_in_subprocess(cfg)
+    summary = RunSummary.read(run)
+    differ = recipe_differences(summary.config, cfg)
+    if differ:
+        raise ValueError(
+            f"Expected the finished run in {run} to have this comparison's recipe, but it "
+            f"differs in {', '.join(differ)}; use another --out or delete that run"
+        )
+    return summary
+
+
+def pick_lr(valid_wer: dict[float, float | None]) -> float:
+    """The learning rate of the lowest validation WER (the first of equals); a run without
+    a validation never wins.
+
+    >>> pick_lr({1e-3: 0.31, 2e-3: 0.29, 4e-3: 0.29})
+    0.002
+    """
+    scored = [(wer, i, lr) for i, (lr, wer) in enumerate(valid_wer.items()) if wer is not None]
+    if not scored:
+        raise ValueError("Expected a validated run in the learning-rate grid, but got none")
+    return min(scored)[2]
+
+
+def grid_table(grid: dict[str, dict[float, float | None]], chosen: dict[str, float]) -> str:
+    """Markdown table of a learning-rate grid: best validation WER (%) per scorer and rate,
+    the chosen rate in bold."""
+    rates = sorted({lr for row in grid.values() for lr in row})
+    lines = [
+        "| scoring | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |",
+        "|" + "---|" * (len(rates) + 1),
+    ]
+    for scoring, row in grid.items():
+        cells = []
+        for lr in rates:
+            wer = row.get(lr)
+            text = "-" if wer is None else f"{100 * wer:.2f}"
+            cells.append(f"**{text}**" if lr == chosen.get(scoring) else text)
+        lines.append(f"| {scoring} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_result(
     run: Path, beam: int, device: str = "cpu", length_norm: float = 0.0
 ) -> dict[str, Any]:
@@ -102,7 +194,7 @@ def run_result(
         length_norm: the beam search's length-normalisation exponent.
 
     Returns:
-        One table row: ``run``, ``scoring``, ``seed``, ``steps``, ``train_seconds``,
+        One table row: ``run``, ``scoring``, ``lr`` (peak), ``seed``, ``steps``, ``train_seconds``,
         ``epochs``, ``peak_rss_mb``, ``parameters`` and the test ``per_greedy``,
         ``wer_greedy``, ``per_beam``, ``wer_beam``.
 
@@ -121,6 +213,7 @@ def run_result(
     return {
         "run": str(run),
         "scoring": summary.scoring,
+        "lr": summary.config.lr,
         "seed": summary.seed,
         "steps": summary.steps,
         "train_seconds": summary.train_seconds,
@@ -142,20 +235,22 @@ def _stats(xs: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group per-run results (:func:`run_result`) by scorer: mean and std over the seeds.
+    """Group per-run results (:func:`run_result`) by scorer and peak learning rate: mean and
+    std over the seeds.
 
     Returns:
-        One row per scorer, in first-seen order: ``scoring``, ``seeds``, ``runs`` and, for
-        each metric and for steps, train seconds, peak RSS, ``{"mean", "std"}`` (std is the
-        sample standard deviation, None for one seed); ``parameters``.
+        One row per (scorer, lr), in first-seen order: ``scoring``, ``lr``, ``seeds``,
+        ``runs`` and, for each metric and for steps, train seconds, peak RSS, ``{"mean",
+        "std"}`` (std is the sample standard deviation, None for one seed); ``parameters``.
     """
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault(r["scoring"], []).append(r)
+        groups.setdefault((r["scoring"], r["lr"]), []).append(r)
     rows = []
-    for scoring, rs in groups.items():
+    for (scoring, lr), rs in groups.items():
         row: dict[str, Any] = {
             "scoring": scoring,
+            "lr": lr,
             "seeds": [r["seed"] for r in rs],
             "runs": [r["run"] for r in rs],
             "parameters": rs[0]["parameters"],
@@ -174,17 +269,22 @@ def _pm(s: dict[str, float | None], scale: float = 100.0, digits: int = 2) -> st
 
 
 def format_table(rows: Sequence[dict[str, Any]], beam: int) -> str:
-    """Markdown table of :func:`summarize` rows: PER/WER in % as mean ± std over seeds."""
+    """Markdown table of :func:`summarize` rows: PER/WER in % as mean ± std over seeds; a
+    ``peak lr`` column when the rows' learning rates differ."""
     b = f"beam {beam}" if beam > 1 else "greedy"
+    with_lr = len({r.get("lr") for r in rows}) > 1
     lines = [
-        f"| scoring | seeds | steps | test PER greedy (%) | test WER greedy (%) | "
+        "| scoring | "
+        + ("peak lr | " if with_lr else "")
+        + f"seeds | steps | test PER greedy (%) | test WER greedy (%) | "
         f"test PER {b} (%) | test WER {b} (%) | train time (min) | peak RSS (MiB) | "
         "parameters |",
-        "|" + "---|" * 10,
+        "|" + "---|" * (11 if with_lr else 10),
     ]
     for r in rows:
+        lr = f"{r['lr']:g} | " if with_lr else ""
         lines.append(
-            f"| {r['scoring']} | {len(r['seeds'])} | {_pm(r['steps'], 1, 0)} | "
+            f"| {r['scoring']} | {lr}{len(r['seeds'])} | {_pm(r['steps'], 1, 0)} | "
             f"{_pm(r['per_greedy'])} | {_pm(r['wer_greedy'])} | {_pm(r['per_beam'])} | "
             f"{_pm(r['wer_beam'])} | {_pm(r['train_seconds'], 1 / 60, 1)} | "
             f"{_pm(r['peak_rss_mb'], 1, 0)} | {r['parameters']:,} |"

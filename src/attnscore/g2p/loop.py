@@ -16,12 +16,13 @@ import torch
 from torch import nn
 
 from .._memory import peak_rss_mib
+from .attention_stats import attention_stats, sample
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import length_batches
+from .data import Lexicon, length_batches
 from .dataset import Data
 from .evaluate import evaluate
-from .model import count_parameters
+from .model import G2PModel, count_parameters
 from .progress import Progress
 from .schedule import lr_at
 from .state import TrainState, Validation
@@ -78,6 +79,7 @@ class Trainer:
         self.stepper = Stepper(cfg, data, rank, world_size)
         self.state = TrainState()
         self.averaged: dict[str, torch.Tensor] | None = None
+        self._attention_sample: list[tuple[str, tuple[str, ...]]] | None = None
         if resume_from is not None:
             self.stepper.model.load_state_dict(resume_from.model)
             self.stepper.optimizer.load_state_dict(resume_from.optimizer)
@@ -107,6 +109,8 @@ class Trainer:
             initial=state.step,
             enabled=self.is_main and cfg.progress,
         )
+        if self.is_main and state.step == 0 and not state.attention:
+            self._record_attention(self.stepper.model)  # at initialisation
         start, base_elapsed, tokens = time.perf_counter(), state.elapsed, 0
         try:
             while state.step < self.total:
@@ -179,6 +183,7 @@ class Trainer:
             self.data.phones,
             max_words=self.cfg.eval_words,
         )
+        self._record_attention(model)
         loss = state.loss_sum / state.loss_steps if state.loss_steps else float("nan")
         state.loss_sum, state.loss_steps = 0.0, 0
         state.history.append(Validation(state.step, state.elapsed, loss, res.per, res.wer))
@@ -189,6 +194,19 @@ class Trainer:
             f"step {state.step}: mean train loss {loss:.4f} (since the last validation), "
             f"valid {res.line('greedy')}"
         )
+
+    def _record_attention(self, model: G2PModel) -> None:
+        """Append the attention statistics of ``model`` at this step to the state."""
+        words = self.data.splits["valid"] or self.data.splits["train"]
+        stats = attention_stats(
+            model, self._sample(words), self.data.letters, self.data.phones, self.state.step
+        )
+        self.state.attention.append(stats)
+
+    def _sample(self, words: Lexicon) -> list[tuple[str, tuple[str, ...]]]:
+        if self._attention_sample is None:
+            self._attention_sample = sample(words)
+        return self._attention_sample
 
     def save(self, path: Path) -> None:
         """Write the run's checkpoint (main process only).
@@ -233,6 +251,7 @@ class Trainer:
             peak_rss_mb=peak_rss_mib(),
             best_valid_wer=state.best_wer,
             history=state.history,
+            attention=state.attention,
             world_size=self.world_size,
             threads=cfg.threads,
             device=cfg.device,

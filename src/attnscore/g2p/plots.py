@@ -7,13 +7,14 @@ renders to files on any machine, headless included.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..plotting import show_heatmaps
 from .data import EOS
+from .state import AttentionStats
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -106,8 +107,46 @@ def comparison_figure(rows: Sequence[dict[str, Any]]) -> Figure:
     axes = fig.subplots(1, 2)
     for ax, key, label in zip(axes, ("per_beam", "wer_beam"), ("PER (%)", "WER (%)"), strict=True):
         means = [100 * r[key]["mean"] for r in rows]
-        stds = [100 * r[key]["std"] for r in rows]
+        stds = [100 * (r[key]["std"] or 0.0) for r in rows]  # one seed: no spread to draw
         ax.bar(names, means, yerr=stds, capsize=4, color="tab:red")
         ax.set_ylabel(f"test {label}")
         ax.tick_params(axis="x", rotation=30)
+    return fig
+
+
+def attention_figure(runs: Mapping[str, Sequence[Sequence[AttentionStats]]]) -> Figure:
+    """The attention's score spread, entropy and peak weight along training, per scorer.
+
+    One line per scorer: the mean over its runs (seeds) at each recorded step, with the
+    runs' range shaded; the steps are those every run of the scorer recorded.
+
+    Args:
+        runs: scorer label -> one :class:`~attnscore.g2p.state.AttentionStats` list per run
+            (as in ``summary.json``'s ``attention``).
+    """
+    from matplotlib.figure import Figure
+
+    panels = (
+        ("score_std", "score std over a word's letters", "log"),
+        ("entropy", "attention entropy (nats)", "linear"),
+        ("max_weight", "largest weight of a row", "linear"),
+    )
+    fig = Figure(figsize=(12, 3.2), layout="constrained")
+    axes = fig.subplots(1, len(panels))
+    for label, stats in runs.items():
+        steps = sorted(set.intersection(*({s.step for s in run} for run in stats)))
+        for ax, (key, _, _) in zip(axes, panels, strict=True):
+            values = torch.tensor(
+                [[getattr(s, key) for s in run if s.step in steps] for run in stats],
+                dtype=torch.float64,
+            )
+            (line,) = ax.plot(steps, values.mean(0).tolist(), label=label, marker=".")
+            if len(stats) > 1:
+                low, high = values.amin(0).tolist(), values.amax(0).tolist()
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    for ax, (_, title, scale) in zip(axes, panels, strict=True):
+        ax.set_yscale(scale)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=8)
     return fig

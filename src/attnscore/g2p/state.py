@@ -43,6 +43,27 @@ class Validation:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+@dataclass(frozen=True)
+class AttentionStats:
+    """A model's attention on a fixed sample of validation words at one step of its
+    training (:mod:`attnscore.g2p.attention_stats` says what each number is)."""
+
+    step: int
+    score_std: float
+    entropy: float
+    max_weight: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name (JSON-safe)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttentionStats:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 @dataclass
 class TrainState:
     """Progress of a training run, saved in every checkpoint and restored on ``--resume``.
@@ -58,6 +79,9 @@ class TrainState:
         last_eval: step of the last validation (-1: none yet).
         averaged_steps: steps folded into the weight average so far.
         history: the validations so far, oldest first.
+        attention: the attention's score spread and entropy on a fixed sample of validation
+            words at step 0 and at every validation, oldest first
+            (:mod:`attnscore.g2p.attention_stats`).
     """
 
     epoch: int = 0
@@ -70,6 +94,7 @@ class TrainState:
     last_eval: int = -1
     averaged_steps: int = 0
     history: list[Validation] = field(default_factory=list)
+    attention: list[AttentionStats] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name, ``history`` as a list of dicts.
@@ -84,7 +109,8 @@ class TrainState:
         """Inverse of :meth:`to_dict`; unknown keys are ignored.
 
         Args:
-            d: the fields by name (``history`` as a list of dicts).
+            d: the fields by name (``history`` and ``attention`` as lists of dicts; a state
+                saved before ``attention`` existed has none).
 
         Returns:
             The state.
@@ -92,6 +118,9 @@ class TrainState:
         >>> TrainState.from_dict(TrainState(step=3).to_dict()).step
         3
         """
-        names = {f.name for f in fields(cls)} - {"history"}
+        names = {f.name for f in fields(cls)} - {"history", "attention"}
         history = [Validation.from_dict(h) for h in d.get("history", [])]
-        return cls(**{k: v for k, v in d.items() if k in names}, history=history)
+        attention = [AttentionStats.from_dict(a) for a in d.get("attention", [])]
+        return cls(
+            **{k: v for k, v in d.items() if k in names}, history=history, attention=attention
+        )

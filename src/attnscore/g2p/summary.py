@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig
-from .state import Validation
+from .state import AttentionStats, Validation
 
 SUMMARY_FILE = "summary.json"
 """The summary's file name in a run folder."""
@@ -67,6 +67,9 @@ class RunSummary:
         peak_rss_mb: peak resident memory of the (main) training process, in MiB.
         best_valid_wer: the lowest validation WER, or None without validation.
         history: every validation, oldest first.
+        attention: the attention's score spread and entropy at step 0 and at every
+            validation (:mod:`attnscore.g2p.attention_stats`); empty in summaries written
+            before they were recorded.
         world_size: training processes (DDP when above 1).
         threads: torch threads per process.
         device: where it trained.
@@ -83,6 +86,7 @@ class RunSummary:
     peak_rss_mb: float
     best_valid_wer: float | None
     history: list[Validation]
+    attention: list[AttentionStats]
     world_size: int
     threads: int
     device: str
@@ -110,11 +114,12 @@ class RunSummary:
         Raises:
             KeyError: a field is missing.
         """
-        nested = {"history", "budget", "config"}
+        nested = {"history", "attention", "budget", "config"}
         names = {f.name for f in fields(cls)} - nested
         return cls(
             **{k: d[k] for k in names},
             history=[Validation.from_dict(h) for h in d["history"]],
+            attention=[AttentionStats.from_dict(a) for a in d.get("attention", [])],
             budget=Budget.from_dict(d["budget"]),
             config=TrainConfig.from_dict(d["config"]),
         )

@@ -1,0 +1,108 @@
+"""How sharp a model's attention is: the spread of its scores and the entropy of its weights.
+
+Issue 20's saturation hypothesis: a scorer whose scores spread widely at initialisation
+(unscaled dot products, the bilinear "general" form) gives near one-hot weights from the
+first step, so that its gradient reaches few keys. :func:`attention_stats` measures that on
+a fixed sample of validation words, teacher forced, in evaluation mode (no dropout): per
+decoder step (a row of the (B, n, m) scores) over the word's letters (the valid keys),
+
+- ``score_std``: the standard deviation of the row's scores, averaged over the rows;
+- ``entropy``: the entropy of the row's weights in nats, averaged over the rows (log L for
+  uniform weights over L letters, 0 for one-hot ones);
+- ``max_weight``: the row's largest weight, averaged over the rows (1 for one-hot rows).
+
+The training loop records them at step 0 and at every validation
+(:attr:`attnscore.g2p.state.TrainState.attention`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .data import PAD_ID, Lexicon, Vocab, make_batch
+from .model import G2PModel
+from .state import AttentionStats
+
+SAMPLE_WORDS = 512
+"""How many validation words (the first in sorted order, one pronunciation each) are used."""
+
+
+def sample(lexicon: Lexicon, words: int = SAMPLE_WORDS) -> list[tuple[str, tuple[str, ...]]]:
+    """The fixed sample: the first ``words`` words in sorted order, first pronunciation."""
+    return [(w, lexicon[w][0]) for w in sorted(lexicon)[:words]]
+
+
+def row_stats(scores: Tensor, weights: Tensor, rows: Tensor, keys: Tensor) -> tuple[float, ...]:
+    """``(score_std, entropy, max_weight)`` of the selected rows over their valid keys.
+
+    Args:
+        scores: (B, n, m) float scores.
+        weights: (B, n, m) float attention weights (zeros beyond the valid keys).
+        rows: (B, n) bool, the rows to average over (at least one).
+        keys: (B, m) bool, the valid keys of each example (at least one per example).
+
+    Returns:
+        The three averages, as :mod:`this module <attnscore.g2p.attention_stats>` defines them.
+    """
+    s, w = scores.double(), weights.double()
+    valid = keys[:, None, :].expand_as(s)
+    count = valid.sum(-1)
+    mean = s.where(valid, 0.0).sum(-1) / count
+    var = ((s - mean[..., None]).where(valid, 0.0) ** 2).sum(-1) / count
+    positive = valid & (w > 0)
+    entropy = -(w.where(positive, 1.0).log() * w.where(positive, 0.0)).sum(-1)
+    peak = w.where(valid, 0.0).amax(-1)
+    return tuple(float(t[rows].mean()) for t in (var.sqrt(), entropy, peak))
+
+
+def attention_stats(
+    model: G2PModel,
+    examples: Sequence[tuple[str, tuple[str, ...]]],
+    letters: Vocab,
+    phones: Vocab,
+    step: int,
+) -> AttentionStats:
+    """Score spread and weight entropy of ``model`` on ``examples``, teacher forced.
+
+    Args:
+        model: the model (put in evaluation mode for the call, its mode restored after).
+        examples: ``(word, pronunciation)`` pairs (see :func:`sample`).
+        letters: the letter vocabulary.
+        phones: the phoneme vocabulary.
+        step: the training step to record.
+
+    Returns:
+        The statistics over every decoder step of every example (the ``</s>`` step
+        included) and each word's letters.
+    """
+    batch = make_batch(examples, letters, phones)
+    device = next(model.parameters()).device
+    # Per attention call (one for all steps, or one per step with input feeding): the
+    # decoder states, the projected letters and the weights.
+    seen: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def keep(module: torch.nn.Module, args: tuple[Any, ...], _output: Any) -> None:
+        seen.append((args[0], args[1], model.last_attention_weights()))
+
+    handle = model.attention.register_forward_hook(keep)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device))
+            queries = torch.cat([q for q, _, _ in seen], dim=1)
+            weights = torch.cat([w for _, _, w in seen], dim=1)
+            scores = model.attention.score(queries, seen[0][1], None)
+    finally:
+        handle.remove()
+        model.train(training)
+    rows = (batch.tgt_out != PAD_ID).to(device)
+    valid_keys = torch.arange(batch.src.shape[1], device=device) < batch.valid_lens[:, None].to(
+        device
+    )
+    score_std, entropy, max_weight = row_stats(scores, weights, rows, valid_keys)
+    return AttentionStats(step, score_std, entropy, max_weight)
