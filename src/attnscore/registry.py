@@ -274,20 +274,17 @@ register_scorer(
     source="Vaswani et al. 2017, eq. 1",
     same_feature_size=True,
 )
+_W_A = (Param("W_a", ("query_size", "key_size")),)
+"""The general scorers' one parameter."""
+
 register_scorer(
-    "general",
-    general_scores,
-    params=(Param("W_a", ("query_size", "key_size")),),
-    formula="qᵀ W_a k",
+    "general", general_scores, params=_W_A, formula="qᵀ W_a k",
     source='Luong et al. 2015, eq. 8 "general"',
-)
+)  # fmt: skip
 register_scorer(
-    "general_scaled",
-    _general_scaled,
-    params=(Param("W_a", ("query_size", "key_size")),),
-    formula="qᵀ W_a k / √d",
+    "general_scaled", _general_scaled, params=_W_A, formula="qᵀ W_a k / √d",
     source='Luong et al. 2015, eq. 8 "general", scaled as Vaswani et al. 2017, eq. 1',
-)
+)  # fmt: skip
 register_scorer(
     "cosine",
     _cosine_by_log_scale,

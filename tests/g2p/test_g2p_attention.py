@@ -37,12 +37,21 @@ def test_row_stats_by_hand() -> None:
     assert max_weight == pytest.approx((third + 1.0) / 2)
 
 
-@pytest.mark.parametrize("scoring", ["dot", "general", "additive", "cosine"])
-def test_model_stats_agree_with_teacher_forced_alignments(toy_dict: Path, scoring: str) -> None:
+@pytest.mark.parametrize(
+    ("scoring", "feeding"),
+    [("dot", False), ("general", False), ("additive", False), ("cosine", False), ("dot", True)],
+)
+def test_model_stats_agree_with_teacher_forced_alignments(
+    toy_dict: Path, scoring: str, feeding: bool
+) -> None:
     """Entropy and peak weight from each word's own forced alignment; the score spread from
-    the log weights (log softmax moves every score of a row by one constant)."""
+    the log weights (log softmax moves every score of a row by one constant). With input
+    feeding the attention runs once per step: every step's weights count."""
     torch.manual_seed(0)
-    cfg = TrainConfig(model=ModelConfig(scoring=scoring, emb=8, enc_hidden=16, dec_hidden=16))
+    model_cfg = ModelConfig(
+        scoring=scoring, emb=8, enc_hidden=16, dec_hidden=16, input_feeding=feeding
+    )
+    cfg = TrainConfig(model=model_cfg)
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "data": str(toy_dict)})
     data = prepare_data(cfg, report=False)
     model = build_model(cfg, data).train()

@@ -18,7 +18,6 @@ The training loop records them at step 0 and at every validation
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -81,25 +80,11 @@ def attention_stats(
     """
     batch = make_batch(examples, letters, phones)
     device = next(model.parameters()).device
-    # Per attention call (one for all steps, or one per step with input feeding): the
-    # decoder states, the projected letters and the weights.
-    seen: list[tuple[Tensor, Tensor, Tensor]] = []
-
-    def keep(module: torch.nn.Module, args: tuple[Any, ...], _output: Any) -> None:
-        seen.append((args[0], args[1], model.last_attention_weights()))
-
-    handle = model.attention.register_forward_hook(keep)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device))
-            queries = torch.cat([q for q, _, _ in seen], dim=1)
-            weights = torch.cat([w for _, _, w in seen], dim=1)
-            scores = model.attention.score(queries, seen[0][1], None)
-    finally:
-        handle.remove()
-        model.train(training)
+    queries, keys, weights = model.teacher_forced_attention(
+        batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device)
+    )
+    with torch.no_grad():
+        scores = model.attention.score(queries, keys, None)
     rows = (batch.tgt_out != PAD_ID).to(device)
     valid_keys = torch.arange(batch.src.shape[1], device=device) < batch.valid_lens[:, None].to(
         device

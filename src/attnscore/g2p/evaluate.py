@@ -148,7 +148,7 @@ def forced_alignment(
     """Teacher-forced attention of ``word`` on ``pron``: (len(pron) + 1, len(word)) float."""
     batch = make_batch([(word, tuple(pron))], letters, phones)
     device = next(model.parameters()).device
-    model.eval()
-    with torch.no_grad():
-        model(batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device))
-    return model.last_attention_weights()[0].cpu()
+    _, _, weights = model.teacher_forced_attention(
+        batch.src.to(device), batch.valid_lens.to(device), batch.tgt_in.to(device)
+    )
+    return weights[0].cpu()

@@ -10,6 +10,7 @@ with ``input_feeding=True`` that attentional vector is also fed to the next step
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -163,6 +164,38 @@ class G2PModel(nn.Module):
             seqs.append(ids[b][:n])
             alignments.append(w[b, : n + 1, : int(valid_lens[b])].cpu())
         return seqs, alignments
+
+    @torch.no_grad()
+    def teacher_forced_attention(
+        self, src: Tensor, valid_lens: Tensor, tgt_in: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The attention's inputs and weights over a teacher-forced pass, in evaluation mode
+        (the module's mode is restored after).
+
+        Args:
+            src: (B, S) int64 letters; valid_lens: (B,) int64; tgt_in: (B, T) int64.
+
+        Returns:
+            ``(queries (B, T, H), keys (B, S, H), weights (B, T, S))``: the decoder states,
+            the projected letters and the attention weights of every step (one attention
+            call for all steps, or one per step with input feeding, concatenated).
+        """
+        calls: list[tuple[Tensor, Tensor, Tensor]] = []
+
+        def keep(_module: nn.Module, args: tuple[Any, ...], _output: Any) -> None:
+            calls.append((args[0], args[1], self.last_attention_weights()))
+
+        handle = self.attention.register_forward_hook(keep)
+        training = self.training
+        self.eval()
+        try:
+            self(src, valid_lens, tgt_in)
+        finally:
+            handle.remove()
+            self.train(training)
+        queries = torch.cat([q for q, _, _ in calls], dim=1)
+        weights = torch.cat([w for _, _, w in calls], dim=1)
+        return queries, calls[0][1], weights
 
     def last_attention_weights(self) -> Tensor:
         """Attention weights (B, n, S) float of the last decoder call (detached)."""
