@@ -117,6 +117,7 @@ def test_compare_lr_grid_trains_the_other_seeds_at_the_best_rate(
     rows = json.loads((out / "compare.json").read_text())
     assert [(r["scoring"], r["lr"], r["seeds"]) for r in rows] == [("dot", float(best), [0, 1])]
     assert (out / "attention.png").is_file()
+    assert "beam" not in (out / "compare.md").read_text()  # beam 1: greedy columns only
 
 
 def test_compare_refuses_a_finished_run_of_another_recipe(

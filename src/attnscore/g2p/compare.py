@@ -270,25 +270,26 @@ def _pm(s: dict[str, float | None], scale: float = 100.0, digits: int = 2) -> st
 
 def format_table(rows: Sequence[dict[str, Any]], beam: int) -> str:
     """Markdown table of :func:`summarize` rows: PER/WER in % as mean ± std over seeds; a
-    ``peak lr`` column when the rows' learning rates differ."""
-    b = f"beam {beam}" if beam > 1 else "greedy"
+    ``peak lr`` column when the rows' learning rates differ, and beam-search columns when
+    ``beam`` > 1 (with beam 1 they would repeat the greedy ones)."""
     with_lr = len({r.get("lr") for r in rows}) > 1
-    lines = [
-        "| scoring | "
-        + ("peak lr | " if with_lr else "")
-        + f"seeds | steps | test PER greedy (%) | test WER greedy (%) | "
-        f"test PER {b} (%) | test WER {b} (%) | train time (min) | peak RSS (MiB) | "
-        "parameters |",
-        "|" + "---|" * (11 if with_lr else 10),
-    ]
+    metrics = [("per_greedy", "test PER greedy (%)"), ("wer_greedy", "test WER greedy (%)")]
+    if beam > 1:
+        metrics += [
+            ("per_beam", f"test PER beam {beam} (%)"),
+            ("wer_beam", f"test WER beam {beam} (%)"),
+        ]
+    head = ["scoring", *(["peak lr"] if with_lr else []), "seeds", "steps"]
+    head += [title for _, title in metrics]
+    head += ["train time (min)", "peak RSS (MiB)", "parameters"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lr = f"{r['lr']:g} | " if with_lr else ""
-        lines.append(
-            f"| {r['scoring']} | {lr}{len(r['seeds'])} | {_pm(r['steps'], 1, 0)} | "
-            f"{_pm(r['per_greedy'])} | {_pm(r['wer_greedy'])} | {_pm(r['per_beam'])} | "
-            f"{_pm(r['wer_beam'])} | {_pm(r['train_seconds'], 1 / 60, 1)} | "
-            f"{_pm(r['peak_rss_mb'], 1, 0)} | {r['parameters']:,} |"
-        )
+        cells = [r["scoring"], *([f"{r['lr']:g}"] if with_lr else [])]
+        cells += [str(len(r["seeds"])), _pm(r["steps"], 1, 0)]
+        cells += [_pm(r[key]) for key, _ in metrics]
+        cells += [_pm(r["train_seconds"], 1 / 60, 1), _pm(r["peak_rss_mb"], 1, 0)]
+        cells.append(f"{r['parameters']:,}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
