@@ -262,7 +262,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(budget_line(base))
     grid = list(dict.fromkeys(args.lr_grid or ()))
 
-    def run(scoring: str, seed: int, lr: float | None) -> Path:
+    def run(scoring: str, seed: int, lr: float | None) -> tuple[Path, RunSummary]:
         folder = run_folder(out, scoring, seed, lr)
         cfg = replace(
             base,
@@ -271,8 +271,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             lr=base.lr if lr is None else lr,
             out=str(folder),
         )
-        train_or_reuse(cfg)
-        return folder
+        return folder, train_or_reuse(cfg)
 
     results = []
     first_runs: dict[str, Path] = {}
@@ -283,15 +282,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         lr: float | None = None
         if grid:
             grid_wer[scoring] = {
-                rate: RunSummary.read(run(scoring, args.seeds[0], rate)).best_valid_wer
-                for rate in grid
+                rate: run(scoring, args.seeds[0], rate)[1].best_valid_wer for rate in grid
             }
             lr = chosen[scoring] = pick_lr(grid_wer[scoring])
             print(f"{scoring}: peak lr {lr:g} (lowest validation WER of seed {args.seeds[0]})")
         for seed in args.seeds:
-            folder = run(scoring, seed, lr)
+            folder, summary = run(scoring, seed, lr)
             results.append(run_result(folder, args.beam, args.device, args.length_norm))
-            attention.setdefault(scoring, []).append(RunSummary.read(folder).attention)
+            attention.setdefault(scoring, []).append(summary.attention)
             first_runs.setdefault(scoring, folder)
     rows = summarize(results)
     table = format_table(rows, args.beam)

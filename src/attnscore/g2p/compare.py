@@ -92,23 +92,14 @@ _NOT_RECIPE = frozenset({"out", "progress", "threads", "nprocs", "device"})
 """Configuration fields that do not change what a run computes (up to rounding)."""
 
 
-def same_recipe(a: TrainConfig, b: TrainConfig) -> bool:
-    """Whether two configurations train the same model the same way: every field but where
-    the run is written, its threads, processes, device and progress bar. With a time budget
-    the step count is the budget's, decided by each run's warm-up, and not compared.
-
-    >>> same_recipe(TrainConfig(out="a", threads=1), TrainConfig(out="b", threads=2))
-    True
-    >>> same_recipe(TrainConfig(lr=1e-3), TrainConfig(lr=2e-3))
-    False
-    """
-    return not recipe_differences(a, b)
-
-
 def recipe_differences(a: TrainConfig, b: TrainConfig) -> list[str]:
-    """The fields (the model's by their own names) in which two recipes differ, sorted; see
-    :func:`same_recipe`.
+    """The fields (the model's by their own names) in which two configurations differ as
+    recipes, sorted: every field counts but where the run is written, its threads,
+    processes, device and progress bar. With a time budget the step count is the budget's,
+    decided by each run's warm-up, and not compared.
 
+    >>> recipe_differences(TrainConfig(out="a", threads=1), TrainConfig(out="b", threads=2))
+    []
     >>> recipe_differences(TrainConfig(), TrainConfig.from_fields({"dropout": 0.3, "lr": 1.0}))
     ['dropout', 'lr']
     """
@@ -133,7 +124,8 @@ def train_or_reuse(cfg: TrainConfig) -> RunSummary:
     one, else a new one trained in a subprocess (:func:`train_in_subprocess`).
 
     Raises:
-        ValueError: ``cfg.out`` holds a finished run of another recipe (:func:`same_recipe`).
+        ValueError: ``cfg.out`` holds a finished run of another recipe
+            (:func:`recipe_differences`).
         RuntimeError: the training process failed.
     """
     run = Path(cfg.out)

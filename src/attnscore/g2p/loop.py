@@ -19,7 +19,7 @@ from .._memory import peak_rss_mib
 from .attention_stats import attention_stats, sample
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import Lexicon, length_batches
+from .data import length_batches
 from .dataset import Data
 from .evaluate import evaluate
 from .model import G2PModel, count_parameters
@@ -79,7 +79,10 @@ class Trainer:
         self.stepper = Stepper(cfg, data, rank, world_size)
         self.state = TrainState()
         self.averaged: dict[str, torch.Tensor] | None = None
-        self._attention_sample: list[tuple[str, tuple[str, ...]]] | None = None
+        self.valid_words = data.splits["valid"] or data.splits["train"]
+        """The words validations score (the training words when there is no validation split)."""
+        self.attention_sample = sample(self.valid_words)
+        """The fixed sample of :func:`~attnscore.g2p.attention_stats.attention_stats`."""
         if resume_from is not None:
             self.stepper.model.load_state_dict(resume_from.model)
             self.stepper.optimizer.load_state_dict(resume_from.optimizer)
@@ -178,7 +181,7 @@ class Trainer:
             model.load_state_dict(self.averaged)
         res = evaluate(
             model,
-            self.data.splits["valid"] or self.data.splits["train"],
+            self.valid_words,
             self.data.letters,
             self.data.phones,
             max_words=self.cfg.eval_words,
@@ -197,16 +200,10 @@ class Trainer:
 
     def _record_attention(self, model: G2PModel) -> None:
         """Append the attention statistics of ``model`` at this step to the state."""
-        words = self.data.splits["valid"] or self.data.splits["train"]
         stats = attention_stats(
-            model, self._sample(words), self.data.letters, self.data.phones, self.state.step
+            model, self.attention_sample, self.data.letters, self.data.phones, self.state.step
         )
         self.state.attention.append(stats)
-
-    def _sample(self, words: Lexicon) -> list[tuple[str, tuple[str, ...]]]:
-        if self._attention_sample is None:
-            self._attention_sample = sample(words)
-        return self._attention_sample
 
     def save(self, path: Path) -> None:
         """Write the run's checkpoint (main process only).
