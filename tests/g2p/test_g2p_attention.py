@@ -117,7 +117,15 @@ def test_compare_lr_grid_trains_the_other_seeds_at_the_best_rate(
     rows = json.loads((out / "compare.json").read_text())
     assert [(r["scoring"], r["lr"], r["seeds"]) for r in rows] == [("dot", float(best), [0, 1])]
     assert (out / "attention.png").is_file()
-    assert "beam" not in (out / "compare.md").read_text()  # beam 1: greedy columns only
+    report = (out / "compare.md").read_text()
+    assert "beam" not in report  # beam 1: greedy columns only
+    assert "test WER (greedy) ranking, spread-separated: dot\n" in report
+    curves = json.loads((out / "validation.json").read_text())
+    history = [RunSummary.read(out / f"dot-lr{best}-seed{s}").history for s in (0, 1)]
+    steps = sorted({v.step for v in history[0]} & {v.step for v in history[1]})
+    assert [int(k) for k in curves["dot"]] == steps and steps
+    wers = [next(v.valid_wer for v in h if v.step == steps[-1]) for h in history]
+    assert curves["dot"][str(steps[-1])]["mean"] == pytest.approx(sum(wers) / 2)
 
 
 def test_compare_refuses_a_finished_run_of_another_recipe(

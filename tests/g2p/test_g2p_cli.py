@@ -154,7 +154,7 @@ def test_compare_and_table_report_mean_and_std_over_seeds(
     assert printed.startswith("budget: equal steps, 10 optimizer steps per run")
     md = (out / "compare.md").read_text().splitlines()
     assert md[0].startswith("budget: equal steps")
-    table = md[2:]
+    table = md[2 : md.index("", 2)]
     assert table[0].startswith("| scoring | seeds | steps | test PER greedy")
     assert [row.split("|")[1].strip() for row in table[2:]] == ["dot", "cosine"]
     assert all(" ± " in row for row in table[2:])

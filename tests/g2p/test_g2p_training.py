@@ -399,3 +399,28 @@ def test_enc_layers_option_builds_a_deeper_encoder(toy_dict: Path, tmp_path: Pat
     assert cfg.model.enc_layers == 2
     model = G2PModel(cfg.model, n_letters=9, n_phones=11)
     assert model.encoder.num_layers == 2 and model.encoder.bidirectional
+
+
+def test_bfloat16_precision_runs_the_forward_in_bfloat16_with_float32_weights(
+    toy_dict: Path, tmp_path: Path
+) -> None:
+    def first_step(precision: str) -> tuple[float, list[torch.dtype], Stepper]:
+        cfg = tiny_config(toy_dict, tmp_path, dropout=0.0, precision=precision)
+        data = prepare_data(cfg, report=False)
+        torch.manual_seed(0)
+        run = Stepper(cfg, data, 0, 1)
+        seen: list[torch.dtype] = []
+        run.model.out.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype))
+        _, loss = run.step([0, 5, 9, 20], lr=1e-2)
+        return loss, seen, run
+
+    loss32, seen32, _ = first_step("float32")
+    loss16, seen16, run = first_step("bfloat16")
+    assert seen32 == [torch.float32] and seen16 == [torch.bfloat16]
+    # the loss of the same weights and batch, to bfloat16 rounding (8 bits of mantissa)
+    assert loss16 == pytest.approx(loss32, rel=2e-2)
+    params = list(run.model.parameters())
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in params)
+    assert all(p.grad.dtype == torch.float32 for p in params if p.grad is not None)
+    with pytest.raises(ValueError, match=r"precision to be one of float32, bfloat16.*'float16'"):
+        TrainConfig(precision="float16")

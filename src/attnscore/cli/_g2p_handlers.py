@@ -22,13 +22,17 @@ from ..g2p.compare import (
     alignment_figures,
     budget_line,
     clear_run,
+    curves_table,
     format_table,
     grid_table,
     pick_lr,
+    ranking,
+    ranking_text,
     run_folder,
     run_result,
     summarize,
     train_or_reuse,
+    validation_curves,
 )
 from ..g2p.config import DEFAULT_STEPS, TrainConfig, usable_cores
 from ..g2p.data import Vocab
@@ -278,6 +282,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     grid_wer: dict[str, dict[float, float | None]] = {}
     chosen: dict[str, float] = {}
     attention: dict[str, list[list[AttentionStats]]] = {}
+    summaries: dict[str, list[RunSummary]] = {}
     for scoring in args.scorings:
         lr: float | None = None
         if grid:
@@ -290,18 +295,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
             folder, summary = run(scoring, seed, lr)
             results.append(run_result(folder, args.beam, args.device, args.length_norm))
             attention.setdefault(scoring, []).append(summary.attention)
+            summaries.setdefault(scoring, []).append(summary)
             first_runs.setdefault(scoring, folder)
     rows = summarize(results)
     table = format_table(rows, args.beam)
+    test_rank = ranking({r["scoring"]: r["wer_greedy"] for r in rows})
+    curves = validation_curves(summaries)
+    report = [
+        budget_line(base),
+        table,
+        f"test WER (greedy) ranking, spread-separated: {ranking_text(test_rank)}",
+        "validation WER (%, greedy) along training, mean ± std over the seeds:",
+        curves_table(curves),
+    ]
     _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out")
-    _write_text(out / "compare.md", budget_line(base) + "\n\n" + table + "\n", "--out")
+    _write_text(out / "validation.json", json.dumps(curves, indent=2) + "\n", "--out")
+    _write_text(out / "compare.md", "\n\n".join(report) + "\n", "--out")
     if grid:
         text = grid_table(grid_wer, chosen)
         _write_text(out / "lr-grid.json", json.dumps(grid_wer, indent=2) + "\n", "--out")
         heading = f"best validation WER (%, greedy) of seed {args.seeds[0]} by peak lr"
         _write_text(out / "lr-grid.md", f"{heading}\n\n{text}\n", "--out")
         print(text)
-    print(table)
+    print("\n\n".join(report[1:]))
     save_figure(comparison_figure(rows), out / "compare.png", "--out")
     if all(attention.values()):
         save_figure(attention_figure(attention), out / "attention.png", "--out")

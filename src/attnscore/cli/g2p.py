@@ -20,7 +20,7 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 
-from ..g2p.config import DEFAULT_STEPS, ModelConfig, TrainConfig
+from ..g2p.config import DEFAULT_STEPS, PRECISIONS, ModelConfig, TrainConfig
 from ..registry import scorer_names
 from ._g2p_handlers import cmd_compare, cmd_eval, cmd_predict, cmd_table, cmd_train
 from ._usage import (
@@ -111,6 +111,13 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--input-feeding", action="store_true", help="feed the attention output to the next step"
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=t.precision,
+        help="bfloat16: each step's forward and loss under torch.autocast, faster where the "
+        "CPU or GPU multiplies bfloat16 natively (weights and optimizer stay float32)",
     )
     p.add_argument(
         "--average-last",

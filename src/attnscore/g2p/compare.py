@@ -12,7 +12,7 @@ import json
 import multiprocessing as mp
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,6 +251,101 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row[key] = _stats([float(r[key]) for r in rs])
         rows.append(row)
     return rows
+
+
+def validation_curves(
+    summaries: Mapping[str, Sequence[RunSummary]],
+) -> dict[str, dict[int, dict[str, float | None]]]:
+    """Per scorer, its validation WER along training: mean and sample std over its runs at
+    every validation step that all of them reached.
+
+    Args:
+        summaries: scorer -> the summaries of its runs (one per seed).
+
+    Returns:
+        scorer -> step -> ``{"mean", "std"}`` (std None for one run), steps ascending.
+    """
+    curves: dict[str, dict[int, dict[str, float | None]]] = {}
+    for scoring, runs in summaries.items():
+        by_step: dict[int, list[float]] = {}
+        for summary in runs:
+            for v in summary.history:
+                by_step.setdefault(v.step, []).append(v.valid_wer)
+        curves[scoring] = {
+            step: _stats(wers) for step, wers in sorted(by_step.items()) if len(wers) == len(runs)
+        }
+    return curves
+
+
+def ranking(scores: dict[str, dict[str, float | None]]) -> list[list[str]]:
+    """Scorers from best (lowest mean) to worst, in groups that the spread separates.
+
+    A scorer opens a new group when its mean exceeds the previous scorer's by more than
+    the sum of their standard deviations (one-sigma intervals that do not overlap); within
+    a group the order is that of the means and is not a finding. Without a spread (one
+    run) nothing is separated: one group.
+
+    Args:
+        scores: scorer -> ``{"mean", "std"}`` of one metric (lower is better).
+
+    Returns:
+        The groups, best first.
+
+    >>> ranking({"a": {"mean": 0.30, "std": 0.01}, "b": {"mean": 0.31, "std": 0.01},
+    ...          "c": {"mean": 0.40, "std": 0.02}})
+    [['a', 'b'], ['c']]
+    """
+    order = sorted(scores, key=lambda k: (scores[k]["mean"], k))
+    groups: list[list[str]] = []
+    for name in order:
+        if groups:
+            prev = scores[groups[-1][-1]]
+            here = scores[name]
+            spread = (prev["std"] or 0.0) + (here["std"] or 0.0)
+            gap = float(here["mean"] or 0.0) - float(prev["mean"] or 0.0)
+            if prev["std"] is None or here["std"] is None or gap <= spread:
+                groups[-1].append(name)
+                continue
+        groups.append([name])
+    return groups
+
+
+def ranking_text(groups: list[list[str]]) -> str:
+    """``a ≈ b < c``: ``<`` where the spread separates neighbours, ``≈`` where it does not.
+
+    >>> ranking_text([["a", "b"], ["c"]])
+    'a ≈ b < c'
+    """
+    return " < ".join(" ≈ ".join(group) for group in groups)
+
+
+def same_ranking(a: list[list[str]], b: list[list[str]]) -> bool:
+    """Whether two rankings have the same groups in the same order (the order inside a
+    group is not part of a ranking)."""
+    return [set(g) for g in a] == [set(g) for g in b]
+
+
+def curves_table(curves: dict[str, dict[int, dict[str, float | None]]]) -> str:
+    """Markdown table of :func:`validation_curves` (WER in %, one row per step, one column
+    per scorer), a ranking column (:func:`ranking_text`), and a last line saying whether the
+    ranking changed between the last two validations."""
+    names = list(curves)
+    steps = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
+    lines = [
+        "| step | " + " | ".join(names) + " | ranking (spread-separated) |",
+        "|" + "---|" * (len(names) + 2),
+    ]
+    ranks = []
+    for step in steps:
+        at = {name: curves[name][step] for name in names}
+        ranks.append(ranking(at))
+        cells = [_pm(at[name]) for name in names]
+        lines.append(f"| {step} | " + " | ".join(cells) + f" | {ranking_text(ranks[-1])} |")
+    if len(steps) >= 2:
+        stable = same_ranking(ranks[-2], ranks[-1])
+        verdict = "unchanged" if stable else "changed"
+        lines += ["", f"ranking between steps {steps[-2]} and {steps[-1]}: {verdict}"]
+    return "\n".join(lines)
 
 
 def _pm(s: dict[str, float | None], scale: float = 100.0, digits: int = 2) -> str:

@@ -17,6 +17,9 @@ from typing import Any
 DEFAULT_STEPS = 15_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
 
+PRECISIONS = ("float32", "bfloat16")
+"""The values of :attr:`TrainConfig.precision`."""
+
 
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
@@ -70,6 +73,9 @@ class TrainConfig:
     """Linear learning-rate warm-up over the first steps (then cosine decay)."""
     label_smoothing: float = 0.1
     clip: float = 5.0
+    precision: str = "float32"
+    """``"float32"``, or ``"bfloat16"``: each step's forward pass and loss run under
+    ``torch.autocast`` in bfloat16 (weights, gradients and the optimizer stay float32)."""
     steps: int | None = None
     """The budget in optimizer steps; the learning-rate schedule is defined over it."""
     time_budget: float | None = None
@@ -85,6 +91,13 @@ class TrainConfig:
     nprocs: int = 1
     device: str = "cpu"
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"Expected precision to be one of {', '.join(PRECISIONS)}, "
+                f"but got {self.precision!r} instead"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, the model config nested under ``"model"``."""

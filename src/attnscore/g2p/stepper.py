@@ -35,7 +35,7 @@ class Stepper:
     """The model, optimizer and loss of one training process, and the steps it takes.
 
     Args:
-        cfg: the run's configuration (model, device, label smoothing, clipping).
+        cfg: the run's configuration (model, device, precision, label smoothing, clipping).
         data: the run's data.
         rank: this process's index.
         world_size: the number of processes; above 1 the model is wrapped in DDP.
@@ -80,8 +80,9 @@ class Stepper:
             local, weight = examples[:1], 0.0
         batch = make_batch(local, self.data.letters, self.data.phones)
         dev = self.device
-        logits = self.wrapped(batch.src.to(dev), batch.valid_lens.to(dev), batch.tgt_in.to(dev))
-        loss = self.loss_fn(logits.flatten(0, 1), batch.tgt_out.to(dev).flatten()) * weight
+        with torch.autocast(dev.type, torch.bfloat16, enabled=self.cfg.precision == "bfloat16"):
+            logits = self.wrapped(batch.src.to(dev), batch.valid_lens.to(dev), batch.tgt_in.to(dev))
+            loss = self.loss_fn(logits.flatten(0, 1), batch.tgt_out.to(dev).flatten()) * weight
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.clip > 0:
