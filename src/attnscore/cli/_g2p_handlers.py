@@ -39,7 +39,6 @@ from ..g2p.data import Vocab
 from ..g2p.distributed import distributed_env
 from ..g2p.evaluate import EvalResult, evaluate_checkpoint, predict
 from ..g2p.plots import attention_figure, comparison_figure, words_figure
-from ..g2p.state import AttentionStats
 from ..g2p.summary import RunSummary
 from ..g2p.train import train
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
@@ -281,7 +280,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     first_runs: dict[str, Path] = {}
     grid_wer: dict[str, dict[float, float | None]] = {}
     chosen: dict[str, float] = {}
-    attention: dict[str, list[list[AttentionStats]]] = {}
     summaries: dict[str, list[RunSummary]] = {}
     for scoring in args.scorings:
         lr: float | None = None
@@ -294,7 +292,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for seed in args.seeds:
             folder, summary = run(scoring, seed, lr)
             results.append(run_result(folder, args.beam, args.device, args.length_norm))
-            attention.setdefault(scoring, []).append(summary.attention)
             summaries.setdefault(scoring, []).append(summary)
             first_runs.setdefault(scoring, folder)
     rows = summarize(results)
@@ -319,6 +316,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(text)
     print("\n\n".join(report[1:]))
     save_figure(comparison_figure(rows), out / "compare.png", "--out")
+    attention = {s: [r.attention for r in runs] for s, runs in summaries.items()}
     if all(attention.values()):
         save_figure(attention_figure(attention), out / "attention.png", "--out")
     for word, fig in alignment_figures(first_runs, args.words).items():

@@ -299,11 +299,10 @@ def ranking(scores: dict[str, dict[str, float | None]]) -> list[list[str]]:
     groups: list[list[str]] = []
     for name in order:
         if groups:
-            prev = scores[groups[-1][-1]]
-            here = scores[name]
-            spread = (prev["std"] or 0.0) + (here["std"] or 0.0)
+            prev, here = scores[groups[-1][-1]], scores[name]
+            a, b = prev["std"], here["std"]
             gap = float(here["mean"] or 0.0) - float(prev["mean"] or 0.0)
-            if prev["std"] is None or here["std"] is None or gap <= spread:
+            if a is None or b is None or gap <= a + b:
                 groups[-1].append(name)
                 continue
         groups.append([name])
