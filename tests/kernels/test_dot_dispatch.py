@@ -37,10 +37,12 @@ MASKS = {
         "causal": True,
     },
 }
-ROUTES = ["auto", "loop", "masked", "masked, looked", "plain"]
-"""auto: as dispatched; loop: the padding-free loop; masked: SDPA + mask with the padding
-zeroed unconditionally (small calls); masked, looked: the same with the padding looked at
-first (large calls); plain: kernels disabled."""
+ROUTES = ["auto", "loop", "groups", "masked", "masked, looked", "plain"]
+"""auto: as dispatched; loop: the padding-free loop; groups: training with fewer heads than
+threads (a flash call with the mask per group of examples of similar length, keys cut to
+the group's longest); masked: SDPA + mask with the padding zeroed unconditionally (small calls);
+masked, looked: the same with the padding looked at first (large calls); plain: kernels
+disabled."""
 
 
 def _lengths(shape, top, g):
@@ -90,9 +92,21 @@ def _always_loop(monkeypatch):
     monkeypatch.setattr(_cpu, "_THREADS_WORK", 0)
 
 
+def _groups(monkeypatch, threads=3):
+    """The grouped training route at any size: cutting pays, the loop's backward threads
+    never do, and ``threads`` threads (groups of ceil(threads / H) examples)."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
+    monkeypatch.setattr(_cpu, "_THREADS_WORK", 1 << 60)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+
 def run(route, q, k, v, mask, scale, monkeypatch):
     if route == "loop":
         _always_loop(monkeypatch)
+    elif route == "groups":
+        _groups(monkeypatch)
+        if not any(t.requires_grad for t in (q, k, v)):  # the route is taken in training
+            q = q.detach().requires_grad_(True)
     elif route.startswith("masked"):
         monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
         if route == "masked, looked":
@@ -182,12 +196,17 @@ def test_gradients_match_the_reference(route, mask_kind, value_size, monkeypatch
         torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("route", ["loop", "groups"])
 @pytest.mark.parametrize("dropout", [False, True], ids=["one node", "through SDPA"])
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths"])
-def test_loop_gradcheck(mask_kind, dropout, monkeypatch):
-    """Both forms of the loop: one autograd node (no dropout) and SDPA's autograd (taken
-    with dropout; checked here with dv != d, which the flash op does not take either)."""
-    _always_loop(monkeypatch)
+def test_loop_gradcheck(mask_kind, dropout, route, monkeypatch):
+    """Both forms of the loop and of the grouped path: one autograd node (no dropout) and
+    SDPA's autograd (taken with dropout; checked here with dv != d, which the flash op does
+    not take either)."""
+    if route == "loop":
+        _always_loop(monkeypatch)
+    else:
+        _groups(monkeypatch)
     q, k, v, g = _inputs((2, 2), 3, 4, d=2, dv=3 if dropout else 2, seed=4)
     mask = build_mask(q.shape[:-2], 3, 4, q.device, **MASKS[mask_kind]((2, 2), 3, 4, g))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -279,21 +298,42 @@ def test_small_work_runs_one_masked_sdpa_call(sdpa_calls):
     assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
 
 
-def test_small_training_with_fewer_heads_than_threads_runs_masked_sdpa(sdpa_calls, monkeypatch):
+def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkeypatch):
     """Where the loop's backward would need threads whose start its work does not repay,
-    training runs one SDPA call with the mask; inference keeps the loop."""
+    training makes one flash call (forward and backward) per group of ceil(threads / H)
+    examples of similar length, on keys cut to the group's longest, with the mask inside;
+    inference keeps the loop (one call per example)."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting pays; the threads do not
+    calls = []
+    forward, backward = _cpu._flash_ops()
+
+    def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
+        calls.append(("forward", q.shape[0], k.shape[2], attn_mask is not None))
+        return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
+        calls.append(("backward", q.shape[0], k.shape[2], attn_mask is not None))
+        return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         q, k, v, _ = _inputs((3, 1), 6, 10)
         mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
         K.dot_product_attention(q, k, v, mask, scale=0.3)
-        assert sdpa_calls == []  # inference: the loop (flash op, not SDPA)
+        assert sorted(c[1:3] for c in calls) == [(1, 2), (1, 7), (1, 10)]  # inference: loop
+        calls.clear()
         q.requires_grad_(True)
-        K.dot_product_attention(q, k, v, mask, scale=0.3).sum().backward()
-        assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
-        assert q.grad is not None
+        out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+        grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        # groups of 2 by length: examples (0, 2) on 7 keys, then example 1 on all 10
+        groups = [(2, 7, True), (1, 10, True)]
+        assert calls == [("forward", *g) for g in groups] + [("backward", *g) for g in groups]
+        theirs = q.detach().clone().requires_grad_(True)
+        reference(theirs, k, v, mask, 0.3).backward(grad_out)
+        torch.testing.assert_close(q.grad, theirs.grad, atol=1e-10, rtol=1e-10)
     finally:
         torch.set_num_threads(old)
 

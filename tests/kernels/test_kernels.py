@@ -542,6 +542,20 @@ def test_mask_summary(fast, dtype):
 
 @pytest.mark.parametrize("fast", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, m", [((2, 3, 4), 9), ((4, 1, 100), 300)], ids=["one", "split"])
+def test_lengths_mask(fast, dtype, shape, m):
+    """0 at the first lengths[...] keys, -inf after, row by row (the larger shape is split
+    over threads)."""
+    lengths = torch.randint(0, m + 1, shape)
+    lengths.view(-1)[0], lengths.view(-1)[-1] = 0, m
+    additive = run(fast, _ops.lengths_mask, lengths, m, dtype)
+    assert additive.dtype == dtype and additive.shape == (*shape, m)
+    for row, L in zip(additive.reshape(-1, m), lengths.reshape(-1).tolist(), strict=True):
+        assert torch.all(row[:L] == 0) and torch.all(row[L:] == float("-inf"))
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_nan_at_an_allowed_position_reaches_the_whole_row_only(fast, dtype):
     """NaN where it is attended is never hidden (the fast exp must not round it away)."""
     x = torch.randn(2, 3, 40).to(dtype)

@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 5:
+    if lib.attnscore_kernels_abi() != 6:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -239,6 +239,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "masked_softmax_backward": ([p, p, p, p, i, i, i, i, i], [p, p, p, p, p, i, i, i, i]),
         "masked_softmax_dense": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
         "mask_summary": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
+        "lengths_mask": ([p, p, i, i, i], [p, p, p, i, i]),
         "additive_scores": ([p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
         # its driver also takes B, to find each range's accumulators
         "additive_scores_backward": (
@@ -251,13 +252,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "masked_softmax_backward": ("f64", "f32", "bf16", "f16"),
         "masked_softmax_dense": ("f64", "f32", "bf16", "f16"),
         "mask_summary": ("f64", "f32", "bf16", "f16"),
+        "lengths_mask": ("f64", "f32", "bf16", "f16"),
         "additive_scores": ("f64", "f32"),
         "additive_scores_backward": ("f64", "f32"),
     }
     f16 = bool(lib.attnscore_have_f16())
     for name, (kernel, driver) in signatures.items():
         for suf in suffixes[name]:
-            if suf == "f16" and not f16 and name != "mask_summary":
+            if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):
                 continue
             for symbol, argtypes in ((f"{name}_{suf}", kernel), (f"{name}_par_{suf}", driver)):
                 fn = getattr(lib, symbol)

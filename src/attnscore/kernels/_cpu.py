@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
+    "lengths_mask",
     "mask_summary",
     "masked_softmax",
     "masked_softmax_backward",
@@ -340,6 +341,23 @@ def mask_summary(
     return additive, row_any, col_any
 
 
+def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
+    """Backend contract (C kernel): the additive mask (..., m) of lengths (...), written
+    straight from the lengths (one pass, no boolean mask in between)."""
+    lib = load_library()
+    suffix = _SUFFIX.get(dtype, "f16" if dtype == torch.float16 else None)
+    if lib is None or suffix is None:
+        return _plain.lengths_mask(lengths, m, dtype)
+    rows_ = lengths.reshape(-1).contiguous()
+    out = _empty((*lengths.shape, m), dtype)
+    R = rows_.numel()
+    if R and m:
+        ranges = _even(R, torch.get_num_threads(), R * m)
+        head = (rows_.data_ptr(), out.data_ptr())
+        _run(lib, f"lengths_mask_{suffix}", ranges, lambda _i: (head, (m,)))
+    return out
+
+
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Backend contract (C kernel): ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths, exact
     zeros elsewhere, without a (B, n, m, h) intermediate; keys j >= lengths never read."""
@@ -412,6 +430,10 @@ _CALL_WORK = 1 << 21
 _THREADS_WORK = 1 << 30
 
 
+#: A flash call's q, k, v, additive mask (or None) and is_causal.
+_FlashCall = tuple[Tensor, Tensor, Tensor, Tensor | None, bool]
+
+
 @dataclass(frozen=True)
 class _Cut:
     """A piece of the loop: queries [start, stop) of example ``b`` over its first ``keys``
@@ -449,6 +471,39 @@ class _Cut:
             qb = qb.masked_fill(self.rows == 0, 0.0)
         return qb, k[b : b + 1, :, : self.keys], v[b : b + 1, :, : self.keys]
 
+    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
+        """The flash op's arguments for this piece."""
+        return (*self.inputs(q, k, v), _additive_mask(self, q.dtype), self.causal)
+
+    def put(self, out: Tensor, value: Tensor) -> None:
+        """Write the piece's output (1, H, queries, dv) into ``out``."""
+        out[self.b : self.b + 1, :, self.queries] = value
+
+
+class _Piece(Protocol):
+    """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`) or a group
+    (:class:`_Group`)."""
+
+    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall: ...
+
+    def put(self, out: Tensor, value: Tensor) -> None: ...
+
+
+def _flash_forward(
+    pieces: Sequence[_Piece], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
+) -> list[Tensor]:
+    """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
+    the backward). One call's output lives at a time."""
+    flash, _ = _flash_ops()  # type: ignore[misc]
+    saved = []
+    for piece in pieces:
+        qp, kp, vp, mask, causal = piece.call(q, k, v)
+        o, lse = flash(qp, kp, vp, 0.0, causal, attn_mask=mask, scale=scale)
+        piece.put(out, o)
+        del o  # before the next call allocates its own
+        saved.append(lse)
+    return saved
+
 
 def _flash_ops() -> tuple[Any, Any] | None:
     """PyTorch's CPU flash attention forward and backward ops (logsumexp kept), if any."""
@@ -479,24 +534,16 @@ class _CutAttention(torch.autograd.Function):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float
     ) -> Tensor:
-        flash, _ = _flash_ops()  # type: ignore[misc]
         B, H, n, _ = q.shape
         heads_inner = H > 1 and q.stride(1) < q.stride(2)  # (B, n, H, d) in memory (MHA)
         if heads_inner:
             out = q.new_empty(B, n, H, v.shape[-1]).transpose(1, 2)
         else:
             out = q.new_empty(B, H, n, v.shape[-1])
+        saved = _flash_forward(cuts, q, k, v, out, scale)
         covered = [0] * B  # queries of each example the pieces cover (the rest is zero)
-        saved = []
         for cut in cuts:
-            qb, kb, vb = cut.inputs(q, k, v)
-            o, lse = flash(
-                qb, kb, vb, 0.0, cut.causal, attn_mask=_additive_mask(cut, q.dtype), scale=scale
-            )
-            out[cut.b : cut.b + 1, :, cut.queries] = o
-            del o  # before the next call allocates its own: one at a time
             covered[cut.b] = max(covered[cut.b], cut.stop)
-            saved.append(lse)
         for b, stop in enumerate(covered):
             if stop < n:
                 out[b, :, stop:].zero_()
@@ -611,11 +658,120 @@ class _Zeros(torch.autograd.Function):
         return tuple(grad.new_zeros(shape, dtype=dtype) for shape, dtype in ctx.inputs)
 
 
-def _cuts(mask: AttentionMask, lengths: Tensor, n: int) -> list[_Cut]:
-    """The loop's pieces, one per example: its longest key length, its queries up to the
-    last one that attends anything, and what masking is left inside (none, causal, or a
-    boolean mask). Examples with nothing to attend have no piece."""
-    key_len = lengths.amax(dim=(1, 2)).tolist()  # (B,) longest row of each example
+@dataclass(frozen=True)
+class _Group:
+    """A call of the grouped path: examples of similar length, on their first ``keys`` keys
+    (the longest of their lengths), with the mask of their rows' ``lengths`` (G, H or 1,
+    n or 1) inside."""
+
+    examples: list[int]
+    keys: int
+    lengths: Tensor
+
+    def _view(self, t: Tensor) -> Tensor | None:
+        """The group's examples of ``t`` (dim 0) as a view where they are evenly spaced
+        (always for one or two examples), else None."""
+        examples = self.examples
+        step = examples[1] - examples[0] if len(examples) > 1 else 1
+        if any(b - a != step for a, b in itertools.pairwise(examples)):
+            return None
+        sizes, strides = t.shape, t.stride()
+        return t.as_strided(
+            (len(examples), *sizes[1:]),
+            (step * strides[0], *strides[1:]),
+            t.storage_offset() + examples[0] * strides[0],
+        )
+
+    def rows(self, t: Tensor) -> Tensor:
+        """The group's examples of ``t`` (dim 0): a view when evenly spaced, else a copy."""
+        view = self._view(t)
+        if view is not None:
+            return view
+        return t.index_select(0, torch.tensor(self.examples, device=t.device))
+
+    def put(self, out: Tensor, value: Tensor) -> None:
+        """Write ``value`` (G, ...) into the group's examples of ``out`` (dim 0)."""
+        view = self._view(out)
+        if view is not None:
+            view.copy_(value)
+        else:
+            out.index_copy_(0, torch.tensor(self.examples, device=out.device), value)
+
+    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
+        """The flash op's arguments: the group's q, k, v (keys cut) and its additive mask
+        (G, H or 1, n or 1, keys); not causal (causal masking is in the lengths)."""
+        keys = self.keys
+        qg, kg, vg = self.rows(q), self.rows(k[:, :, :keys]), self.rows(v[:, :, :keys])
+        return qg, kg, vg, lengths_mask(self.lengths, keys, q.dtype), False
+
+
+def _groups(longest: list[int], lengths: Tensor, size: int) -> list[_Group]:
+    """The examples in groups of ``size`` by their longest length (``longest``), each cut to
+    the longest among its examples (at least 1), with its rows of ``lengths``."""
+    order = sorted(range(len(longest)), key=longest.__getitem__)
+    groups = []
+    for i in range(0, len(order), size):
+        examples = sorted(order[i : i + size])
+        keys = max(1, max(longest[b] for b in examples))
+        rows = lengths if lengths.shape[0] == 1 else _Group(examples, 0, lengths).rows(lengths)
+        groups.append(_Group(examples, keys, rows))
+    return groups
+
+
+class _GroupedAttention(torch.autograd.Function):
+    """Training where the loop's backward would leave threads idle: one flash call per group
+    of examples of similar length (:func:`_groups`) on keys cut to the group's longest,
+    with the mask inside. Each call still has examples x heads to split over the threads;
+    keys beyond every example of a group are never read. One autograd node, as the loop's:
+    the output and the gradients are allocated once and each group writes its examples.
+    A group's inputs are views of them where its examples are evenly spaced (always in
+    groups of one or two), else copies that live for its call only.
+    q, k, v arrive with their padding inert (:func:`_sdpa.inert`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, groups: list[_Group], scale: float
+    ) -> Tensor:
+        B, H, n, _ = q.shape
+        out = q.new_empty(B, H, n, v.shape[-1])
+        saved = _flash_forward(groups, q, k, v, out, scale)
+        ctx.groups, ctx.scale = groups, scale
+        ctx.save_for_backward(q, k, v, out, *saved)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        _, flash_backward = _flash_ops()  # type: ignore[misc]
+        q, k, v, out, *lses = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if grad.stride(-1) != 1 or 0 in grad.stride():  # e.g. a sum's, one value broadcast
+            grad = grad.contiguous()
+        for group, lse in zip(ctx.groups, lses, strict=True):
+            qg, kg, vg, mask, _ = group.call(q, k, v)
+            gq, gk, gv = flash_backward(
+                group.rows(grad),
+                qg,
+                kg,
+                vg,
+                group.rows(out),
+                lse,
+                0.0,
+                False,
+                attn_mask=mask,
+                scale=ctx.scale,
+            )
+            group.put(dq, gq)
+            group.put(dk[:, :, : group.keys], gk)
+            group.put(dv[:, :, : group.keys], gv)
+        return dq, dk, dv, None, None
+
+
+def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
+    """The loop's pieces, one per example: its longest key length (``key_len``, from
+    ``lengths``), its queries up to the last one that attends anything, and what masking is
+    left inside (none, causal, or a boolean mask). Examples with nothing to attend have no
+    piece."""
     if lengths.shape[2] == 1:
         query_len = [n if L else 0 for L in key_len]
     else:  # up to the last query that attends anything
@@ -673,7 +829,12 @@ def dot_product_attention(
     work = H * (q.shape[-1] + v.shape[-1])
     if full * work < B * _CALL_WORK:  # too little to cut
         return with_mask()
-    cuts = _cuts(mask, lengths, n)
+    longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
+    # Without idle queries the loop keeps each example's queries whole: what it would save
+    # is known before its pieces are made (per-query lengths near m save too little).
+    if shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
+        return with_mask()
+    cuts = _cuts(mask, lengths, n, longest)
     kept = sum(c.size * c.keys for c in cuts)
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
         return with_mask()
@@ -681,9 +842,19 @@ def dot_product_attention(
     # start (about 3 ms on 2 cores) only a large backward repays: below that, training
     # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if needs_grad and torch.get_num_threads() > H and kept * work < _THREADS_WORK:
-        return with_mask()
+    threads = torch.get_num_threads()
     # The flash op takes no dropout and one head size for q, k and v.
-    if dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None:
+    flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
+    if needs_grad and threads > H and kept * work < _THREADS_WORK:
+        groups = _groups(longest, lengths, -(-threads // H))
+        kept = n * sum(len(g.examples) * g.keys for g in groups)
+        if not flash or (full - kept) * work < len(groups) * _CALL_WORK:  # saves too little
+            return with_mask()
+        longest_rows = lengths.amax(-1, keepdim=True)  # (B, H or 1, 1)
+        padded = (torch.arange(m) >= longest_rows).unsqueeze(-1)
+        idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
+        q, k, v = _sdpa.inert(q, k, v, padded, idle, look=True, first=int(longest_rows.min()))
+        return _GroupedAttention.apply(q, k, v, groups, scale)  # type: ignore[no-any-return,no-untyped-call]
+    if flash:
         return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]
     return _cut_attention_autograd(q, k, v, cuts, scale, dropout_p)

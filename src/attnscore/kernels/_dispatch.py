@@ -75,6 +75,10 @@ class Backend(Protocol):
         -inf elsewhere, or None for ``dtype`` None; rows that allow some key (..., r); keys
         some row allows (..., m))."""
 
+    def lengths_mask(self, lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
+        """lengths (...) int64 -> (..., m) in ``dtype``: 0 at keys j < lengths[...], -inf
+        beyond (the additive mask SDPA takes)."""
+
     def additive_scores(self, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
         """qh (B, n, h), kh (B, m, h), w_v (h,), lengths (B, n) -> scores (B, n, m):
         sum_h w_v[h] tanh(qh[b, i, h] + kh[b, j, h]) for j < lengths[b, i], else 0."""
@@ -106,6 +110,7 @@ FUNCTIONS = (
     "masked_softmax_backward",
     "masked_softmax_dense",
     "mask_summary",
+    "lengths_mask",
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",

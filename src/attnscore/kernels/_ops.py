@@ -41,6 +41,7 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward_op",
     "additive_scores_op",
+    "lengths_mask",
     "mask_summary",
     "masked_softmax",
     "masked_softmax_backward_op",
@@ -208,6 +209,14 @@ def mask_summary(
     if not _eager_backend() or in_functorch(allowed):
         return _plain.mask_summary(allowed, dtype)
     return backend_function(allowed.device.type, "mask_summary")(allowed, dtype)  # type: ignore[no-any-return]
+
+
+def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
+    """The additive mask (..., m) in ``dtype`` of lengths (...): 0 at keys j < lengths,
+    -inf beyond (the backend contract's ``lengths_mask``)."""
+    if not _eager_backend() or in_functorch(lengths):
+        return _plain.lengths_mask(lengths, m, dtype)
+    return backend_function(lengths.device.type, "lengths_mask")(lengths, m, dtype)  # type: ignore[no-any-return]
 
 
 # ---- additive scores ----------------------------------------------------------------------

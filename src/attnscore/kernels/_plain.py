@@ -29,6 +29,7 @@ __all__ = [
     "additive_scores_backward",
     "additive_scores_dense",
     "dot_product_attention",
+    "lengths_mask",
     "mask_summary",
     "masked_softmax",
     "masked_softmax_backward",
@@ -89,6 +90,14 @@ def mask_summary(
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         additive = torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype))
     return additive, allowed.any(dim=-1), allowed.any(dim=-2)
+
+
+def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
+    """The additive form (..., m) in ``dtype`` of "key j < lengths[...]" for lengths (...):
+    0 where a key may be attended, -inf elsewhere (what SDPA adds to the scores)."""
+    zero = torch.zeros((), dtype=dtype, device=lengths.device)
+    neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=lengths.device)
+    return torch.where(_valid(lengths, m), zero, neg_inf)
 
 
 # ---- additive scores -------------------------------------------------------------------------

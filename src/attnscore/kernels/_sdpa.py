@@ -29,7 +29,15 @@ from .._checks import LOOK_NUMEL, bad_rows, in_transform
 from .._mask import AttentionMask
 from . import _ops
 
-__all__ = ["as_4d", "causal", "compact", "empty_rows_are_zero", "masked", "unmasked"]
+__all__ = [
+    "as_4d",
+    "causal",
+    "compact",
+    "empty_rows_are_zero",
+    "inert",
+    "masked",
+    "unmasked",
+]
 
 
 def compact(t: Tensor) -> Tensor:
@@ -102,6 +110,38 @@ def _allowed(mask: AttentionMask, lengths: Tensor | None, m: int, device: torch.
     return allowed
 
 
+def _holds_garbage(k: Tensor, v: Tensor, padded: Tensor, first: int) -> bool:
+    """Whether a padded key or value row (``padded``: bool (..., m, 1)) holds NaN or inf;
+    rows before ``first`` (none of them padded) are not read. One test for both (a sum of
+    their row sums is not finite where either is not)."""
+    k, v = k[..., first:, :], v[..., first:, :]
+    same = k.data_ptr() == v.data_ptr() and k.shape == v.shape and k.stride() == v.stride()
+    rows = bad_rows(k) if same else bad_rows(k) | bad_rows(v)
+    return bool((padded[..., first:, :] & rows.unsqueeze(-1)).any())
+
+
+def inert(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    padded: Tensor | None,
+    idle: Tensor | None,
+    *,
+    look: bool,
+    first: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with their padding made inert for a kernel that reads it: padded keys and
+    their values (``padded``: bool (..., m, 1)) and idle queries (``idle``: bool (..., n, 1))
+    zeroed where some of them hold NaN or inf when ``look`` (finite garbage meets exact
+    zeros: harmless; keys before ``first`` are none of them padded and not read), and
+    unconditionally otherwise (CUDA, tracing, small calls). Copies only what it zeroes."""
+    if padded is not None and (not look or _holds_garbage(k, v, padded, first)):
+        k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+    if idle is not None and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
+        q = q.masked_fill(idle, 0.0)
+    return q, k, v
+
+
 def masked(
     q: Tensor,
     k: Tensor,
@@ -117,11 +157,12 @@ def masked(
 
     Zeroes padded keys and values and idle queries first where they are not finite (on the
     CPU only then; elsewhere always, since looking would cost a sync), and makes rows with
-    no allowed key zeros. On the CPU the mask goes to SDPA in its additive form, made by one
-    C pass over the boolean mask that also finds the padding: SDPA would convert it anyway,
-    more slowly (``torch.where``). A caller that has read the lengths already may pass them
-    :func:`compact` (``lengths``) and say whether some query attends no key (``has_idle``),
-    which saves small calls the ops that find out.
+    no allowed key zeros. In large CPU calls the mask goes to SDPA in its additive form,
+    which SDPA would otherwise make from the boolean one (``torch.where``, more slowly): by
+    lengths alone, one C pass writes it straight from the lengths; with a boolean mask, one
+    C pass over that mask writes it and finds the padding. A caller that has read the
+    lengths already may pass them :func:`compact` (``lengths``) and say whether some query
+    attends no key (``has_idle``), which saves small calls the ops that find out.
     """
     m = k.shape[-2]
     # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
@@ -131,36 +172,44 @@ def masked(
     )
     if lengths is None and mask.lengths is not None:
         lengths = compact(mask.lengths)
-    allowed = _allowed(mask, lengths, m, q.device)
-    attn_mask: Tensor = allowed
+    attn_mask: Tensor
     idle: Tensor | None
-    if look:  # one C pass: the additive mask SDPA would make anyway, and where padding is
-        additive, row_any, col_any = _ops.mask_summary(allowed, q.dtype)
+    first = 0  # the first key that may be padding
+    padded: Tensor | None = None  # bool (..., m, 1): keys no query attends; None: none
+    if look and mask.attend is not None:  # one C pass: the additive mask SDPA would make
+        # anyway, and where the padding is
+        additive, row_any, col_any = _ops.mask_summary(
+            _allowed(mask, lengths, m, q.device), q.dtype
+        )
         assert additive is not None
         attn_mask = additive
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
     elif mask.attend is None:  # lengths: the padding is read off the lengths themselves
         assert lengths is not None
-        if lengths.shape[-1] == 1:  # one length per (example, head): padding = not allowed
-            padded = ~allowed.mT
+        # Looked-at (large) calls get the additive mask written straight from the lengths
+        # (SDPA would build it from the boolean one in two more passes); small ones the
+        # boolean mask, made in one op.
+        if look:  # lengths (B or 1, H or 1, n or 1) -> (..., m)
+            attn_mask = _ops.lengths_mask(lengths, m, q.dtype)
+            longest = lengths if lengths.shape[-1] == 1 else lengths.amax(-1, keepdim=True)
+            first = int(longest.min())  # no key before it is padding (none at all if m)
+            if first < m:
+                padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
         else:
-            longest = lengths.amax(-1, keepdim=True)
-            padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
+            attn_mask = _allowed(mask, lengths, m, q.device)
+            if lengths.shape[-1] == 1:  # one length per (example, head): not allowed
+                padded = ~attn_mask.mT
+            else:
+                longest = lengths.amax(-1, keepdim=True)
+                padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
         idle = None if has_idle is False else (lengths == 0).unsqueeze(-1)
     else:
-        _, row_any, col_any = _ops.mask_summary(allowed, None)
+        attn_mask = _allowed(mask, lengths, m, q.device)
+        _, row_any, col_any = _ops.mask_summary(attn_mask, None)
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
-    # Padding SDPA reads is zeroed where it is not finite (finite garbage meets exact
-    # zeros: harmless) when looked at, else always.
-    if not look or bool(padded.any()):
-        if not look or bool((padded & bad_rows(k).unsqueeze(-1)).any()):
-            k = k.masked_fill(padded, 0.0)
-        if not look or bool((padded & bad_rows(v).unsqueeze(-1)).any()):
-            v = v.masked_fill(padded, 0.0)
     if look and idle is not None and not bool(idle.any()):
         idle = None  # looked: every query attends some key
-    if idle is not None and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
-        q = q.masked_fill(idle, 0.0)
+    q, k, v = inert(q, k, v, padded, idle, look=look, first=first)
     # Rows SDPA itself does not make zeros attend key 0 inside the call, zeroed after.
     fix = idle if idle is not None and not empty_rows_are_zero(q.device.type) else None
     if fix is not None:

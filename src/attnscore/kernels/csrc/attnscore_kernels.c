@@ -513,6 +513,27 @@ DEFINE_MASK_SUMMARY(float, f32, 0.0f, f32_from_bits(0xff800000u))
 DEFINE_MASK_SUMMARY(uint16_t, bf16, (uint16_t)0, (uint16_t)0xff80u)
 DEFINE_MASK_SUMMARY(uint16_t, f16, (uint16_t)0, (uint16_t)0xfc00u)
 
+/* ---- a mask by lengths made ready for SDPA ----------------------------------------------
+ * out (rows x m): the additive form of "key j < lengths[r]" (lengths clamped to [0, m]), 0
+ * then -inf, in the queries' type; written straight from the lengths, no boolean mask in
+ * between. */
+#define DEFINE_LENGTHS_MASK(ST, SUF, ZERO, NEG_INF)                                         \
+  void lengths_mask_##SUF(const int64_t *lengths, ST *out, int64_t r0, int64_t r1,          \
+                          int64_t m) {                                                      \
+    const ST zero = ZERO, neg_inf = NEG_INF;                                                \
+    for (int64_t r = r0; r < r1; ++r) {                                                     \
+      const int64_t L = lengths[r] < 0 ? 0 : (lengths[r] > m ? m : lengths[r]);             \
+      ST *o = out + r * m;                                                                  \
+      _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) o[j] = zero;                      \
+      _Pragma("omp simd") for (int64_t j = L; j < m; ++j) o[j] = neg_inf;                   \
+    }                                                                                       \
+  }
+
+DEFINE_LENGTHS_MASK(double, f64, 0.0, f64_from_bits(0xfff0000000000000ull))
+DEFINE_LENGTHS_MASK(float, f32, 0.0f, f32_from_bits(0xff800000u))
+DEFINE_LENGTHS_MASK(uint16_t, bf16, (uint16_t)0, (uint16_t)0xff80u)
+DEFINE_LENGTHS_MASK(uint16_t, f16, (uint16_t)0, (uint16_t)0xfc00u)
+
 /* ---- additive scores (float32 and float64; 16-bit inputs are converted by the caller) -- */
 #define DEFINE_ADDITIVE(T, SUF, TANH)                                                       \
   /* s[r, j] = sum_k w[k] tanh(qh[r, k] + kh[b, j, k]) for j < lengths[r], else 0;           \
@@ -626,6 +647,17 @@ void mask_summary_par_f16(const uint8_t *mask, uint16_t *out, uint8_t *row_any,
 }
 #endif
 
+#define DEFINE_LENGTHS_MASK_DRIVER(ST, SUF)                                                 \
+  void lengths_mask_par_##SUF(const int64_t *lengths, ST *out, const int64_t *cuts,         \
+                              int64_t parts, int64_t m) {                                   \
+    EACH_RANGE(lengths_mask_##SUF(lengths, out, r0, r1, m))                                 \
+  }
+
+DEFINE_LENGTHS_MASK_DRIVER(double, f64)
+DEFINE_LENGTHS_MASK_DRIVER(float, f32)
+DEFINE_LENGTHS_MASK_DRIVER(uint16_t, bf16)
+DEFINE_LENGTHS_MASK_DRIVER(uint16_t, f16)
+
 #define DEFINE_ADDITIVE_DRIVERS(T, SUF)                                                     \
   void additive_scores_par_##SUF(const T *qh, const T *kh, const T *w, const int64_t *lengths, \
                                  T *s, const int64_t *cuts, int64_t parts, int64_t n,       \
@@ -675,4 +707,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 5; }
+int attnscore_kernels_abi(void) { return 6; }
