@@ -38,7 +38,7 @@ MASKS = {
     },
 }
 ROUTES = ["auto", "loop", "groups", "masked", "masked, looked", "plain"]
-"""auto: as dispatched; loop: the padding-free loop; groups: training with fewer heads than
+"""auto: as dispatched (at these sizes, without gradients: the small calls' C pass); loop: the padding-free loop; groups: training with fewer heads than
 threads (a flash call with the mask per group of examples of similar length, keys cut to
 the group's longest); masked: SDPA + mask with the padding zeroed unconditionally (small calls);
 masked, looked: the same with the padding looked at first (large calls); plain: kernels
@@ -90,6 +90,7 @@ def _always_loop(monkeypatch):
     threads (with fewer heads than threads)."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
     monkeypatch.setattr(_cpu, "_THREADS_WORK", 0)
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)  # no call is small
 
 
 def _groups(monkeypatch, threads=3):
@@ -97,6 +98,7 @@ def _groups(monkeypatch, threads=3):
     never do, and ``threads`` threads (groups of ceil(threads / H) examples)."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
     monkeypatch.setattr(_cpu, "_THREADS_WORK", 1 << 60)
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
 
 
@@ -109,6 +111,7 @@ def run(route, q, k, v, mask, scale, monkeypatch):
             q = q.detach().requires_grad_(True)
     elif route.startswith("masked"):
         monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
+        monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
         if route == "masked, looked":
             monkeypatch.setattr(_sdpa, "LOOK_NUMEL", 0)  # as for large inputs
     if route == "plain":
@@ -291,11 +294,37 @@ def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
     assert all(c[2] is None for c in calls)
 
 
-def test_small_work_runs_one_masked_sdpa_call(sdpa_calls):
-    q, k, v, _ = _inputs((8,), 1, 20)
-    mask = build_mask(torch.Size([8]), 1, 20, q.device, valid_lens=torch.arange(1, 9))
-    K.dot_product_attention(q, k, v, mask, scale=0.3)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_small_inference_is_one_c_pass_and_training_one_masked_sdpa_call(sdpa_calls, dtype):
+    """A small call without gradients runs in one C pass (no SDPA, padding never read: NaN
+    there changes nothing); with gradients, one SDPA call with the mask."""
+    q, k, v, _ = _inputs((8,), 3, 20, dtype=dtype)
+    lengths = torch.tensor([0, 1, 2, 5, 9, 12, 19, 20])
+    mask = build_mask(torch.Size([8]), 3, 20, q.device, valid_lens=lengths)
+    padded = (torch.arange(20) >= lengths[:, None]).unsqueeze(-1)
+    k_dirty, v_dirty = k.masked_fill(padded, float("nan")), v.masked_fill(padded, float("inf"))
+    out = K.dot_product_attention(q, k_dirty, v_dirty, mask, scale=0.3)
+    assert sdpa_calls == []
+    torch.testing.assert_close(
+        out.double(), reference(q, k, v, mask, 0.3), atol=TOL[dtype], rtol=TOL[dtype]
+    )
+    K.dot_product_attention(q.requires_grad_(True), k, v, mask, scale=0.3)
     assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_small_call_with_non_finite_values_where_attended_gives_what_sdpa_gives(sdpa_calls, value):
+    """Where an attended key or value is not finite, the C pass hands the call to the
+    general path: the result is SDPA's (NaN / inf where PyTorch gives them)."""
+    q, k, v, _ = _inputs((2,), 3, 5)
+    mask = build_mask(torch.Size([2]), 3, 5, q.device, valid_lens=torch.tensor([4, 5]))
+    for key, val in ((k.clone(), v), (k, v.clone())):
+        (key if key is not k else val)[1, 2, 0] = value
+        out = K.dot_product_attention(q, key, val, mask, scale=0.5)
+        with K.disabled():
+            expected = K.dot_product_attention(q, key, val, mask, scale=0.5)
+        torch.testing.assert_close(out, expected, equal_nan=True)
+    assert len(sdpa_calls) == 4  # every call took SDPA
 
 
 def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkeypatch):
@@ -304,6 +333,7 @@ def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkey
     examples of similar length, on keys cut to the group's longest, with the mask inside;
     inference keeps the loop (one call per example)."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting pays; the threads do not
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     calls = []
     forward, backward = _cpu._flash_ops()
 

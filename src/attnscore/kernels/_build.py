@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 6:
+    if lib.attnscore_kernels_abi() != 7:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -232,6 +232,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int64
     lib.attnscore_advise_huge.argtypes = [p, i]
     lib.attnscore_advise_huge.restype = None
+    for suf in ("f32", "f64"):  # one call on the calling thread; returns a count of rows
+        small = getattr(lib, f"small_attention_{suf}")
+        small.argtypes = [p, p, p, p, p, i, i, i, i, i, i, ctypes.c_double]
+        small.restype = i
     signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
         # (..., m, div): div rows share one length
         "masked_softmax": ([p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),

@@ -430,6 +430,47 @@ _CALL_WORK = 1 << 21
 _THREADS_WORK = 1 << 30
 
 
+#: Work (multiply-adds, B * H * n * m * (d + dv)) up to which inference runs in one C pass
+#: (:func:`_small_attention`): below it SDPA's fixed cost (about 20 us) and the ops around
+#: it (mask, zeroed padding) are most of a call.
+_SMALL_WORK = 1 << 14
+
+
+def _small_attention(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
+) -> Tensor | None:
+    """Dot-product attention of a small call in one C pass (float32, float64; inference):
+    each query row over its first ``lengths`` keys, padding never read (so nothing is
+    zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
+    general path) without the C library, for other dtypes, or where a row's scores or
+    output are not all finite, which the C arithmetic does not promise to carry as PyTorch
+    does. ``lengths``: (B or 1, H or 1, n or 1), :func:`_sdpa.compact`."""
+    lib = load_library()
+    suffix = {torch.float32: "f32", torch.float64: "f64"}.get(q.dtype)
+    if lib is None or suffix is None:
+        return None
+    B, H, n, d = q.shape
+    m, dv = k.shape[2], v.shape[-1]
+    qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+    shared, div = _shared_lengths(lengths.expand(B, H, n))
+    out = torch.empty((B, H, n, dv), dtype=q.dtype)
+    bad = _function(lib, f"small_attention_{suffix}")(
+        qc.data_ptr(),
+        kc.data_ptr(),
+        vc.data_ptr(),
+        shared.data_ptr(),
+        out.data_ptr(),
+        B * H * n,
+        n,
+        m,
+        d,
+        dv,
+        div,
+        scale,
+    )
+    return None if bad else out
+
+
 #: A flash call's q, k, v, additive mask (or None) and is_causal.
 _FlashCall = tuple[Tensor, Tensor, Tensor, Tensor | None, bool]
 
@@ -808,7 +849,10 @@ def dot_product_attention(
     and per-query lengths a mask. Where cutting saves too little to pay for one call per
     example (short sequences, lengths near m), one SDPA call with the boolean mask runs
     instead (:func:`attnscore.kernels._sdpa.masked`), and where lengths cut nothing at all,
-    SDPA without a mask. Without dropout the loop is one autograd node writing into
+    SDPA without a mask. Small calls without gradients (up to ``_SMALL_WORK``) run in one
+    C pass that reads no padding (:func:`_small_attention`); in training with fewer heads
+    than threads, one flash call per group of examples of similar length
+    (:class:`_GroupedAttention`). Without dropout the loop is one autograd node writing into
     outputs and gradients allocated once; with dropout it runs through SDPA's autograd.
     """
     B, H, n, _ = q.shape
@@ -819,6 +863,12 @@ def dot_product_attention(
     shortest, _ = value_range(lengths)
     if shortest == m:  # lengths that cut nothing: no mask at all
         return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    work = H * (q.shape[-1] + v.shape[-1])
+    if not needs_grad and dropout_p == 0.0 and B * n * m * work <= _SMALL_WORK:
+        out = _small_attention(q, k, v, lengths, scale)
+        if out is not None:
+            return out
 
     def with_mask() -> Tensor:  # SDPA with the mask, told what the lengths showed
         return _sdpa.masked(
@@ -826,7 +876,6 @@ def dot_product_attention(
         )
 
     full = B * n * m
-    work = H * (q.shape[-1] + v.shape[-1])
     if full * work < B * _CALL_WORK:  # too little to cut
         return with_mask()
     longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
@@ -841,7 +890,6 @@ def dot_product_attention(
     # With fewer heads than threads the loop's backward needs threads of its own, whose
     # start (about 3 ms on 2 cores) only a large backward repays: below that, training
     # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     threads = torch.get_num_threads()
     # The flash op takes no dropout and one head size for q, k and v.
     flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None

@@ -647,6 +647,73 @@ void mask_summary_par_f16(const uint8_t *mask, uint16_t *out, uint8_t *row_any,
 }
 #endif
 
+/* ---- dot-product attention of a small call, by lengths --------------------------------
+ * Rows r of the flattened (B*H, n) queries: out[r] = softmax(scale * q[r] . k[bh, j]) over
+ * j < L (L = lengths[r / div] clamped to [0, m], bh = r / n) applied to v[bh, j]; zeros
+ * for L = 0. Keys and values at j >= L are never read. q (rows, d), k (B*H, m, d), v (B*H,
+ * m, dv), out (rows, dv), contiguous. Plain finite arithmetic only (-ffast-math may assume
+ * it): a row whose scores or output are not all finite (integer tests) is counted, and the
+ * caller then takes the general path for the whole call. Returns that count. */
+static inline int f32_finite(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+static inline int f64_finite(double x) {
+  uint64_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+#define DEFINE_SMALL_ATTENTION(T, SUF, EXP)                                                 \
+  int64_t small_attention_##SUF(const T *q, const T *k, const T *v, const int64_t *lengths,  \
+                                T *out, int64_t rows, int64_t n, int64_t m, int64_t d,      \
+                                int64_t dv, int64_t div, double scale) {                    \
+    T stack[64];                                                                            \
+    T *s = m <= 64 ? stack : (T *)malloc(sizeof(T) * (size_t)m);                            \
+    int64_t bad = 0;                                                                        \
+    for (int64_t r = 0; r < rows; ++r) {                                                    \
+      const int64_t bh = r / n;                                                             \
+      int64_t L = lengths[r / div];                                                         \
+      L = L < 0 ? 0 : (L > m ? m : L);                                                      \
+      T *o = out + r * dv;                                                                  \
+      for (int64_t c = 0; c < dv; ++c) o[c] = 0;                                            \
+      if (L == 0) continue;                                                                 \
+      const T *qr = q + r * d, *kb = k + bh * m * d, *vb = v + bh * m * dv;                 \
+      int finite = 1;                                                                       \
+      for (int64_t j = 0; j < L; ++j) {                                                     \
+        T acc = 0;                                                                          \
+        for (int64_t c = 0; c < d; ++c) acc += qr[c] * kb[j * d + c];                       \
+        s[j] = acc * (T)scale;                                                              \
+        finite &= SUF##_finite(s[j]);                                                       \
+      }                                                                                     \
+      if (!finite) {                                                                        \
+        ++bad;                                                                              \
+        continue;                                                                           \
+      }                                                                                     \
+      T mx = s[0];                                                                          \
+      for (int64_t j = 1; j < L; ++j) mx = s[j] > mx ? s[j] : mx;                           \
+      T sum = 0;                                                                            \
+      for (int64_t j = 0; j < L; ++j) {                                                     \
+        s[j] = EXP(s[j] - mx);                                                              \
+        sum += s[j];                                                                        \
+      }                                                                                     \
+      const T inv = (T)1 / sum;                                                             \
+      for (int64_t j = 0; j < L; ++j) {                                                     \
+        const T w = s[j] * inv;                                                             \
+        for (int64_t c = 0; c < dv; ++c) o[c] += w * vb[j * dv + c];                        \
+      }                                                                                     \
+      for (int64_t c = 0; c < dv; ++c) finite &= SUF##_finite(o[c]);                        \
+      bad += !finite;                                                                       \
+    }                                                                                       \
+    if (s != stack) free(s);                                                                \
+    return bad;                                                                             \
+  }
+
+DEFINE_SMALL_ATTENTION(float, f32, exp_neg)
+DEFINE_SMALL_ATTENTION(double, f64, exp)
+
 #define DEFINE_LENGTHS_MASK_DRIVER(ST, SUF)                                                 \
   void lengths_mask_par_##SUF(const int64_t *lengths, ST *out, const int64_t *cuts,         \
                               int64_t parts, int64_t m) {                                   \
@@ -707,4 +774,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 6; }
+int attnscore_kernels_abi(void) { return 7; }
