@@ -38,10 +38,11 @@ MASKS = {
     },
 }
 ROUTES = ["auto", "loop", "groups", "masked", "masked, looked", "plain"]
-"""auto: as dispatched (at these sizes, without gradients: the small calls' C pass); loop: the padding-free loop; groups: training with fewer heads than
-threads (a flash call with the mask per group of examples of similar length, keys cut to
-the group's longest); masked: SDPA + mask with the padding zeroed unconditionally (small calls);
-masked, looked: the same with the padding looked at first (large calls); plain: kernels
+"""auto: as dispatched (at these sizes, without gradients: the small calls' C pass); loop:
+the padding-free loop; groups: training with fewer heads than threads (a flash call with
+the mask per group of examples of similar length, keys cut to the group's longest);
+masked: SDPA + mask with the padding zeroed unconditionally (small calls); masked,
+looked: the same with the padding looked at first (large calls); plain: kernels
 disabled."""
 
 
