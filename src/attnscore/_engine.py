@@ -150,8 +150,9 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     q, k, v = prepared.queries, prepared.keys, prepared.values
     padded_keys: Tensor | None
     idle: Tensor | None
-    if mask.attend is None:
-        padded_keys, idle = mask.padded_keys(), mask.idle_queries()
+    if mask.attend is None:  # idle queries matter to the keys-and-queries zeroing only
+        padded_keys = mask.padded_keys()
+        idle = mask.idle_queries() if keys_and_queries else None
     else:  # one read of the boolean mask finds both
         dense = mask.dense()
         assert dense is not None

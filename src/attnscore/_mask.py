@@ -73,6 +73,8 @@ class AttentionMask:
                 return None
             if self.n == 0:  # no query attends anything: every key is padding
                 longest = self.lengths.new_zeros((*self.lengths.shape[:-1], 1))
+            elif self.lengths.stride(-1) == 0:  # one length for all queries (expanded)
+                longest = self.lengths[..., :1]
             else:
                 longest = self.lengths.amax(dim=-1, keepdim=True)
             return torch.arange(self.m, device=longest.device) >= longest
