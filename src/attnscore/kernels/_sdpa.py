@@ -135,7 +135,9 @@ def inert(
     zeroed where some of them hold NaN or inf when ``look`` (finite garbage meets exact
     zeros: harmless; keys before ``first`` are none of them padded and not read), and
     unconditionally otherwise (CUDA, tracing, small calls). Copies only what it zeroes."""
-    if padded is not None and (not look or _holds_garbage(k, v, padded, first)):
+    if padded is not None and (
+        not look or (bool(padded[..., first:, :].any()) and _holds_garbage(k, v, padded, first))
+    ):  # looked: k and v are read only where some key is padded
         k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
     if idle is not None and (not look or bool((idle & bad_rows(q).unsqueeze(-1)).any())):
         q = q.masked_fill(idle, 0.0)
