@@ -546,6 +546,19 @@ def _flash_forward(
     return saved
 
 
+def _flash_backward(
+    call: _FlashCall, grad: Tensor, out: Tensor, lse: Tensor, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The flash backward of one piece's ``call`` (its :func:`_flash_forward` arguments),
+    given the piece's upstream gradient, output and logsumexp: (dq, dk, dv) of the piece."""
+    _, backward = _flash_ops()  # type: ignore[misc]
+    qp, kp, vp, mask, causal = call
+    grads: tuple[Tensor, Tensor, Tensor] = backward(
+        grad, qp, kp, vp, out, lse, 0.0, causal, attn_mask=mask, scale=scale
+    )
+    return grads
+
+
 def _flash_ops() -> tuple[Any, Any] | None:
     """PyTorch's CPU flash attention forward and backward ops (logsumexp kept), if any."""
     aten = torch.ops.aten
@@ -595,7 +608,6 @@ class _CutAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        _, flash_backward = _flash_ops()  # type: ignore[misc]
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         by_example: dict[int, list[tuple[_Cut, Tensor]]] = {}
@@ -609,18 +621,12 @@ class _CutAttention(torch.autograd.Function):
         def _example(pieces: list[tuple[_Cut, Tensor]]) -> None:
             for cut, lse in pieces:  # one example's pieces add to its dk, dv: one thread
                 b, rows, keys = cut.b, cut.queries, slice(0, cut.keys)
-                qb, kb, vb = cut.inputs(q, k, v)
-                gq, gk, gv = flash_backward(
+                gq, gk, gv = _flash_backward(
+                    cut.call(q, k, v),
                     grad[b : b + 1, :, rows].contiguous(),
-                    qb,
-                    kb,
-                    vb,
                     out[b : b + 1, :, rows],
                     lse,
-                    0.0,
-                    cut.causal,
-                    attn_mask=_additive_mask(cut, q.dtype),
-                    scale=ctx.scale,
+                    ctx.scale,
                 )
                 if cut.idle:
                     assert cut.rows is not None
@@ -699,6 +705,28 @@ class _Zeros(torch.autograd.Function):
         return tuple(grad.new_zeros(shape, dtype=dtype) for shape, dtype in ctx.inputs)
 
 
+def _spaced(t: Tensor, examples: list[int]) -> Tensor | None:
+    """``t``'s ``examples`` (increasing, dim 0) as a view where they are evenly spaced
+    (always for one or two examples), else None."""
+    step = examples[1] - examples[0] if len(examples) > 1 else 1
+    if any(b - a != step for a, b in itertools.pairwise(examples)):
+        return None
+    sizes, strides = t.shape, t.stride()
+    return t.as_strided(
+        (len(examples), *sizes[1:]),
+        (step * strides[0], *strides[1:]),
+        t.storage_offset() + examples[0] * strides[0],
+    )
+
+
+def _examples(t: Tensor, examples: list[int]) -> Tensor:
+    """``t``'s ``examples`` (increasing, dim 0): a view when evenly spaced, else a copy."""
+    view = _spaced(t, examples)
+    if view is not None:
+        return view
+    return t.index_select(0, torch.tensor(examples, device=t.device))
+
+
 @dataclass(frozen=True)
 class _Group:
     """A call of the grouped path: examples of similar length, on their first ``keys`` keys
@@ -709,30 +737,13 @@ class _Group:
     keys: int
     lengths: Tensor
 
-    def _view(self, t: Tensor) -> Tensor | None:
-        """The group's examples of ``t`` (dim 0) as a view where they are evenly spaced
-        (always for one or two examples), else None."""
-        examples = self.examples
-        step = examples[1] - examples[0] if len(examples) > 1 else 1
-        if any(b - a != step for a, b in itertools.pairwise(examples)):
-            return None
-        sizes, strides = t.shape, t.stride()
-        return t.as_strided(
-            (len(examples), *sizes[1:]),
-            (step * strides[0], *strides[1:]),
-            t.storage_offset() + examples[0] * strides[0],
-        )
-
     def rows(self, t: Tensor) -> Tensor:
-        """The group's examples of ``t`` (dim 0): a view when evenly spaced, else a copy."""
-        view = self._view(t)
-        if view is not None:
-            return view
-        return t.index_select(0, torch.tensor(self.examples, device=t.device))
+        """The group's examples of ``t`` (dim 0): :func:`_examples`."""
+        return _examples(t, self.examples)
 
     def put(self, out: Tensor, value: Tensor) -> None:
         """Write ``value`` (G, ...) into the group's examples of ``out`` (dim 0)."""
-        view = self._view(out)
+        view = _spaced(out, self.examples)
         if view is not None:
             view.copy_(value)
         else:
@@ -754,7 +765,7 @@ def _groups(longest: list[int], lengths: Tensor, size: int) -> list[_Group]:
     for i in range(0, len(order), size):
         examples = sorted(order[i : i + size])
         keys = max(1, max(longest[b] for b in examples))
-        rows = lengths if lengths.shape[0] == 1 else _Group(examples, 0, lengths).rows(lengths)
+        rows = lengths if lengths.shape[0] == 1 else _examples(lengths, examples)
         groups.append(_Group(examples, keys, rows))
     return groups
 
@@ -783,24 +794,13 @@ class _GroupedAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        _, flash_backward = _flash_ops()  # type: ignore[misc]
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if grad.stride(-1) != 1 or 0 in grad.stride():  # e.g. a sum's, one value broadcast
             grad = grad.contiguous()
         for group, lse in zip(ctx.groups, lses, strict=True):
-            qg, kg, vg, mask, _ = group.call(q, k, v)
-            gq, gk, gv = flash_backward(
-                group.rows(grad),
-                qg,
-                kg,
-                vg,
-                group.rows(out),
-                lse,
-                0.0,
-                False,
-                attn_mask=mask,
-                scale=ctx.scale,
+            gq, gk, gv = _flash_backward(
+                group.call(q, k, v), group.rows(grad), group.rows(out), lse, ctx.scale
             )
             group.put(dq, gq)
             group.put(dk[:, :, : group.keys], gk)
@@ -898,10 +898,9 @@ def dot_product_attention(
         kept = n * sum(len(g.examples) * g.keys for g in groups)
         if not flash or (full - kept) * work < len(groups) * _CALL_WORK:  # saves too little
             return with_mask()
-        longest_rows = lengths.amax(-1, keepdim=True)  # (B, H or 1, 1)
-        padded = (torch.arange(m) >= longest_rows).unsqueeze(-1)
+        padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
         idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
-        q, k, v = _sdpa.inert(q, k, v, padded, idle, look=True, first=int(longest_rows.min()))
+        q, k, v = _sdpa.inert(q, k, v, padded, idle, look=True, first=first)
         return _GroupedAttention.apply(q, k, v, groups, scale)  # type: ignore[no-any-return,no-untyped-call]
     if flash:
         return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]

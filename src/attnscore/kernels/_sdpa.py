@@ -36,6 +36,7 @@ __all__ = [
     "empty_rows_are_zero",
     "inert",
     "masked",
+    "padding_by_lengths",
     "unmasked",
 ]
 
@@ -108,6 +109,19 @@ def _allowed(mask: AttentionMask, lengths: Tensor | None, m: int, device: torch.
     while allowed.ndim < 4:
         allowed = allowed.unsqueeze(0)
     return allowed
+
+
+def padding_by_lengths(lengths: Tensor, m: int, *, look: bool) -> tuple[Tensor | None, int]:
+    """The keys no query attends, read off lengths (B or 1, H or 1, n or 1)
+    (:func:`compact`): bool (..., m, 1), and the first key that may be padded. Where the
+    values may be read (``look``: CPU, eager), that is the shortest of the rows' longest
+    lengths, and None comes back when nothing is padded; otherwise 0 and the padding
+    always."""
+    longest = lengths if lengths.shape[-1] == 1 else lengths.amax(-1, keepdim=True)
+    first = int(longest.min()) if look else 0
+    if first == m:
+        return None, m
+    return (torch.arange(m, device=lengths.device) >= longest).unsqueeze(-1), first
 
 
 def _holds_garbage(k: Tensor, v: Tensor, padded: Tensor, first: int) -> bool:
@@ -193,17 +207,13 @@ def masked(
         # boolean mask, made in one op.
         if look:  # lengths (B or 1, H or 1, n or 1) -> (..., m)
             attn_mask = _ops.lengths_mask(lengths, m, q.dtype)
-            longest = lengths if lengths.shape[-1] == 1 else lengths.amax(-1, keepdim=True)
-            first = int(longest.min())  # no key before it is padding (none at all if m)
-            if first < m:
-                padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
+            padded, first = padding_by_lengths(lengths, m, look=True)
         else:
             attn_mask = _allowed(mask, lengths, m, q.device)
             if lengths.shape[-1] == 1:  # one length per (example, head): not allowed
                 padded = ~attn_mask.mT
             else:
-                longest = lengths.amax(-1, keepdim=True)
-                padded = (torch.arange(m, device=q.device) >= longest).unsqueeze(-1)
+                padded, _ = padding_by_lengths(lengths, m, look=False)
         idle = None if has_idle is False else (lengths == 0).unsqueeze(-1)
     else:
         attn_mask = _allowed(mask, lengths, m, q.device)
