@@ -154,6 +154,74 @@ def test_masked_softmax_gradcheck(fast):
     assert torch.autograd.gradcheck(lambda t: K.masked_softmax(t, lens), (x,))
 
 
+@pytest.fixture
+def small_calls(monkeypatch):
+    """What the CPU backend's small-call masked softmax returned, call by call."""
+    from attnscore.kernels import _cpu
+
+    results: list[bool] = []
+    original = _cpu.small_masked_softmax
+
+    def counted(x, valid_lens):
+        out = original(x, valid_lens)
+        results.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_cpu, "small_masked_softmax", counted)
+    return results
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ["(B,)", "x.shape[:-1]"])
+def test_small_masked_softmax_is_one_step_from_the_callers_lengths(small_calls, dtype, shape):
+    """Small calls without gradients run whole from the lengths as given (one per example,
+    or one per row), NaN in the padding changing nothing, lengths above m meaning m."""
+    import attnscore
+
+    B, H, n, m = 3, 2, 4, 7
+    x = torch.randn(B, H, n, m, dtype=torch.float64)
+    if shape == "(B,)":
+        lens = torch.tensor([0, 3, m + 5])
+        rows = lens[:, None, None].expand(B, H, n).clamp(max=m)
+    else:
+        lens = torch.randint(0, m + 3, (B, H, n))
+        rows = lens.clamp(max=m)
+    padded = torch.arange(m) >= rows[..., None]
+    garbage = x.masked_fill(padded, float("nan")).to(dtype)
+    with torch.no_grad():
+        y = attnscore.masked_softmax(garbage, lens)
+    assert small_calls == [True]
+    assert y.dtype == dtype
+    rounded = x.masked_fill(padded, 0.0).to(dtype).double()  # the inputs as the call saw them
+    expected = ref_masked_softmax(rounded.numpy(), rows.numpy())
+    np.testing.assert_allclose(y.double().numpy(), expected, atol=TOL[dtype], rtol=0)
+    assert not y[padded].any()
+
+
+@needs_c
+def test_small_masked_softmax_declines_what_it_does_not_take(small_calls):
+    """Gradients, large calls, strided scores, lengths of another shape or dtype, negative
+    lengths: the general path (same results, its error for negative lengths)."""
+    import attnscore
+
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    lens = torch.tensor([2, 5])
+    expected = ref_masked_softmax(x.numpy(), lens[:, None].expand(2, 3).numpy())
+    strided = torch.randn(2, 5, 3, dtype=torch.float64).mT.copy_(x)
+    for X, L in [(strided, lens), (x, lens[:, None].expand(2, 3)), (x, lens.to(torch.int32))]:
+        np.testing.assert_allclose(attnscore.masked_softmax(X, L).numpy(), expected, atol=1e-12)
+    assert small_calls == [False, False]  # int32 lengths never reach the backend
+    y = attnscore.masked_softmax(x.requires_grad_(), lens)
+    np.testing.assert_allclose(y.detach().numpy(), expected, atol=1e-12)
+    big = torch.randn(64, 64, 64)
+    attnscore.masked_softmax(big, torch.full((64,), 64))
+    assert small_calls == [False, False, False]
+    with pytest.raises(ValueError, match="Expected `valid_lens` to be non-negative, but got -1"):
+        attnscore.masked_softmax(x.detach(), torch.tensor([2, -1]))
+    assert small_calls[-1] is False
+
+
 def test_masked_softmax_errors():
     with pytest.raises(TypeError, match=r"Expected .* but got"):
         K.masked_softmax(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
@@ -164,9 +232,13 @@ def test_masked_softmax_errors():
 
 
 def test_disable_env(monkeypatch):
+    """The variable is read at import and again by set_enabled(None)."""
     monkeypatch.setenv("ATTNSCORE_DISABLE_KERNELS", "1")
+    assert K.enabled()  # not read again yet
+    K.set_enabled(None)
     assert not K.enabled() and not K.available(torch.zeros(1))
     monkeypatch.setenv("ATTNSCORE_DISABLE_KERNELS", "0")
+    K.set_enabled(None)
     assert K.enabled()
     with K.disabled():
         assert not K.available(torch.zeros(1))

@@ -37,6 +37,7 @@ __all__ = [
     "masked_softmax",
     "masked_softmax_backward",
     "masked_softmax_dense",
+    "small_masked_softmax",
 ]
 
 _pool: ThreadPoolExecutor | None = None
@@ -243,6 +244,40 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
         head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
         _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
+
+
+def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
+    """Backend contract (C kernel): the masked softmax of a call small enough for one
+    thread, straight from the caller's lengths: (B,) are read with every row of an example
+    sharing its entry, x.shape[:-1] one per row; read once into Python, to check them.
+    None for larger calls, non-contiguous tensors, dtypes converted on the way, lengths of
+    another shape or with a negative value, and without the C library."""
+    m = x.shape[-1]
+    rows = x.numel() // m if m else 0
+    if (
+        rows == 0
+        or rows * (m + m // 8) >= 2 * _MIN_WORK_PER_THREAD  # the general path splits these
+        or _softmax_dtype(x.dtype) != x.dtype
+        or not x.is_contiguous()
+        or valid_lens.device.type != "cpu"
+        or not valid_lens.is_contiguous()
+    ):
+        return None
+    shape = valid_lens.shape
+    if shape == x.shape[:-1]:
+        div = 1
+    elif len(shape) == 1 and shape[0] == x.shape[0]:
+        div = rows // shape[0]
+    else:
+        return None
+    lib = load_library()
+    if lib is None or value_range(valid_lens)[0] < 0:
+        return None
+    y = torch.empty_like(x)
+    _function(lib, f"masked_softmax_{_suffix(x.dtype)}")(
+        x.data_ptr(), valid_lens.data_ptr(), y.data_ptr(), 0, rows, m, div
+    )
+    return y
 
 
 def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:

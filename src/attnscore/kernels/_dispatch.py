@@ -63,6 +63,13 @@ class Backend(Protocol):
         ``grad_y`` comes as autograd hands it: any strides (a sum's gradient is one value
         broadcast to y's shape)."""
 
+    def small_masked_softmax(self, x: Tensor, valid_lens: Tensor) -> Tensor | None:
+        """A small call without gradients, x (B, ..., n, m), int64 ``valid_lens`` as the
+        caller got them (unchecked): the masked softmax in one step where the backend runs
+        such calls whole and the lengths fit ((B,) or x.shape[:-1], on x's device, none
+        negative); None otherwise (the caller then checks the lengths and calls
+        masked_softmax)."""
+
     def masked_softmax_dense(self, x: Tensor, allowed: Tensor) -> Tensor:
         """x (..., m), allowed bool broadcastable to x -> softmax over the allowed positions,
         exact zeros elsewhere and on rows that allow nothing (backward: masked_softmax's
@@ -108,6 +115,7 @@ class Backend(Protocol):
 FUNCTIONS = (
     "masked_softmax",
     "masked_softmax_backward",
+    "small_masked_softmax",
     "masked_softmax_dense",
     "mask_summary",
     "lengths_mask",
@@ -133,24 +141,34 @@ _override: bool | None = None
 _local = threading.local()
 
 
+def _env_enabled() -> bool:
+    return os.environ.get("ATTNSCORE_DISABLE_KERNELS", "") in ("", "0")
+
+
+# The environment variable, read at import and by set_enabled(None) (not per call: reading
+# os.environ costs about a microsecond, which every small call would pay several times).
+_env = _env_enabled()
+
+
 def enabled() -> bool:
     """Whether backends other than the plain one may be used in this thread.
 
     :func:`disabled` (this thread) wins over :func:`set_enabled` (process-wide), which wins
-    over the ``ATTNSCORE_DISABLE_KERNELS`` environment variable.
+    over the ``ATTNSCORE_DISABLE_KERNELS`` environment variable (read when attnscore is
+    imported, and again by ``set_enabled(None)``).
     """
     if getattr(_local, "disabled", 0):
         return False
-    if _override is not None:
-        return _override
-    return os.environ.get("ATTNSCORE_DISABLE_KERNELS", "") in ("", "0")
+    return _env if _override is None else _override
 
 
 def set_enabled(flag: bool | None) -> None:
     """Force fast backends on (True) or off (False) process-wide; None defers to the
-    ``ATTNSCORE_DISABLE_KERNELS`` environment variable."""
-    global _override
+    ``ATTNSCORE_DISABLE_KERNELS`` environment variable, read again now."""
+    global _override, _env
     _override = flag
+    if flag is None:
+        _env = _env_enabled()
 
 
 @contextlib.contextmanager

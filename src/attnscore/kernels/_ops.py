@@ -47,6 +47,7 @@ __all__ = [
     "masked_softmax_backward_op",
     "masked_softmax_dense",
     "masked_softmax_op",
+    "small_masked_softmax",
 ]
 
 
@@ -98,6 +99,23 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     if _needs_grad(x):
         return _MaskedSoftmax.apply(x, lengths)  # type: ignore[no-any-return,no-untyped-call]
     return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+
+
+def small_masked_softmax(x: Tensor, valid_lens: object) -> Tensor | None:
+    """The masked softmax of a small eager call without gradients, from ``valid_lens`` as a
+    caller got them, where the device's backend runs such calls whole (the backend
+    contract's ``small_masked_softmax``: it checks the lengths it takes); None for every
+    other call, which then takes the checks and :func:`masked_softmax`."""
+    if (
+        type(valid_lens) is not Tensor
+        or valid_lens.dtype != torch.int64
+        or _needs_grad(x)
+        or not _eager_backend()
+        or in_functorch(x)
+        or _is_fake(x)
+    ):
+        return None
+    return backend_function(x.device.type, "small_masked_softmax")(x, valid_lens)  # type: ignore[no-any-return]
 
 
 def _masked_softmax_backward(grad: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
