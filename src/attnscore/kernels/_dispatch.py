@@ -110,6 +110,11 @@ class Backend(Protocol):
         (unmasked attention, causal alone and boolean masks go to PyTorch's SDPA before a
         backend is asked). Length-0 rows are zeros with zero gradients."""
 
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
+        (..., r, c) in float16, accumulated in float32 as ``torch.matmul`` does. Asked for
+        float16 only: every other dtype is ``torch.matmul``'s on every device."""
+
 
 #: The contract's functions, one per op and direction.
 FUNCTIONS = (
@@ -122,6 +127,7 @@ FUNCTIONS = (
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
+    "matmul",
 )
 
 if TYPE_CHECKING:  # the backends implement the whole contract (checked by mypy)

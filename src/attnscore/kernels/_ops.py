@@ -47,6 +47,7 @@ __all__ = [
     "masked_softmax_backward_op",
     "masked_softmax_dense",
     "masked_softmax_op",
+    "matmul",
     "small_masked_softmax",
 ]
 
@@ -235,6 +236,54 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
     if not _eager_backend() or in_functorch(lengths):
         return _plain.lengths_mask(lengths, m, dtype)
     return backend_function(lengths.device.type, "lengths_mask")(lengths, m, dtype)  # type: ignore[no-any-return]
+
+
+# ---- matrix products -----------------------------------------------------------------------
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``, float16 through the device's backend in eager code (the backend contract's
+    ``matmul``; on the CPU a C kernel that accumulates in float32, 10-30x PyTorch's float16
+    product there), with its gradients through the same; ``torch.matmul`` for every other
+    dtype, under compile, tracing and transforms, and with kernels disabled."""
+    if (
+        a.dtype != torch.float16
+        or b.dtype != torch.float16
+        or not _eager_backend()
+        or in_functorch(a)
+        or in_functorch(b)
+        or _is_fake(a)
+        or a.ndim < 2
+        or not (b.ndim == 2 or b.shape[:-2] == a.shape[:-2])  # broadcasting: PyTorch's
+    ):
+        return torch.matmul(a, b)
+    if _needs_grad(a, b):
+        return _Matmul.apply(a, b)  # type: ignore[no-any-return,no-untyped-call]
+    return backend_function(a.device.type, "matmul")(a, b)  # type: ignore[no-any-return]
+
+
+class _Matmul(torch.autograd.Function):
+    """A float16 product on the device's backend, its two gradients products as well
+    (``torch.matmul``'s differentiable ones for double backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(a, b)
+        return backend_function(a.device.type, "matmul")(a, b)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b = ctx.saved_tensors
+        product = torch.matmul if torch.is_grad_enabled() else matmul
+        grad_a = product(grad, b.mT) if ctx.needs_input_grad[0] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            if b.ndim == 2 and a.ndim > 2:  # one matrix for all of a's rows
+                k, c = a.shape[-1], grad.shape[-1]
+                grad_b = product(a.reshape(-1, k).mT, grad.reshape(-1, c))
+            else:
+                grad_b = product(a.mT, grad)
+        return grad_a, grad_b
 
 
 # ---- additive scores ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ __all__ = [
     "masked_softmax",
     "masked_softmax_backward",
     "masked_softmax_dense",
+    "matmul",
     "small_masked_softmax",
 ]
 
@@ -205,3 +206,11 @@ def dot_product_attention(
     of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
     rows zeros. Works on any device and under tracing (no data-dependent Python)."""
     return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+
+
+# ---- matrix products -----------------------------------------------------------------------
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` (the backend contract's ``matmul``): ``torch.matmul`` itself."""
+    return torch.matmul(a, b)
