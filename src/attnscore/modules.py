@@ -30,9 +30,10 @@ from ._engine import (
     fused_dot_product,
     prepare,
 )
+from .kernels._attention import small_dot_product_attention
 from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
-from .scoring import additive_scores_from_projections, dot_product_scores
+from .scoring import additive_scores_from_projections, default_scale, dot_product_scores
 
 __all__ = [
     "AdditiveAttention",
@@ -197,6 +198,11 @@ class Attention(nn.Module):
         # The previous call's weights go first, so that this call's buffers can take their
         # memory (kept until the next call, they cost a cache's worth of speed otherwise).
         self.__dict__["_weights"] = None
+        if not masks and not return_weights:  # a small call may run whole in one step
+            output = self._small(queries, keys, values, valid_lens)
+            if output is not None:
+                self.__dict__["_weights"] = self._weights_later(queries, keys, values, valid_lens)
+                return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
@@ -208,6 +214,27 @@ class Attention(nn.Module):
         # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call.
         self.__dict__["_weights"] = weights_fn
         return output
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """The output of a small call by key lengths alone, run whole by a fast path that
+        takes the arguments unchecked and declines (None) what it does not take; a scorer
+        without such a path: None."""
+        return None
+
+    def _weights_later(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> WeightsFn:
+        """The weights of a call that did not compute them, computed when asked."""
+
+        def weights() -> Tensor:
+            prepared = prepare(
+                queries, keys, values, valid_lens, same_feature_size=self.same_feature_size
+            )
+            return self._attend(prepared, fused=False)[1]()
+
+        return weights
 
     def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
         lengths = prepared.mask.lengths
@@ -520,6 +547,20 @@ class DotProductAttention(ScorerAttention):
     def fused_path(self) -> FusedPath | None:
         """Padding-free flash SDPA when key lengths are given (see fused_dot_product)."""
         return fused_dot_product(self.scale)
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """Small inference calls by key lengths: one C pass on the CPU, straight from the
+        arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        if (
+            self.normalizer != "softmax"
+            or (self.training and self.dropout.p > 0.0)
+            or type(queries) is not Tensor
+        ):
+            return None
+        scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
+        return small_dot_product_attention(queries, keys, values, valid_lens, scale)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))

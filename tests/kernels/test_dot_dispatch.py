@@ -397,3 +397,103 @@ def test_loop_backward_leaves_no_thread_behind(monkeypatch):
     finally:
         torch.set_num_threads(old)
     assert left == []
+
+
+# ---- small module calls: one backend step from the caller's arguments --------------------
+
+
+@pytest.fixture
+def lane(monkeypatch):
+    """What the CPU backend's small-call dot-product attention returned, call by call."""
+    results: list[bool] = []
+    original = _cpu.small_dot_product_attention
+
+    def counted(*args):
+        out = original(*args)
+        results.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_cpu, "small_dot_product_attention", counted)
+    return results
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["3-D", "4-D heads", "heads inner"])
+@pytest.mark.parametrize("lengths_shape", ["(B,)", "per row"])
+def test_small_module_calls_run_whole_from_the_arguments(lane, dtype, layout, lengths_shape):
+    """DotProductAttention in inference, small, by key lengths alone: one C pass from the
+    tensors as given (strided heads too), lengths (B,) or one per row, NaN in the padding
+    changing nothing, lengths above m meaning m; the weights, asked for afterwards, are
+    the reference's."""
+    import attnscore
+
+    q, k, v, g = _inputs(**LAYOUTS[layout], n=4, m=6, dtype=dtype)
+    batch = q.shape[:-2]
+    if lengths_shape == "(B,)":
+        lens = torch.tensor([0, 3, 9])
+    else:
+        lens = torch.randint(0, 8, (*batch, 4), generator=g)
+    mask = build_mask(batch, 4, 6, q.device, valid_lens=lens)
+    padded = torch.arange(6) >= mask.lengths.amax(-1)[..., None]  # keys no query attends
+    k_dirty = k.masked_fill(padded[..., None], float("nan"))
+    module = attnscore.DotProductAttention(dropout=0.3).eval()
+    out = module(q, k_dirty, v, lens)
+    assert lane == [True]
+    scale = 1 / math.sqrt(q.shape[-1])
+    tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask, scale), **tol)
+    allowed = mask.dense().expand(*batch, 4, 6)
+    scores = (q.double() @ k.double().mT * scale).masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
+
+
+def test_small_module_calls_decline_what_they_do_not_take(lane):
+    """Dropout in training, lengths that cut nothing, strided lengths, other dtypes, a mask
+    option, int32 lengths, gradients: the general path (the reference's results). Mixed
+    dtypes, lengths of a wrong shape, negative lengths: the general path's errors."""
+    import attnscore
+
+    q, k, v, _ = _inputs((3,), 4, 6)
+    lens = torch.tensor([1, 3, 6])
+    module = attnscore.DotProductAttention(dropout=0.5)
+    mask = build_mask(torch.Size([3]), 4, 6, q.device, valid_lens=lens)
+    expected = reference(q, k, v, mask, 1 / math.sqrt(8))
+    with torch.no_grad():
+        module.train()(q, k, v, lens)  # dropout in training: declined before the backend
+    module.eval()
+    full = reference(q, k, v, build_mask(torch.Size([3]), 4, 6, q.device), 1 / math.sqrt(8))
+    torch.testing.assert_close(module(q, k, v, torch.full((3,), 6)), full)  # nothing cut
+    strided = lens.view(3, 1).expand(3, 4)
+    torch.testing.assert_close(module(q, k, v, strided), expected)
+    half = module(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens).double()
+    torch.testing.assert_close(half, expected, atol=4e-2, rtol=4e-2)
+    assert lane == [False, False, False]
+    torch.testing.assert_close(module(q, k, v, lens.int()), expected)  # never offered
+    torch.testing.assert_close(module(q, k, v, lens, causal=False), expected)  # a mask option
+    torch.testing.assert_close(module(q.requires_grad_(), k, v, lens).detach(), expected)
+    assert lane == [False] * 3
+    q = q.detach()
+    with pytest.raises(TypeError, match="Expected `keys` to have the dtype of `queries`"):
+        module(q.float(), k, v, lens)
+    with pytest.raises(ValueError, match=r"Expected `valid_lens` of shape \(3,\) or \(3, 4\)"):
+        module(q, k, v, lens[:2])
+    with pytest.raises(ValueError, match="Expected `valid_lens` to be non-negative, but got -1"):
+        module(q, k, v, torch.tensor([1, -1, 2]))
+    assert lane == [False] * 6
+
+
+def test_small_multi_head_inference_takes_the_one_step(lane):
+    """MultiHeadAttention's heads (strided views of its projections) take the one step in
+    inference (no_grad); the output matches the same module with kernels disabled."""
+    import attnscore
+
+    torch.manual_seed(0)
+    mha = attnscore.MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 4, 16)
+    lens = torch.tensor([2, 3])
+    with torch.no_grad():
+        out = mha(x, x, x, lens)
+        assert lane == [True]
+        with K.disabled():
+            torch.testing.assert_close(out, mha(x, x, x, lens))

@@ -690,8 +690,8 @@ def test_float16_matmul_accumulates_in_float32(monkeypatch, shapes, strided, thr
 
 
 def test_float16_matmul_empty_and_broadcast_shapes():
-    """Empty sums are zeros, empty results empty; batch dimensions that broadcast are
-    torch.matmul's (same values, same errors)."""
+    """Empty sums are zeros, empty results empty; batch dimensions that broadcast, and an
+    operand on another device, are torch.matmul's (same values, same errors)."""
     from attnscore.kernels import _cpu
 
     assert torch.all(_cpu.matmul(torch.ones(2, 3, 0).half(), torch.ones(2, 0, 4).half()) == 0)
@@ -700,6 +700,8 @@ def test_float16_matmul_empty_and_broadcast_shapes():
     torch.testing.assert_close(_cpu.matmul(a, b), torch.matmul(a, b))
     with pytest.raises(RuntimeError):
         _cpu.matmul(torch.ones(2, 3, 4).half(), torch.ones(2, 5, 6).half())
+    meta = torch.ones(2, 4, 5, dtype=torch.float16, device="meta")  # never read by C
+    assert _cpu.matmul(a, meta).device == torch.matmul(a, meta).device
 
 
 @pytest.mark.parametrize("fast", PATHS)

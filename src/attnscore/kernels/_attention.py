@@ -24,6 +24,7 @@ data-dependent Python), and with kernels disabled (``ATTNSCORE_DISABLE_KERNELS=1
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .._checks import in_transform
@@ -31,7 +32,7 @@ from .._mask import AttentionMask
 from . import _plain, _sdpa
 from ._dispatch import backend_function, enabled
 
-__all__ = ["dot_product_attention"]
+__all__ = ["dot_product_attention", "small_dot_product_attention"]
 
 
 def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> AttentionMask:
@@ -94,3 +95,26 @@ def dot_product_attention(
             fn = backend_function(q.device.type, "dot_product_attention")
         out = fn(q4, k4, v4, mask4, scale=scale, dropout_p=dropout_p)
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
+
+
+def small_dot_product_attention(
+    q: object, k: object, v: object, valid_lens: object, scale: float
+) -> Tensor | None:
+    """A small eager inference call by key lengths, whole in one backend step from the
+    caller's arguments as they came (unchecked: the backend contract's
+    ``small_dot_product_attention`` takes only what fits and checks the lengths it reads);
+    None for every other call, which then takes the checks and :func:`dot_product_attention`."""
+    if (
+        type(q) is not Tensor
+        or type(k) is not Tensor
+        or type(v) is not Tensor
+        or type(valid_lens) is not Tensor
+        or valid_lens.dtype != torch.int64
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        or not enabled()
+        or in_transform(q, k, v)
+        or q.ndim < 3
+    ):
+        return None
+    fn = backend_function(q.device.type, "small_dot_product_attention")
+    return fn(q, k, v, valid_lens, scale)  # type: ignore[no-any-return]

@@ -38,6 +38,7 @@ __all__ = [
     "masked_softmax_backward",
     "masked_softmax_dense",
     "matmul",
+    "small_dot_product_attention",
     "small_masked_softmax",
 ]
 
@@ -408,6 +409,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         or b.dtype != torch.float16
         or a.ndim < 2
         or b.ndim < 2
+        or b.device.type != "cpu"  # another device: torch.matmul's error
     ):
         return torch.matmul(a, b)
     *lead, r, k = a.shape
@@ -506,31 +508,28 @@ _THREADS_WORK = 1 << 30
 _SMALL_WORK = 1 << 14
 
 
-def _small_attention(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
+_SMALL_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _small_pass(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, div: int, scale: float
 ) -> Tensor | None:
-    """Dot-product attention of a small call in one C pass (float32, float64; inference):
-    each query row over its first ``lengths`` keys, padding never read (so nothing is
-    zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
-    general path) without the C library, for other dtypes, or where a row's scores or
-    output are not all finite, which the C arithmetic does not promise to carry as PyTorch
-    does. ``lengths``: (B or 1, H or 1, n or 1), :func:`_sdpa.compact`."""
-    lib = load_library()
-    suffix = {torch.float32: "f32", torch.float64: "f64"}.get(q.dtype)
-    if lib is None or suffix is None:
-        return None
-    B, H, n, d = q.shape
-    m, dv = k.shape[2], v.shape[-1]
-    qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
-    shared, div = _shared_lengths(lengths.expand(B, H, n))
-    out = torch.empty((B, H, n, dv), dtype=q.dtype)
-    bad = _function(lib, f"small_attention_{suffix}")(
-        qc.data_ptr(),
-        kc.data_ptr(),
-        vc.data_ptr(),
-        shared.data_ptr(),
+    """The C pass of small dot-product attention: q (..., n, d), k (..., m, d), v (...,
+    m, dv), contiguous and of one float dtype with a kernel; row r of q attends the first
+    ``lengths[r // div]`` keys of its (example, head) (clamped to [0, m]). None where a
+    row's scores or output are not all finite (the C arithmetic does not promise to carry
+    them as PyTorch does)."""
+    lib = _lib()
+    *lead, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    out = torch.empty((*lead, n, dv), dtype=q.dtype)
+    bad = _function(lib, f"small_attention_{_SMALL_SUFFIX[q.dtype]}")(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        lengths.data_ptr(),
         out.data_ptr(),
-        B * H * n,
+        out.numel() // dv if dv else 0,
         n,
         m,
         d,
@@ -539,6 +538,66 @@ def _small_attention(
         scale,
     )
     return None if bad else out
+
+
+def _small_attention(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
+) -> Tensor | None:
+    """Dot-product attention of a small call in one C pass (float32, float64; inference):
+    each query row over its first ``lengths`` keys, padding never read (so nothing is
+    zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
+    general path) without the C library, for other dtypes, or where a row's scores or
+    output are not all finite. ``lengths``: (B or 1, H or 1, n or 1), :func:`_sdpa.compact`."""
+    if load_library() is None or q.dtype not in _SMALL_SUFFIX:
+        return None
+    B, H, n, _ = q.shape
+    shared, div = _shared_lengths(lengths.expand(B, H, n))
+    return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, scale)
+
+
+def small_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+) -> Tensor | None:
+    """Backend contract (C kernel): a small inference call from the caller's tensors, in
+    the C pass of :func:`_small_pass`: q (B, n, d) or (B, H, n, d), k and v alike, one
+    float32 or float64 dtype, on the CPU, at most ``_SMALL_WORK`` multiply-adds, lengths (B,) (every
+    row of an example shares its entry) or q.shape[:-1], contiguous, none negative and some
+    below m (lengths that cut nothing are SDPA's, as everywhere). None for anything else,
+    without the C library, or where the pass meets non-finite scores."""
+    if (
+        q.dtype not in _SMALL_SUFFIX
+        or k.dtype != q.dtype
+        or v.dtype != q.dtype
+        or q.ndim not in (3, 4)
+        or k.ndim != q.ndim
+        or v.ndim != q.ndim
+        or k.device.type != "cpu"
+        or v.device.type != "cpu"
+    ):
+        return None
+    *batch, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    if (
+        k.shape[:-2] != q.shape[:-2]
+        or k.shape[-1] != d
+        or v.shape[:-1] != k.shape[:-1]
+        or min(n, m, d, dv) == 0
+        or q.numel() * m + v.numel() * n > _SMALL_WORK  # B H n m (d + dv)
+        or valid_lens.device.type != "cpu"
+        or not valid_lens.is_contiguous()
+        or load_library() is None
+    ):
+        return None
+    if valid_lens.shape == q.shape[:-1]:
+        div = 1
+    elif valid_lens.ndim == 1 and valid_lens.shape[0] == batch[0]:
+        div = q.numel() // d // batch[0]
+    else:
+        return None
+    low, _ = value_range(valid_lens)
+    if low < 0 or low >= m:  # bad (the checks name it) or nothing cut (SDPA)
+        return None
+    return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
 
 
 #: A flash call's q, k, v, additive mask (or None) and is_causal.

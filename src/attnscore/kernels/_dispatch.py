@@ -110,6 +110,15 @@ class Backend(Protocol):
         (unmasked attention, causal alone and boolean masks go to PyTorch's SDPA before a
         backend is asked). Length-0 rows are zeros with zero gradients."""
 
+    def small_dot_product_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+    ) -> Tensor | None:
+        """An inference call small enough for one thread, q (B, n, d) or (B, H, n, d), k, v
+        alike, int64 ``valid_lens`` as the caller got them (unchecked): the output where the
+        backend runs such calls whole and everything fits (one dtype, lengths (B,) or
+        q.shape[:-1], none negative, some key cut); None otherwise (the caller then checks
+        and takes the general path)."""
+
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
         (..., r, c) in float16, accumulated in float32 as ``torch.matmul`` does. Asked for
@@ -127,6 +136,7 @@ FUNCTIONS = (
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
+    "small_dot_product_attention",
     "matmul",
 )
 

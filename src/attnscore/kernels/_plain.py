@@ -35,6 +35,7 @@ __all__ = [
     "masked_softmax_backward",
     "masked_softmax_dense",
     "matmul",
+    "small_dot_product_attention",
     "small_masked_softmax",
 ]
 
@@ -76,6 +77,13 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
 
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
+    """No path of its own for small calls: None (the general path runs)."""
+    return None
+
+
+def small_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+) -> Tensor | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None
 
