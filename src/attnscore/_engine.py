@@ -30,7 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import LOOK_NUMEL, bad_rows, check_attention_inputs, check_dropout, in_transform
+from ._checks import (
+    LOOK_NUMEL,
+    all_finite,
+    bad_rows,
+    check_attention_inputs,
+    check_dropout,
+    in_transform,
+)
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .masking import build_mask
@@ -162,8 +169,8 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     # never looks (and compares no sizes, which would hold an exported program to them).
     look = not in_transform(q) and q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
 
-    def holds_garbage(rows: Tensor, t: Tensor) -> bool:
-        return not look or _some(rows & bad_rows(t))
+    def holds_garbage(rows: Tensor, t: Tensor) -> bool:  # clean tensors: one reduction
+        return not look or (not all_finite(t) and _some(rows & bad_rows(t)))
 
     if padded_keys is not None and (not look or _some(padded_keys)):
         if holds_garbage(padded_keys, v):

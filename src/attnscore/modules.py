@@ -30,10 +30,16 @@ from ._engine import (
     fused_dot_product,
     prepare,
 )
+from .kernels import _ops
 from .kernels._attention import small_dot_product_attention
 from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
-from .scoring import additive_scores_from_projections, default_scale, dot_product_scores
+from .scoring import (
+    additive_scores_from_projections,
+    default_scale,
+    dot_product_scores,
+    unit_rows,
+)
 
 __all__ = [
     "AdditiveAttention",
@@ -553,17 +559,33 @@ class DotProductAttention(ScorerAttention):
     ) -> Tensor | None:
         """Small inference calls by key lengths: one C pass on the CPU, straight from the
         arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
-        if (
-            self.normalizer != "softmax"
-            or (self.training and self.dropout.p > 0.0)
-            or type(queries) is not Tensor
-        ):
+        if not _may_run_small(self, queries, keys):
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
         return small_dot_product_attention(queries, keys, values, valid_lens, scale)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
+
+
+def _may_run_small(
+    module: Attention, queries: object, keys: object, param: Tensor | None = None
+) -> bool:
+    """Whether a call may be offered to a small path: plain tensors, the softmax, no
+    dropout at work, and a parameter (if any) on the queries' device, not being trained."""
+    return (
+        module.normalizer == "softmax"
+        and not (module.training and module.dropout.p > 0.0)
+        and type(queries) is Tensor
+        and type(keys) is Tensor
+        and (
+            param is None
+            or (
+                param.device == queries.device
+                and not (torch.is_grad_enabled() and param.requires_grad)
+            )
+        )
+    )
 
 
 class MultiplicativeAttention(ScorerAttention):
@@ -601,6 +623,25 @@ class MultiplicativeAttention(ScorerAttention):
     ) -> None:
         _check_size(query_size, "query_size")
         super().__init__(_GENERAL, query_size, key_size, None, dropout, normalizer=normalizer)
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """Small inference calls: dot-product attention of q W_a over the keys, in one C
+        pass on the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        if _is_lazy(self.W_a):  # sizes not known yet: the first call materialises W_a
+            return None
+        W_a = self.W_a.weight
+        if (
+            not _may_run_small(self, queries, keys, W_a)
+            or queries.dtype != W_a.dtype
+            or queries.shape[-1] != W_a.shape[0]
+            or keys.shape[-1] != W_a.shape[1]
+        ):
+            return None
+        return small_dot_product_attention(
+            queries, keys, values, valid_lens, 1.0, lambda q, k: (_ops.matmul(q, W_a), k)
+        )
 
 
 class CosineAttention(ScorerAttention):
@@ -643,6 +684,24 @@ class CosineAttention(ScorerAttention):
         else:
             del self.log_scale
             self.register_buffer("log_scale", log_scale)
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """Small inference calls: dot-product attention of s times the queries' unit
+        vectors over the keys', in one C pass on the CPU (see
+        :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        log_scale = self.log_scale
+        if (
+            not _may_run_small(self, queries, keys, log_scale)
+            or queries.shape[-1] != keys.shape[-1]
+        ):
+            return None
+
+        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+            return unit_rows(q) * log_scale.exp().to(q.dtype), unit_rows(k)
+
+        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
 
 
 def make_scorer(

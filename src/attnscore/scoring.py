@@ -26,6 +26,7 @@ __all__ = [
     "default_scale",
     "dot_product_scores",
     "general_scores",
+    "unit_rows",
 ]
 
 
@@ -102,10 +103,14 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
     >>> cosine_scores(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))
     tensor([[[10.,  0.]]])
     """
-    tiny = torch.finfo(queries.dtype).tiny
-    q = queries / queries.norm(dim=-1, keepdim=True).clamp(min=tiny)
-    k = keys / keys.norm(dim=-1, keepdim=True).clamp(min=tiny)
-    return _ops.matmul(q * scale, k.transpose(-1, -2))
+    return _ops.matmul(unit_rows(queries) * scale, unit_rows(keys).transpose(-1, -2))
+
+
+def unit_rows(x: Tensor) -> Tensor:
+    """``x`` (..., d) with each row divided by its norm (zero rows stay zero, in any dtype):
+    the vectors whose dot products are cosine similarities."""
+    unit: Tensor = x / x.norm(dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+    return unit
 
 
 def additive_scores_from_projections(

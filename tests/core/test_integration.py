@@ -206,13 +206,18 @@ def test_concurrent_calls_match_serial_calls(path):
     """One module (or function) called from several threads gives the serial results.
 
     ``attention_weights`` is documented as the last call's, so only outputs and the weights
-    returned with them by the functional forms are compared.
+    returned with them by the functional forms are compared. Grad mode is per thread, so
+    each worker enters no_grad itself (the same computation as the serial calls').
     """
     runner = path.build(*_sizes(path), torch.float32)
     calls = [(*_inputs(path, seed=s), torch.tensor([s % 6, 5 - s % 6])) for s in range(16)]
-    with torch.no_grad():
-        serial = [runner(*c)[0] for c in calls]
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            threaded = list(pool.map(lambda c: runner(*c)[0], calls))
+
+    def call(c):
+        with torch.no_grad():
+            return runner(*c)[0]
+
+    serial = [call(c) for c in calls]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        threaded = list(pool.map(call, calls))
     for a, b in zip(threaded, serial, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -497,3 +497,52 @@ def test_small_multi_head_inference_takes_the_one_step(lane):
         assert lane == [True]
         with K.disabled():
             torch.testing.assert_close(out, mha(x, x, x, lens))
+
+
+def _scores64(name, module, q, k):
+    """float64 scores of the general and cosine scorers, from their formulas."""
+    q, k = q.double(), k.double()
+    if name == "general":
+        return q @ module.W_a.weight.detach().double() @ k.mT
+    s = module.log_scale.detach().double().exp()
+    return s * (q / q.norm(dim=-1, keepdim=True)) @ (k / k.norm(dim=-1, keepdim=True)).mT
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_small_general_and_cosine_calls_run_whole(lane, name, dtype):
+    """General and cosine attention are dot products of projected vectors: small inference
+    calls run in the same C pass, padding (NaN here) never read; output and weights are
+    the float64 formulas'. With gradients for the parameters they are not offered."""
+    import attnscore
+
+    torch.manual_seed(0)
+    module = attnscore.make_scorer(name, 8, 6 if name == "general" else 8).to(dtype).eval()
+    q, _, v, g = _inputs((3,), 4, 6, dtype=dtype)
+    k = torch.randn(3, 6, 6 if name == "general" else 8, generator=g).to(dtype)
+    lens = torch.tensor([0, 2, 5])
+    padded = (torch.arange(6) >= lens[:, None])[..., None]
+    with torch.no_grad():
+        out = module(q, k.masked_fill(padded, float("nan")), v, lens)
+    assert lane == [True]
+    scores = _scores64(name, module, q, k).masked_fill(padded.mT, float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(out.double(), weights @ v.double(), **tol)
+    torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
+    out = module(q, k, v, lens)  # gradients for the parameters: the general path
+    assert lane == [True] and out.requires_grad
+
+
+def test_a_lazy_general_matrix_is_made_by_the_general_path(lane):
+    """Without key_size, W_a is made by the first call (general path); later calls may
+    take the small one."""
+    import attnscore
+
+    module = attnscore.MultiplicativeAttention(query_size=8).eval()
+    q, k, v, _ = _inputs((2,), 3, 5)
+    with torch.no_grad():
+        first = module(q.float(), k.float(), v.float(), torch.tensor([2, 4]))
+        second = module(q.float(), k.float(), v.float(), torch.tensor([2, 4]))
+    assert lane == [True] and first.shape == second.shape == (2, 3, 8)
+    torch.testing.assert_close(first, second)

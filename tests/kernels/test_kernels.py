@@ -753,3 +753,20 @@ def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
     (gq64,) = torch.autograd.grad(ref.sum(), q64)
     torch.testing.assert_close(out.double(), ref, atol=4e-3, rtol=2e-3)
     torch.testing.assert_close(gq.double(), gq64, atol=8e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_finite_reads_nan_and_inf_anywhere(dtype):
+    """The one-reduction test the padding looks start with: any NaN or infinity (and a sum
+    that overflows, which sends callers on to the row-by-row look) is 'not finite'."""
+    from attnscore._checks import all_finite, bad_rows
+
+    x = torch.randn(3, 5, 7).to(dtype)
+    assert all_finite(x) and all_finite(x[:, :0])
+    for value in (float("nan"), float("inf"), float("-inf")):
+        dirty = x.clone()
+        dirty[2, 4, 6] = value
+        assert not all_finite(dirty)
+        assert bad_rows(dirty).nonzero().tolist() == [[2, 4]]
+    huge = torch.full((4,), torch.finfo(dtype).max, dtype=dtype)
+    assert not all_finite(huge) and bad_rows(huge[None]).tolist() == [True]

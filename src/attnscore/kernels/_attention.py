@@ -30,7 +30,7 @@ from torch import Tensor
 from .._checks import in_transform
 from .._mask import AttentionMask
 from . import _plain, _sdpa
-from ._dispatch import backend_function, enabled
+from ._dispatch import Projection, backend_function, enabled
 
 __all__ = ["dot_product_attention", "small_dot_product_attention"]
 
@@ -98,12 +98,19 @@ def dot_product_attention(
 
 
 def small_dot_product_attention(
-    q: object, k: object, v: object, valid_lens: object, scale: float
+    q: object,
+    k: object,
+    v: object,
+    valid_lens: object,
+    scale: float,
+    project: Projection | None = None,
 ) -> Tensor | None:
     """A small eager inference call by key lengths, whole in one backend step from the
     caller's arguments as they came (unchecked: the backend contract's
     ``small_dot_product_attention`` takes only what fits and checks the lengths it reads);
-    None for every other call, which then takes the checks and :func:`dot_product_attention`."""
+    None for every other call, which then takes the checks and :func:`dot_product_attention`.
+    ``project`` (q, k) -> (q', k'): scorers that are dot products of other vectors (general,
+    cosine), applied once the call is taken; the caller checks that it can run."""
     if (
         type(q) is not Tensor
         or type(k) is not Tensor
@@ -117,4 +124,4 @@ def small_dot_product_attention(
     ):
         return None
     fn = backend_function(q.device.type, "small_dot_product_attention")
-    return fn(q, k, v, valid_lens, scale)  # type: ignore[no-any-return]
+    return fn(q, k, v, valid_lens, scale, project)  # type: ignore[no-any-return]

@@ -556,14 +556,20 @@ def _small_attention(
 
 
 def small_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid_lens: Tensor,
+    scale: float,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
 ) -> Tensor | None:
     """Backend contract (C kernel): a small inference call from the caller's tensors, in
     the C pass of :func:`_small_pass`: q (B, n, d) or (B, H, n, d), k and v alike, one
-    float32 or float64 dtype, on the CPU, at most ``_SMALL_WORK`` multiply-adds, lengths (B,) (every
-    row of an example shares its entry) or q.shape[:-1], contiguous, none negative and some
-    below m (lengths that cut nothing are SDPA's, as everywhere). None for anything else,
-    without the C library, or where the pass meets non-finite scores."""
+    float32 or float64 dtype, on the CPU, at most ``_SMALL_WORK`` multiply-adds, lengths
+    (B,) (every row of an example shares its entry) or q.shape[:-1], contiguous, none
+    negative and some below m (lengths that cut nothing are SDPA's, as everywhere); q and
+    k through ``project`` first, once all that holds. None for anything else, without the
+    C library, or where the pass meets non-finite scores."""
     if (
         q.dtype not in _SMALL_SUFFIX
         or k.dtype != q.dtype
@@ -579,7 +585,7 @@ def small_dot_product_attention(
     m, dv = k.shape[-2], v.shape[-1]
     if (
         k.shape[:-2] != q.shape[:-2]
-        or k.shape[-1] != d
+        or (k.shape[-1] != d and project is None)
         or v.shape[:-1] != k.shape[:-1]
         or min(n, m, d, dv) == 0
         or q.numel() * m + v.numel() * n > _SMALL_WORK  # B H n m (d + dv)
@@ -597,6 +603,8 @@ def small_dot_product_attention(
     low, _ = value_range(valid_lens)
     if low < 0 or low >= m:  # bad (the checks name it) or nothing cut (SDPA)
         return None
+    if project is not None:
+        q, k = project(q, k)
     return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "BACKENDS",
     "FUNCTIONS",
     "Backend",
+    "Projection",
     "backend_function",
     "backend_name",
     "disabled",
@@ -111,18 +112,30 @@ class Backend(Protocol):
         backend is asked). Length-0 rows are zeros with zero gradients."""
 
     def small_dot_product_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid_lens: Tensor,
+        scale: float,
+        project: Projection | None,
     ) -> Tensor | None:
         """An inference call small enough for one thread, q (B, n, d) or (B, H, n, d), k, v
         alike, int64 ``valid_lens`` as the caller got them (unchecked): the output where the
         backend runs such calls whole and everything fits (one dtype, lengths (B,) or
         q.shape[:-1], none negative, some key cut); None otherwise (the caller then checks
-        and takes the general path)."""
+        and takes the general path). ``project``, when given, maps (q, k) to the vectors
+        whose dot products are the scores (general: q W_a; cosine: unit vectors), applied
+        only once the call is taken: q may then differ from k in size."""
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
         (..., r, c) in float16, accumulated in float32 as ``torch.matmul`` does. Asked for
         float16 only: every other dtype is ``torch.matmul``'s on every device."""
+
+
+Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""(queries, keys) -> (q, k) whose dot products are a scorer's scores."""
 
 
 #: The contract's functions, one per op and direction.

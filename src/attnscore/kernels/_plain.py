@@ -13,7 +13,7 @@ Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value si
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -82,7 +82,12 @@ def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
 
 
 def small_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid_lens: Tensor,
+    scale: float,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
 ) -> Tensor | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None
