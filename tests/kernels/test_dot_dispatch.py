@@ -185,13 +185,18 @@ def test_garbage_in_padding_changes_nothing(route, mask_kind, monkeypatch):
         assert torch.all(grad[where] == 0)
 
 
+@pytest.mark.parametrize("upstream", ["random", "a sum's"])
 @pytest.mark.parametrize("value_size", [8, 6], ids=["dv=d", "dv!=d"])
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths", "all"])
-def test_gradients_match_the_reference(route, mask_kind, value_size, monkeypatch):
+def test_gradients_match_the_reference(route, mask_kind, value_size, upstream, monkeypatch):
+    """Gradients against the float64 reference, for a random upstream gradient and for a
+    sum's (one value broadcast: strides 0, which the flash backward cannot read)."""
     q, k, v, g = _inputs((3, 2), 5, 7, dv=value_size, seed=3, heads_inner=True)
     mask = build_mask(q.shape[:-2], 5, 7, q.device, **MASKS[mask_kind]((3, 2), 5, 7, g))
     grad_out = torch.randn(3, 2, 5, value_size, generator=g, dtype=torch.float64)
+    if upstream == "a sum's":
+        grad_out = torch.tensor(1.5, dtype=torch.float64).expand(3, 2, 5, value_size)
     ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     run(route, *ours, mask, 0.6, monkeypatch).backward(grad_out)

@@ -933,12 +933,11 @@ class _GroupedAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        if grad.stride(-1) != 1 or 0 in grad.stride():  # e.g. a sum's, one value broadcast
-            grad = grad.contiguous()
         for group, lse in zip(ctx.groups, lses, strict=True):
-            gq, gk, gv = _flash_backward(
-                group.call(q, k, v), group.rows(grad), group.rows(out), lse, ctx.scale
-            )
+            rows = group.rows(grad)
+            if rows.stride(-1) != 1 or 0 in rows.stride():  # e.g. a sum's: one value
+                rows = rows.contiguous()  # broadcast, made whole for this group only
+            gq, gk, gv = _flash_backward(group.call(q, k, v), rows, group.rows(out), lse, ctx.scale)
             group.put(dq, gq)
             group.put(dk[:, :, : group.keys], gk)
             group.put(dv[:, :, : group.keys], gv)
