@@ -31,7 +31,7 @@ from ._engine import (
     prepare,
 )
 from .kernels import _ops
-from .kernels._attention import small_dot_product_attention
+from .kernels._attention import small_additive_attention, small_dot_product_attention
 from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
 from .scoring import (
@@ -480,6 +480,35 @@ class AdditiveAttention(ScorerAttention):
         if self.g is not None:
             w = self.g * w / w.norm()
         return additive_scores_from_projections(qh, self._projected_keys(keys), w, lengths)
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """Small inference calls: the projections here, then one C pass over each query
+        row's valid keys (see :func:`attnscore.kernels._attention.small_additive_attention`)."""
+        if _is_lazy(self.W_q) or _is_lazy(self.W_k):
+            return None
+        W_q, W_k = self.W_q.weight, self.W_k.weight
+        if (
+            not _may_run_small(self, queries, keys, W_q)
+            or queries.dtype != W_q.dtype
+            or queries.shape[-1] != W_q.shape[1]
+            or keys.shape[-1] != W_k.shape[1]
+            or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+        ):
+            return None
+
+        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            qh = self.W_q(q)
+            if self.b is not None:
+                qh = qh + self.b
+            w = self.w_v.weight
+            if self.g is not None:
+                w = self.g * w / w.norm()
+            return qh, self._projected_keys(k), w.reshape(-1)
+
+        hidden = self.w_v.in_features
+        return small_additive_attention(queries, keys, values, valid_lens, hidden, project)
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.

@@ -107,8 +107,20 @@ def cosine_scores(queries: Tensor, keys: Tensor, scale: float | Tensor = 10.0) -
 
 
 def unit_rows(x: Tensor) -> Tensor:
-    """``x`` (..., d) with each row divided by its norm (zero rows stay zero, in any dtype):
-    the vectors whose dot products are cosine similarities."""
+    """Each row of ``x`` divided by its norm: the vectors whose dot products are cosine
+    similarities (cosine attention is dot-product attention of these, the queries' times s).
+
+    Args:
+        x: (..., d) floating.
+
+    Returns:
+        (..., d) in x's dtype; zero rows stay zero (the norm is clamped to the dtype's
+        smallest normal number, so nothing is divided by zero).
+
+    >>> unit_rows(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
+    tensor([[0.6000, 0.8000],
+            [0.0000, 0.0000]])
+    """
     unit: Tensor = x / x.norm(dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
     return unit
 

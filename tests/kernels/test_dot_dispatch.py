@@ -551,3 +551,61 @@ def test_a_lazy_general_matrix_is_made_by_the_general_path(lane):
         second = module(q.float(), k.float(), v.float(), torch.tensor([2, 4]))
     assert lane == [True] and first.shape == second.shape == (2, 3, 8)
     torch.testing.assert_close(first, second)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("form", ["plain", "bias", "normalize"])
+@pytest.mark.parametrize("layout", ["3-D", "4-D heads"])
+def test_small_additive_calls_run_whole(lane_additive, dtype, form, layout):
+    """Additive attention's small inference calls: the projections, then one C pass over
+    each row's valid keys (NaN padding never read); output and weights are the float64
+    textbook formula's, for Bahdanau's bias and the weight-normalised w_v too."""
+    import attnscore
+
+    torch.manual_seed(0)
+    module = attnscore.AdditiveAttention(
+        5, 7, 6, bias=form == "bias", normalize=form == "normalize"
+    )
+    module = module.to(dtype).eval()
+    with torch.no_grad():  # a bias and a gain that are not their initial values
+        for p in (module.b, module.g):
+            if p is not None:
+                p.add_(0.3)
+    batch = LAYOUTS[layout]["batch"]
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (
+        torch.randn(*batch, s, c, generator=g).to(dtype) for s, c in ((3, 7), (6, 5), (6, 4))
+    )
+    lens = torch.tensor([0, 2, 5])
+    padded = (torch.arange(6) >= lens.view(-1, *(1,) * len(batch)))[..., None]
+    with torch.no_grad():
+        out = module(q, k.masked_fill(padded, float("nan")), v, lens)
+    assert lane_additive == [True]
+    W_q, W_k = module.W_q.weight.detach().double(), module.W_k.weight.detach().double()
+    w = module.w_v.weight.detach().double().reshape(-1)
+    if module.g is not None:
+        w = module.g.detach().double() * w / w.norm()
+    qh = q.double() @ W_q.T + (0 if module.b is None else module.b.detach().double())
+    feats = torch.tanh(qh.unsqueeze(-2) + (k.double() @ W_k.T).unsqueeze(-3))  # (.., n, m, h)
+    scores = (feats @ w).masked_fill(padded.mT, float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(out.double(), weights @ v.double(), **tol)
+    torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
+    module(q, k, v, lens).sum().backward()  # gradients for the parameters: general path
+    assert lane_additive == [True] and module.W_q.weight.grad is not None
+
+
+@pytest.fixture
+def lane_additive(monkeypatch):
+    """What the CPU backend's small-call additive attention returned, call by call."""
+    results: list[bool] = []
+    original = _cpu.small_additive_attention
+
+    def counted(*args):
+        out = original(*args)
+        results.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_cpu, "small_additive_attention", counted)
+    return results

@@ -20,6 +20,11 @@ dimensions are flattened into H), the layout its fused kernels take. Under ``tor
 tracing, fake tensors and ``torch.func`` transforms the lengths row runs SDPA + mask (no
 data-dependent Python), and with kernels disabled (``ATTNSCORE_DISABLE_KERNELS=1``,
 :func:`~attnscore.kernels.disabled`) every row runs SDPA with the boolean mask.
+
+Small calls in inference by key lengths alone are offered whole, before any check, to the
+device's small path (:func:`small_dot_product_attention`, and additive attention's
+:func:`small_additive_attention`): a backend that takes them runs them in one step from
+the caller's tensors; whatever it declines takes the checks and the table above.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from torch import Tensor
 from .._checks import in_transform
 from .._mask import AttentionMask
 from . import _plain, _sdpa
-from ._dispatch import Projection, backend_function, enabled
+from ._dispatch import AdditiveProjection, Projection, backend_function, enabled
 
-__all__ = ["dot_product_attention", "small_dot_product_attention"]
+__all__ = ["dot_product_attention", "small_additive_attention", "small_dot_product_attention"]
 
 
 def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> AttentionMask:
@@ -97,6 +102,24 @@ def dot_product_attention(
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
 
+def _offered(q: object, k: object, v: object, valid_lens: object) -> bool:
+    """Whether a call may go to a backend's small path: plain tensors in eager code with
+    kernels enabled, no gradient to compute, int64 lengths."""
+    return (
+        type(q) is Tensor
+        and type(k) is Tensor
+        and type(v) is Tensor
+        and type(valid_lens) is Tensor
+        and valid_lens.dtype == torch.int64
+        and q.ndim >= 3
+        and not (
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        )
+        and enabled()
+        and not in_transform(q, k, v)
+    )
+
+
 def small_dot_product_attention(
     q: object,
     k: object,
@@ -111,17 +134,20 @@ def small_dot_product_attention(
     None for every other call, which then takes the checks and :func:`dot_product_attention`.
     ``project`` (q, k) -> (q', k'): scorers that are dot products of other vectors (general,
     cosine), applied once the call is taken; the caller checks that it can run."""
-    if (
-        type(q) is not Tensor
-        or type(k) is not Tensor
-        or type(v) is not Tensor
-        or type(valid_lens) is not Tensor
-        or valid_lens.dtype != torch.int64
-        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-        or not enabled()
-        or in_transform(q, k, v)
-        or q.ndim < 3
-    ):
+    if not _offered(q, k, v, valid_lens):
         return None
+    assert isinstance(q, Tensor)
     fn = backend_function(q.device.type, "small_dot_product_attention")
     return fn(q, k, v, valid_lens, scale, project)  # type: ignore[no-any-return]
+
+
+def small_additive_attention(
+    q: object, k: object, v: object, valid_lens: object, hidden: int, project: AdditiveProjection
+) -> Tensor | None:
+    """Additive attention's :func:`small_dot_product_attention`: ``project`` (q, k) -> (qh,
+    kh, w_v), applied once the backend takes the call; ``hidden`` = h."""
+    if not _offered(q, k, v, valid_lens):
+        return None
+    assert isinstance(q, Tensor)
+    fn = backend_function(q.device.type, "small_additive_attention")
+    return fn(q, k, v, valid_lens, hidden, project)  # type: ignore[no-any-return]

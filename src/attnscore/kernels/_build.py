@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 8:
+    if lib.attnscore_kernels_abi() != 9:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -236,6 +236,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         small = getattr(lib, f"small_attention_{suf}")
         small.argtypes = [p, p, p, p, p, i, i, i, i, i, i, ctypes.c_double]
         small.restype = i
+        additive = getattr(lib, f"small_additive_{suf}")  # (q, k, w, v, ...): w the h weights
+        additive.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i]
+        additive.restype = i
     signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
         # (..., m, div): div rows share one length
         "masked_softmax": ([p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),

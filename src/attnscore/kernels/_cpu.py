@@ -38,6 +38,7 @@ __all__ = [
     "masked_softmax_backward",
     "masked_softmax_dense",
     "matmul",
+    "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
 ]
@@ -555,21 +556,12 @@ def _small_attention(
     return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, scale)
 
 
-def small_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    valid_lens: Tensor,
-    scale: float,
-    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
-) -> Tensor | None:
-    """Backend contract (C kernel): a small inference call from the caller's tensors, in
-    the C pass of :func:`_small_pass`: q (B, n, d) or (B, H, n, d), k and v alike, one
-    float32 or float64 dtype, on the CPU, at most ``_SMALL_WORK`` multiply-adds, lengths
-    (B,) (every row of an example shares its entry) or q.shape[:-1], contiguous, none
-    negative and some below m (lengths that cut nothing are SDPA's, as everywhere); q and
-    k through ``project`` first, once all that holds. None for anything else, without the
-    C library, or where the pass meets non-finite scores."""
+def _small_layout(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int) -> int | None:
+    """The checks a small call from the caller's tensors passes (both kinds of scores): q
+    (B, n, ·) or (B, H, n, ·), k and v alike, one float32 or float64 dtype, on the CPU, at
+    most ``_SMALL_WORK`` multiply-adds (``features`` per score), lengths (B,) or
+    q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing are
+    SDPA's, as everywhere). Returns how many rows share a length, or None."""
     if (
         q.dtype not in _SMALL_SUFFIX
         or k.dtype != q.dtype
@@ -583,12 +575,12 @@ def small_dot_product_attention(
         return None
     *batch, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
+    rows = q.numel() // d if d else 0
     if (
         k.shape[:-2] != q.shape[:-2]
-        or (k.shape[-1] != d and project is None)
         or v.shape[:-1] != k.shape[:-1]
-        or min(n, m, d, dv) == 0
-        or q.numel() * m + v.numel() * n > _SMALL_WORK  # B H n m (d + dv)
+        or min(n, m, d, dv, features) == 0
+        or rows * m * (features + dv) > _SMALL_WORK
         or valid_lens.device.type != "cpu"
         or not valid_lens.is_contiguous()
         or load_library() is None
@@ -597,15 +589,74 @@ def small_dot_product_attention(
     if valid_lens.shape == q.shape[:-1]:
         div = 1
     elif valid_lens.ndim == 1 and valid_lens.shape[0] == batch[0]:
-        div = q.numel() // d // batch[0]
+        div = rows // batch[0]
     else:
         return None
     low, _ = value_range(valid_lens)
     if low < 0 or low >= m:  # bad (the checks name it) or nothing cut (SDPA)
         return None
+    return div
+
+
+def small_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid_lens: Tensor,
+    scale: float,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
+) -> Tensor | None:
+    """Backend contract (C kernel): a small inference call from the caller's tensors, in
+    the C pass of :func:`_small_pass`, where :func:`_small_layout` takes it; q and k
+    through ``project`` first, once it does (else they share their size d). None for
+    anything else, without the C library, or where the pass meets non-finite scores."""
+    if project is None and k.shape[-1] != q.shape[-1]:
+        return None
+    div = _small_layout(q, k, v, valid_lens, k.shape[-1])
+    if div is None:
+        return None
     if project is not None:
         q, k = project(q, k)
     return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
+
+
+def small_additive_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid_lens: Tensor,
+    hidden: int,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
+) -> Tensor | None:
+    """Backend contract (C kernel): a small inference call of additive attention from the
+    caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score):
+    ``project`` (q, k) -> (qh, kh, w) (the projections and w_v, applied once it does), then
+    one C pass: each query row's scores ``w . tanh(qh + kh_j)`` over its valid keys only,
+    their softmax and the weighted values. None for anything else, without the C library,
+    or where the pass meets non-finite scores."""
+    div = _small_layout(q, k, v, valid_lens, hidden)
+    if div is None:
+        return None
+    qh, kh, w = (t.contiguous() for t in project(q, k))
+    vc = v.contiguous()
+    *lead, n, h = qh.shape
+    m, dv = kh.shape[-2], vc.shape[-1]
+    out = torch.empty((*lead, n, dv), dtype=qh.dtype)
+    bad = _function(_lib(), f"small_additive_{_SMALL_SUFFIX[qh.dtype]}")(
+        qh.data_ptr(),
+        kh.data_ptr(),
+        w.data_ptr(),
+        vc.data_ptr(),
+        valid_lens.data_ptr(),
+        out.data_ptr(),
+        out.numel() // dv,
+        n,
+        m,
+        h,
+        dv,
+        div,
+    )
+    return None if bad else out
 
 
 #: A flash call's q, k, v, additive mask (or None) and is_causal.

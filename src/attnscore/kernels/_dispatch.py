@@ -26,6 +26,7 @@ from . import _plain
 __all__ = [
     "BACKENDS",
     "FUNCTIONS",
+    "AdditiveProjection",
     "Backend",
     "Projection",
     "backend_function",
@@ -43,6 +44,13 @@ BACKENDS: dict[str, str] = {
     # ---- GPU row: kernels/_cuda.py (Triton); ImportError (module or triton missing) -> plain
     "cuda": "attnscore.kernels._cuda",
 }
+
+
+Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""(queries, keys) -> (q, k) whose dot products are a scorer's scores."""
+
+AdditiveProjection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+"""(queries, keys) -> (W_q q [+ b], W_k k, w_v) of additive attention."""
 
 
 @runtime_checkable
@@ -128,14 +136,23 @@ class Backend(Protocol):
         whose dot products are the scores (general: q W_a; cosine: unit vectors), applied
         only once the call is taken: q may then differ from k in size."""
 
+    def small_additive_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid_lens: Tensor,
+        hidden: int,
+        project: AdditiveProjection,
+    ) -> Tensor | None:
+        """Additive attention's :meth:`small_dot_product_attention`: ``project`` (q, k) ->
+        (qh (..., n, h), kh (..., m, h), w_v (h,)), applied once the call is taken;
+        ``hidden`` = h (the work per score)."""
+
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
         (..., r, c) in float16, accumulated in float32 as ``torch.matmul`` does. Asked for
         float16 only: every other dtype is ``torch.matmul``'s on every device."""
-
-
-Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-"""(queries, keys) -> (q, k) whose dot products are a scorer's scores."""
 
 
 #: The contract's functions, one per op and direction.
@@ -150,6 +167,7 @@ FUNCTIONS = (
     "additive_scores_backward",
     "dot_product_attention",
     "small_dot_product_attention",
+    "small_additive_attention",
     "matmul",
 )
 

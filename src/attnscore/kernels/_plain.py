@@ -35,6 +35,7 @@ __all__ = [
     "masked_softmax_backward",
     "masked_softmax_dense",
     "matmul",
+    "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
 ]
@@ -88,6 +89,18 @@ def small_dot_product_attention(
     valid_lens: Tensor,
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
+) -> Tensor | None:
+    """No path of its own for small calls: None (the general path runs)."""
+    return None
+
+
+def small_additive_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid_lens: Tensor,
+    hidden: int,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
 ) -> Tensor | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None

@@ -718,13 +718,15 @@ void mask_summary_par_f16(const uint8_t *mask, uint16_t *out, uint8_t *row_any,
 }
 #endif
 
-/* ---- dot-product attention of a small call, by lengths --------------------------------
- * Rows r of the flattened (B*H, n) queries: out[r] = softmax(scale * q[r] . k[bh, j]) over
- * j < L (L = lengths[r / div] clamped to [0, m], bh = r / n) applied to v[bh, j]; zeros
- * for L = 0. Keys and values at j >= L are never read. q (rows, d), k (B*H, m, d), v (B*H,
- * m, dv), out (rows, dv), contiguous. Plain finite arithmetic only (-ffast-math may assume
- * it): a row whose scores or output are not all finite (integer tests) is counted, and the
- * caller then takes the general path for the whole call. Returns that count. */
+/* ---- attention of a small call, by lengths ----------------------------------------------
+ * Rows r of the flattened (B*H, n) queries: out[r] = softmax(s[r, :L]) v[bh, :L] with
+ * L = lengths[r / div] clamped to [0, m] and bh = r / n; zeros for L = 0. The scores are
+ * dot products (small_attention: scale * q[r] . k[bh, j]) or additive (small_additive:
+ * w . tanh(qh[r] + kh[bh, j])). Keys and values at j >= L are never read. All inputs
+ * contiguous: q (rows, d), k (B*H, m, d), v (B*H, m, dv), out (rows, dv). Plain finite
+ * arithmetic only (-ffast-math may assume it): a row whose scores or output are not all
+ * finite (integer tests) is counted, and the caller then takes the general path for the
+ * whole call. Each returns that count. */
 static inline int f32_finite(float x) {
   uint32_t u;
   memcpy(&u, &x, sizeof u);
@@ -737,53 +739,75 @@ static inline int f64_finite(double x) {
   return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
 }
 
-#define DEFINE_SMALL_ATTENTION(T, SUF, EXP)                                                 \
+/* o[:dv] = softmax(s[:L]) v[:L] for L > 0 finite scores (s overwritten); 1 if o is finite. */
+#define DEFINE_SMALL_POOL(T, SUF, EXP)                                                      \
+  static int small_pool_##SUF(T *s, int64_t L, const T *v, int64_t dv, T *o) {              \
+    T mx = s[0];                                                                            \
+    for (int64_t j = 1; j < L; ++j) mx = s[j] > mx ? s[j] : mx;                             \
+    T sum = 0;                                                                              \
+    for (int64_t j = 0; j < L; ++j) {                                                       \
+      s[j] = EXP(s[j] - mx);                                                                \
+      sum += s[j];                                                                          \
+    }                                                                                       \
+    const T inv = (T)1 / sum;                                                               \
+    for (int64_t j = 0; j < L; ++j) {                                                       \
+      const T w = s[j] * inv;                                                               \
+      for (int64_t c = 0; c < dv; ++c) o[c] += w * v[j * dv + c];                           \
+    }                                                                                       \
+    int finite = 1;                                                                         \
+    for (int64_t c = 0; c < dv; ++c) finite &= SUF##_finite(o[c]);                          \
+    return finite;                                                                          \
+  }
+
+/* The row loop around SCORE (an expression of j, with qr, kb the row's query and its
+   example's keys, of size d each) shared by both kinds of scores. */
+#define SMALL_ROWS(T, SUF, SCORE)                                                           \
+  T stack[64];                                                                              \
+  T *s = m <= 64 ? stack : (T *)malloc(sizeof(T) * (size_t)m);                              \
+  int64_t bad = 0;                                                                          \
+  for (int64_t r = 0; r < rows; ++r) {                                                      \
+    const int64_t bh = r / n;                                                               \
+    int64_t L = lengths[r / div];                                                           \
+    L = L < 0 ? 0 : (L > m ? m : L);                                                        \
+    T *o = out + r * dv;                                                                    \
+    for (int64_t c = 0; c < dv; ++c) o[c] = 0;                                              \
+    if (L == 0) continue;                                                                   \
+    const T *qr = q + r * d, *kb = k + bh * m * d;                                          \
+    int finite = 1;                                                                         \
+    for (int64_t j = 0; j < L; ++j) {                                                       \
+      s[j] = (SCORE);                                                                       \
+      finite &= SUF##_finite(s[j]);                                                         \
+    }                                                                                       \
+    bad += !(finite && small_pool_##SUF(s, L, v + bh * m * dv, dv, o));                     \
+  }                                                                                         \
+  if (s != stack) free(s);                                                                  \
+  return bad;
+
+#define DEFINE_SMALL_ATTENTION(T, SUF, EXP, TANH)                                           \
+  DEFINE_SMALL_POOL(T, SUF, EXP)                                                            \
+  static inline T small_dot_##SUF(const T *a, const T *b, int64_t d) {                      \
+    T acc = 0;                                                                              \
+    for (int64_t c = 0; c < d; ++c) acc += a[c] * b[c];                                     \
+    return acc;                                                                             \
+  }                                                                                         \
+  static inline T small_tanh_##SUF(const T *a, const T *b, const T *w, int64_t d) {         \
+    T acc = 0;                                                                              \
+    for (int64_t c = 0; c < d; ++c) acc += w[c] * TANH(a[c] + b[c]);                        \
+    return acc;                                                                             \
+  }                                                                                         \
   int64_t small_attention_##SUF(const T *q, const T *k, const T *v, const int64_t *lengths,  \
                                 T *out, int64_t rows, int64_t n, int64_t m, int64_t d,      \
                                 int64_t dv, int64_t div, double scale) {                    \
-    T stack[64];                                                                            \
-    T *s = m <= 64 ? stack : (T *)malloc(sizeof(T) * (size_t)m);                            \
-    int64_t bad = 0;                                                                        \
-    for (int64_t r = 0; r < rows; ++r) {                                                    \
-      const int64_t bh = r / n;                                                             \
-      int64_t L = lengths[r / div];                                                         \
-      L = L < 0 ? 0 : (L > m ? m : L);                                                      \
-      T *o = out + r * dv;                                                                  \
-      for (int64_t c = 0; c < dv; ++c) o[c] = 0;                                            \
-      if (L == 0) continue;                                                                 \
-      const T *qr = q + r * d, *kb = k + bh * m * d, *vb = v + bh * m * dv;                 \
-      int finite = 1;                                                                       \
-      for (int64_t j = 0; j < L; ++j) {                                                     \
-        T acc = 0;                                                                          \
-        for (int64_t c = 0; c < d; ++c) acc += qr[c] * kb[j * d + c];                       \
-        s[j] = acc * (T)scale;                                                              \
-        finite &= SUF##_finite(s[j]);                                                       \
-      }                                                                                     \
-      if (!finite) {                                                                        \
-        ++bad;                                                                              \
-        continue;                                                                           \
-      }                                                                                     \
-      T mx = s[0];                                                                          \
-      for (int64_t j = 1; j < L; ++j) mx = s[j] > mx ? s[j] : mx;                           \
-      T sum = 0;                                                                            \
-      for (int64_t j = 0; j < L; ++j) {                                                     \
-        s[j] = EXP(s[j] - mx);                                                              \
-        sum += s[j];                                                                        \
-      }                                                                                     \
-      const T inv = (T)1 / sum;                                                             \
-      for (int64_t j = 0; j < L; ++j) {                                                     \
-        const T w = s[j] * inv;                                                             \
-        for (int64_t c = 0; c < dv; ++c) o[c] += w * vb[j * dv + c];                        \
-      }                                                                                     \
-      for (int64_t c = 0; c < dv; ++c) finite &= SUF##_finite(o[c]);                        \
-      bad += !finite;                                                                       \
-    }                                                                                       \
-    if (s != stack) free(s);                                                                \
-    return bad;                                                                             \
+    SMALL_ROWS(T, SUF, small_dot_##SUF(qr, kb + j * d, d) * (T)scale)                       \
+  }                                                                                         \
+  int64_t small_additive_##SUF(const T *q, const T *k, const T *w, const T *v,               \
+                               const int64_t *lengths, T *out, int64_t rows, int64_t n,     \
+                               int64_t m, int64_t d, int64_t dv, int64_t div) {             \
+    SMALL_ROWS(T, SUF, small_tanh_##SUF(qr, kb + j * d, w, d))                              \
   }
 
-DEFINE_SMALL_ATTENTION(float, f32, exp_neg)
-DEFINE_SMALL_ATTENTION(double, f64, exp)
+DEFINE_SMALL_ATTENTION(float, f32, exp_neg, tanhf)
+DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
 
 #define DEFINE_LENGTHS_MASK_DRIVER(ST, SUF)                                                 \
   void lengths_mask_par_##SUF(const int64_t *lengths, ST *out, const int64_t *cuts,         \
@@ -853,4 +877,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 8; }
+int attnscore_kernels_abi(void) { return 9; }
