@@ -204,7 +204,8 @@ class Attention(nn.Module):
         # The previous call's weights go first, so that this call's buffers can take their
         # memory (kept until the next call, they cost a cache's worth of speed otherwise).
         self.__dict__["_weights"] = None
-        if not masks and not return_weights:  # a small call may run whole in one step
+        if valid_lens is not None and not masks and not return_weights:
+            # a small call by key lengths may run whole in one step
             output = self._small(queries, keys, values, valid_lens)
             if output is not None:
                 self.__dict__["_weights"] = self._weights_later(queries, keys, values, valid_lens)

@@ -240,7 +240,9 @@ def test_an_example_with_nothing_to_attend_still_gives_zero_gradients(monkeypatc
 
 @pytest.fixture
 def sdpa_calls(monkeypatch):
-    """Record the masks and flags of every scaled_dot_product_attention call."""
+    """Record the masks and flags of every scaled_dot_product_attention call (after the
+    dispatch's one-off probe of SDPA, so that no test depends on running after another)."""
+    _sdpa.empty_rows_are_zero("cpu")
     calls = []
     original = F.scaled_dot_product_attention
 
@@ -407,19 +409,30 @@ def test_loop_backward_leaves_no_thread_behind(monkeypatch):
 # ---- small module calls: one backend step from the caller's arguments --------------------
 
 
-@pytest.fixture
-def lane(monkeypatch):
-    """What the CPU backend's small-call dot-product attention returned, call by call."""
+def _returns(monkeypatch, name):
+    """Whether the CPU backend's small path ``name`` took each call (returned a tensor)."""
     results: list[bool] = []
-    original = _cpu.small_dot_product_attention
+    original = getattr(_cpu, name)
 
     def counted(*args):
         out = original(*args)
         results.append(out is not None)
         return out
 
-    monkeypatch.setattr(_cpu, "small_dot_product_attention", counted)
+    monkeypatch.setattr(_cpu, name, counted)
     return results
+
+
+@pytest.fixture
+def lane(monkeypatch):
+    """What the CPU backend's small-call dot-product attention returned, call by call."""
+    return _returns(monkeypatch, "small_dot_product_attention")
+
+
+@pytest.fixture
+def lane_additive(monkeypatch):
+    """What the CPU backend's small-call additive attention returned, call by call."""
+    return _returns(monkeypatch, "small_additive_attention")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -594,18 +607,3 @@ def test_small_additive_calls_run_whole(lane_additive, dtype, form, layout):
     torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
     module(q, k, v, lens).sum().backward()  # gradients for the parameters: general path
     assert lane_additive == [True] and module.W_q.weight.grad is not None
-
-
-@pytest.fixture
-def lane_additive(monkeypatch):
-    """What the CPU backend's small-call additive attention returned, call by call."""
-    results: list[bool] = []
-    original = _cpu.small_additive_attention
-
-    def counted(*args):
-        out = original(*args)
-        results.append(out is not None)
-        return out
-
-    monkeypatch.setattr(_cpu, "small_additive_attention", counted)
-    return results
