@@ -22,6 +22,7 @@ __all__ = [
     "check_floating",
     "check_tensor",
     "fake_tensor_type",
+    "garbage_in",
     "in_functorch",
     "in_transform",
     "value_range",
@@ -204,6 +205,13 @@ def all_finite(t: Tensor) -> bool:
     only sends the caller on to :func:`bad_rows`). The common case of clean data costs
     one pass and no mask."""
     return math.isfinite(float(t.detach().sum()))
+
+
+def garbage_in(t: Tensor, rows: Tensor) -> bool:
+    """Whether a row of a CPU tensor ``t`` (..., r, d) that ``rows`` (bool, broadcastable
+    to (..., r)) selects holds a NaN or an infinity: one reduction of the whole of ``t``
+    when it is clean (:func:`all_finite`), row by row (:func:`bad_rows`) only when not."""
+    return not all_finite(t) and bool((rows & bad_rows(t)).any())
 
 
 def bad_rows(t: Tensor) -> Tensor:

@@ -30,14 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import (
-    LOOK_NUMEL,
-    all_finite,
-    bad_rows,
-    check_attention_inputs,
-    check_dropout,
-    in_transform,
-)
+from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .masking import build_mask
@@ -130,14 +123,6 @@ def prepare(
     return Prepared(q, k, v, mask)
 
 
-def _some(flags: Tensor) -> bool:
-    """Whether any flag is set; True wherever looking would cost a device sync or is not
-    possible (CUDA, tracing), so that the caller then zeroes unconditionally."""
-    if flags.device.type != "cpu" or in_transform(flags):
-        return True
-    return bool(flags.any())
-
-
 def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepared:
     """Zero padded values and keys (keys no query may attend) and idle queries (queries that
     may attend no key) that hold NaN or inf, so that 0 * NaN cannot carry garbage stored
@@ -165,14 +150,19 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         assert dense is not None
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
-    # Small calls zero without looking: the looks cost more than the copies. Traced code
-    # never looks (and compares no sizes, which would hold an exported program to them).
-    look = not in_transform(q) and q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
+    # Off the CPU a look would cost a device sync, and small calls zero without looking:
+    # the looks cost more than the copies. Traced code never looks (and compares no sizes,
+    # which would hold an exported program to them).
+    look = (
+        q.device.type == "cpu"
+        and not in_transform(q)
+        and q.numel() + k.numel() + v.numel() >= LOOK_NUMEL
+    )
 
-    def holds_garbage(rows: Tensor, t: Tensor) -> bool:  # clean tensors: one reduction
-        return not look or (not all_finite(t) and _some(rows & bad_rows(t)))
+    def holds_garbage(rows: Tensor, t: Tensor) -> bool:
+        return not look or garbage_in(t, rows)
 
-    if padded_keys is not None and (not look or _some(padded_keys)):
+    if padded_keys is not None and (not look or bool(padded_keys.any())):
         if holds_garbage(padded_keys, v):
             v = v.masked_fill(padded_keys.unsqueeze(-1), 0.0)
         if keys_and_queries and holds_garbage(padded_keys, k):
@@ -180,7 +170,7 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     if (
         idle is not None
         and keys_and_queries
-        and (not look or _some(idle))
+        and (not look or bool(idle.any()))
         and holds_garbage(idle, q)
     ):
         q = q.masked_fill(idle.unsqueeze(-1), 0.0)

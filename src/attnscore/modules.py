@@ -474,13 +474,18 @@ class AdditiveAttention(ScorerAttention):
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)
+        return additive_scores_from_projections(*self._projections(queries, keys), lengths)
+
+    def _projections(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(W_q q [+ b], W_k k (kept for a decoder's repeated keys), w_v (h,), weight-
+        normalised with ``normalize``): what the scores are made of."""
         qh = self.W_q(queries)
         if self.b is not None:
             qh = qh + self.b
         w = self.w_v.weight
         if self.g is not None:
             w = self.g * w / w.norm()
-        return additive_scores_from_projections(qh, self._projected_keys(keys), w, lengths)
+        return qh, self._projected_keys(keys), w.reshape(-1)
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
@@ -498,18 +503,10 @@ class AdditiveAttention(ScorerAttention):
             or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
         ):
             return None
-
-        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            qh = self.W_q(q)
-            if self.b is not None:
-                qh = qh + self.b
-            w = self.w_v.weight
-            if self.g is not None:
-                w = self.g * w / w.norm()
-            return qh, self._projected_keys(k), w.reshape(-1)
-
         hidden = self.w_v.in_features
-        return small_additive_attention(queries, keys, values, valid_lens, hidden, project)
+        return small_additive_attention(
+            queries, keys, values, valid_lens, hidden, self._projections
+        )
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.

@@ -228,6 +228,25 @@ def test_padded_garbage_changes_nothing(name, looked, monkeypatch):
         torch.testing.assert_close(attention(q, k2, v2, lens), clean[0].detach())
 
 
+def test_padding_off_the_cpu_is_zeroed_without_looking(monkeypatch):
+    """Off the CPU a look would cost a device sync: the padding is zeroed unconditionally,
+    whatever the size (meta tensors stand in for a device here)."""
+    from attnscore import _engine
+    from attnscore.masking import build_mask
+
+    monkeypatch.setattr(_engine, "LOOK_NUMEL", 0)  # as large as calls come
+
+    def no_look(*args):
+        raise AssertionError("looked at padding off the CPU")
+
+    monkeypatch.setattr(_engine, "garbage_in", no_look)
+    q, k, v = (torch.empty(3, 4, 5, device="meta") for _ in range(3))
+    mask = build_mask(torch.Size([3]), 4, 4, torch.device("meta"), valid_lens=torch.tensor(
+        [0, 2, 4], device="meta"))  # fmt: skip
+    zeroed = _engine.zero_padding(_engine.Prepared(q, k, v, mask))
+    assert zeroed.queries is not q and zeroed.keys is not k and zeroed.values is not v
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_gradcheck(name):
     attention = MODULES[name]().double()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -249,6 +250,26 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
+def _callers_lengths(valid_lens: Tensor, rows_shape: Sequence[int]) -> tuple[int, int] | None:
+    """Lengths as a caller passed them to a small path, for rows of shape ``rows_shape``
+    (B, ...): (B,) (every row of an example shares its entry) or ``rows_shape`` itself,
+    contiguous, on the CPU, none negative. Returns (rows per entry, the shortest length),
+    read once into Python (which is the check), or None."""
+    shape = valid_lens.shape
+    if valid_lens.device.type != "cpu" or not valid_lens.is_contiguous() or not shape:
+        return None
+    if shape == rows_shape:
+        div = 1
+    elif len(shape) == 1 and len(rows_shape) and shape[0] == rows_shape[0]:
+        div = math.prod(rows_shape[1:])
+    else:
+        return None
+    if valid_lens.numel() == 0:
+        return None
+    shortest, _ = value_range(valid_lens)
+    return None if shortest < 0 else (div, shortest)
+
+
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
     """Backend contract (C kernel): the masked softmax of a call small enough for one
     thread, straight from the caller's lengths: (B,) are read with every row of an example
@@ -262,20 +283,13 @@ def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
         or rows * (m + m // 8) >= 2 * _MIN_WORK_PER_THREAD  # the general path splits these
         or _softmax_dtype(x.dtype) != x.dtype
         or not x.is_contiguous()
-        or valid_lens.device.type != "cpu"
-        or not valid_lens.is_contiguous()
     ):
         return None
-    shape = valid_lens.shape
-    if shape == x.shape[:-1]:
-        div = 1
-    elif len(shape) == 1 and shape[0] == x.shape[0]:
-        div = rows // shape[0]
-    else:
-        return None
+    read = _callers_lengths(valid_lens, x.shape[:-1])
     lib = load_library()
-    if lib is None or value_range(valid_lens)[0] < 0:
+    if lib is None or read is None:
         return None
+    div, _ = read
     y = torch.empty_like(x)
     _function(lib, f"masked_softmax_{_suffix(x.dtype)}")(
         x.data_ptr(), valid_lens.data_ptr(), y.data_ptr(), 0, rows, m, div
@@ -573,7 +587,7 @@ def _small_layout(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features:
         or v.device.type != "cpu"
     ):
         return None
-    *batch, n, d = q.shape
+    n, d = q.shape[-2:]
     m, dv = k.shape[-2], v.shape[-1]
     rows = q.numel() // d if d else 0
     if (
@@ -581,21 +595,13 @@ def _small_layout(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features:
         or v.shape[:-1] != k.shape[:-1]
         or min(n, m, d, dv, features) == 0
         or rows * m * (features + dv) > _SMALL_WORK
-        or valid_lens.device.type != "cpu"
-        or not valid_lens.is_contiguous()
         or load_library() is None
     ):
         return None
-    if valid_lens.shape == q.shape[:-1]:
-        div = 1
-    elif valid_lens.ndim == 1 and valid_lens.shape[0] == batch[0]:
-        div = rows // batch[0]
-    else:
+    read = _callers_lengths(valid_lens, q.shape[:-1])
+    if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut (SDPA)
         return None
-    low, _ = value_range(valid_lens)
-    if low < 0 or low >= m:  # bad (the checks name it) or nothing cut (SDPA)
-        return None
-    return div
+    return read[0]
 
 
 def small_dot_product_attention(

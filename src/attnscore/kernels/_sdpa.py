@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import LOOK_NUMEL, all_finite, bad_rows, in_transform
+from .._checks import LOOK_NUMEL, garbage_in, in_transform
 from .._mask import AttentionMask
 from . import _ops
 
@@ -126,14 +126,12 @@ def padding_by_lengths(lengths: Tensor, m: int, *, look: bool) -> tuple[Tensor |
 
 def _holds_garbage(k: Tensor, v: Tensor, padded: Tensor, first: int) -> bool:
     """Whether a padded key or value row (``padded``: bool (..., m, 1)) holds NaN or inf;
-    rows before ``first`` (none of them padded) are not read. One test for both (a sum of
-    their row sums is not finite where either is not)."""
+    rows before ``first`` (none of them padded) are not read, and values that are the keys
+    (self-attention) are read once."""
     k, v = k[..., first:, :], v[..., first:, :]
+    rows = padded[..., first:, 0]
     same = k.data_ptr() == v.data_ptr() and k.shape == v.shape and k.stride() == v.stride()
-    if all_finite(k) and (same or all_finite(v)):  # clean data: one reduction each
-        return False
-    rows = bad_rows(k) if same else bad_rows(k) | bad_rows(v)
-    return bool((padded[..., first:, :] & rows.unsqueeze(-1)).any())
+    return garbage_in(k, rows) or (not same and garbage_in(v, rows))
 
 
 def inert(
@@ -155,9 +153,7 @@ def inert(
         not look or (bool(padded[..., first:, :].any()) and _holds_garbage(k, v, padded, first))
     ):  # looked: k and v are read only where some key is padded
         k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
-    if idle is not None and (
-        not look or (not all_finite(q) and bool((idle & bad_rows(q).unsqueeze(-1)).any()))
-    ):
+    if idle is not None and (not look or garbage_in(q, idle[..., 0])):
         q = q.masked_fill(idle, 0.0)
     return q, k, v
 
