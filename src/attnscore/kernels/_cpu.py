@@ -1001,6 +1001,173 @@ class _GroupedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+#: The flash kernel's overhead per task (one example, one head, one block of queries), in
+#: multiply-adds: about 8 us of one core on 2 cores, torch 2.13 (calls of 32 queries over 8
+#: to 256 keys, float32 and bfloat16, at 32 and 8 examples x heads).
+_TASK_WORK = 1 << 19
+#: Sorted query blocks run where their estimated cost is at most this share of one masked
+#: call's (the sort and the two row permutations are the rest).
+_SORTED_SHARE = 0.85
+#: Block sizes (queries) tried for sorted query blocks. Smaller blocks measured slower than
+#: the estimate (blocks of 32 to 96 queries: 0.83-0.87x SDPA with the mask against
+#: 0.77-0.78x at 128-192, float32 and bfloat16, (8, 512, 512, 64)); in training blocks of at
+#: least 192 (the flash backward's cost per call: bfloat16 at 128-query blocks took 1.3x
+#: SDPA's).
+_SORTED_SIZES = (128, 192, 256, 384, 512)
+_SORTED_SIZE_TRAINING = 192
+#: Work (multiply-adds) from which sorted blocks are considered at all: below it the sort
+#: and the plan (about 30 us) are a noticeable part of the call.
+_SORTED_WORK = 1 << 24
+
+
+def _flash_cost(queries: int, keys: int, work: int) -> int:
+    """Estimated cost (multiply-adds) of one (example, head) of a flash call: its work and
+    its tasks' overhead (the kernel takes queries in blocks of 32, 64 or 256, by count)."""
+    block = 256 if queries >= 768 else 64 if queries >= 192 else 32
+    return queries * keys * work + -(-queries // block) * _TASK_WORK
+
+
+@dataclass(frozen=True)
+class _Sorted:
+    """Per-query lengths taken in order: each example's queries sorted by length, then cut
+    into blocks of consecutive sorted queries, each over the keys its longest row attends
+    (across the batch). The keys beyond a block's longest length are never read; inside a
+    block a mask holds the rows' own lengths. The heads share the lengths and move with
+    their query: the sorted tensors are (B, H, n, c) with memory (B, n, H, c), the layout
+    the flash op writes its output in.
+
+    ``lengths`` (B, 1, n): the sorted lengths; ``index``: for each sorted row (b, i) of
+    H * c values, the row it comes from; ``inverse``: the permutation back; ``blocks``:
+    (first, stop, keys)."""
+
+    lengths: Tensor
+    index: Tensor
+    inverse: Tensor
+    blocks: list[tuple[int, int, int]]
+
+    @staticmethod
+    def _permute(t: Tensor, index: Tensor) -> Tensor:
+        B, H, n, c = t.shape
+        rows = t.transpose(1, 2)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        return rows.view(B * n, H * c).index_select(0, index).view(B, n, H, c).transpose(1, 2)
+
+    def gather(self, t: Tensor) -> Tensor:
+        """``t`` (B, H, n, c) with each example's queries in sorted order (a copy)."""
+        return self._permute(t, self.index)
+
+    def scatter(self, t: Tensor) -> Tensor:
+        """The inverse of :meth:`gather`: ``t`` (B, H, n, c) sorted -> in the queries' order."""
+        return self._permute(t, self.inverse)
+
+    def mask(self, block: tuple[int, int, int], dtype: torch.dtype) -> Tensor:
+        """The additive mask of a block (B, 1, queries, keys): 0 or -inf."""
+        first, stop, keys = block
+        return lengths_mask(self.lengths[..., first:stop], keys, dtype)
+
+
+def _sorted_plan(
+    lengths: Tensor, B: int, H: int, m: int, work: int, training: bool
+) -> _Sorted | None:
+    """Sorted query blocks for per-query lengths (B or 1, 1, n) of B examples that H heads
+    share, ``work`` = d + dv, at the block size of least estimated cost
+    (:func:`_flash_cost` for each example and head, ``_CALL_WORK`` for each call); None where
+    that saves too little against one call over every key with the mask
+    (``_SORTED_SHARE``)."""
+    n = lengths.shape[-1]
+    by_length, order = lengths.expand(B, 1, n).sort(dim=-1)
+    # The longest length at each sorted position across the batch (non-decreasing).
+    longest = by_length.amax(dim=(0, 1)).tolist()
+    best: list[tuple[int, int, int]] | None = None
+    best_cost = _SORTED_SHARE * (B * H * _flash_cost(n, m, work) + _CALL_WORK)
+    for size in _SORTED_SIZES:
+        if size >= n:
+            break
+        if training and size < _SORTED_SIZE_TRAINING:
+            continue
+        blocks = [(i, min(i + size, n), longest[min(i + size, n) - 1]) for i in range(0, n, size)]
+        cost = sum(
+            B * H * _flash_cost(stop - first, keys, work) + _CALL_WORK
+            for first, stop, keys in blocks
+            if keys
+        )
+        if cost < best_cost:
+            best, best_cost = blocks, cost
+    if best is None:
+        return None
+    base = torch.arange(B, device=lengths.device).view(B, 1) * n
+    index = (order[:, 0] + base).view(-1)
+    inverse = (order[:, 0].argsort(dim=-1) + base).view(-1)
+    return _Sorted(by_length, index, inverse, best)
+
+
+class _SortedAttention(torch.autograd.Function):
+    """Per-query lengths in sorted query blocks (:class:`_Sorted`): one flash call per block
+    over the whole batch, so each call has examples x heads to split over the threads.
+    q, k, v arrive with their padding inert (:func:`_sdpa.inert`). One autograd node: the
+    sorted queries, output and logsumexps are kept (not the masks, made again per block in
+    the backward); dk and dv are allocated once and each block adds to its keys."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, plan: _Sorted, scale: float) -> Tensor:
+        flash, _ = _flash_ops()  # type: ignore[misc]
+        qs = plan.gather(q)
+        outs = torch.empty_like(qs)  # the flash op takes one head size: qs's layout
+        saved = []
+        for block in plan.blocks:
+            first, stop, keys = block
+            if keys == 0:  # every row of the block attends nothing
+                outs[:, :, first:stop].zero_()
+                saved.append(q.new_empty(0))
+                continue
+            o, lse = flash(
+                qs[:, :, first:stop],
+                k[:, :, :keys],
+                v[:, :, :keys],
+                0.0,
+                False,
+                attn_mask=plan.mask(block, q.dtype),
+                scale=scale,
+            )
+            outs[:, :, first:stop] = o
+            del o
+            saved.append(lse)
+        ctx.plan, ctx.scale = plan, scale
+        ctx.save_for_backward(qs, k, v, outs, *saved)
+        return plan.scatter(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        qs, k, v, outs, *lses = ctx.saved_tensors
+        plan: _Sorted = ctx.plan
+        grads = plan.gather(grad)
+        dqs = torch.zeros_like(qs)
+        # The blocks' key gradients add up in the inputs' dtype (one rounding per block
+        # beyond the first; float32 accumulators measured 1.05x SDPA's peak memory in
+        # float16 training, against 0.94x).
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        for block, lse in zip(plan.blocks, lses, strict=True):
+            first, stop, keys = block
+            if keys == 0:
+                continue
+            rows = slice(first, stop)
+            gq, gk, gv = _flash_backward(
+                (qs[:, :, rows], k[:, :, :keys], v[:, :, :keys], plan.mask(block, qs.dtype), False),
+                grads[:, :, rows],
+                outs[:, :, rows],
+                lse,
+                ctx.scale,
+            )
+            dqs[:, :, rows] = gq
+            dk[:, :, :keys] += gk
+            dv[:, :, :keys] += gv
+        if bool((plan.lengths[..., 0] == 0).any()):  # rows that attend nothing: no gradient
+            dqs.masked_fill_((plan.lengths == 0).unsqueeze(-1), 0.0)
+        return plan.scatter(dqs), dk, dv, None, None
+
+
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
     """The loop's pieces, one per example: its longest key length (``key_len``, from
     ``lengths``), its queries up to the last one that attends anything, and what masking is
@@ -1039,10 +1206,12 @@ def dot_product_attention(
     cut to the example's longest length and queries cut after its last query that attends
     anything: padded keys and idle queries are never read and never computed. Inside the
     cut, per-example lengths need no mask, lengths with causal masking are ``is_causal``,
-    and per-query lengths a mask. Where cutting saves too little to pay for one call per
-    example (short sequences, lengths near m), one SDPA call with the boolean mask runs
-    instead (:func:`attnscore.kernels._sdpa.masked`), and where lengths cut nothing at all,
-    SDPA without a mask. Small calls without gradients (up to ``_SMALL_WORK``) run in one
+    and per-query lengths a mask. Where cutting examples saves too little, per-query lengths
+    that differ within examples run in sorted query blocks (:class:`_SortedAttention`:
+    each block over the keys its longest row attends) where those are estimated to pay,
+    and otherwise one SDPA call with the mask (:func:`attnscore.kernels._sdpa.masked`),
+    as do short sequences and lengths near m; where lengths cut nothing at all, SDPA
+    without a mask. Small calls without gradients (up to ``_SMALL_WORK``) run in one
     C pass that reads no padding (:func:`_small_attention`); in training with fewer heads
     than threads, one flash call per group of examples of similar length
     (:class:`_GroupedAttention`). Without dropout the loop is one autograd node writing into
@@ -1068,33 +1237,48 @@ def dot_product_attention(
             q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=shortest == 0
         )
 
+    # The flash op takes no dropout and one head size for q, k and v.
+    flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
+
+    def sorted_or_mask() -> Tensor:  # per-query lengths: sorted query blocks where they pay
+        plan = None
+        shared = lengths.shape[1] == 1 and lengths.shape[2] > 1  # the heads share them
+        # bfloat16 training in blocks measured 1.05x SDPA with the mask, against 1.01x for
+        # one masked call (the flash backward's bfloat16 blocks cost more per call).
+        bf16_training = needs_grad and q.dtype == torch.bfloat16
+        if flash and shared and not bf16_training and full * work >= _SORTED_WORK:
+            plan = _sorted_plan(lengths, B, H, m, q.shape[-1] + v.shape[-1], needs_grad)
+        if plan is None:
+            return with_mask()
+        return _SortedAttention.apply(*inert(), plan, scale)  # type: ignore[no-any-return,no-untyped-call]
+
+    def inert() -> tuple[Tensor, Tensor, Tensor]:  # the inputs with their padding inert
+        padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
+        idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
+        return _sdpa.inert(q, k, v, padded, idle, look=True, first=first)
+
     full = B * n * m
-    if full * work < B * _CALL_WORK:  # too little to cut
-        return with_mask()
+    if full * work < B * _CALL_WORK:  # too little to cut examples
+        return sorted_or_mask()
     longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
     # Without idle queries the loop keeps each example's queries whole: what it would save
     # is known before its pieces are made (per-query lengths near m save too little).
     if shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
-        return with_mask()
+        return sorted_or_mask()
     cuts = _cuts(mask, lengths, n, longest)
     kept = sum(c.size * c.keys for c in cuts)
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
-        return with_mask()
+        return sorted_or_mask()
     # With fewer heads than threads the loop's backward needs threads of its own, whose
     # start (about 3 ms on 2 cores) only a large backward repays: below that, training
     # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
     threads = torch.get_num_threads()
-    # The flash op takes no dropout and one head size for q, k and v.
-    flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
     if needs_grad and threads > H and kept * work < _THREADS_WORK:
         groups = _groups(longest, lengths, -(-threads // H))
         kept = n * sum(len(g.examples) * g.keys for g in groups)
         if not flash or (full - kept) * work < len(groups) * _CALL_WORK:  # saves too little
-            return with_mask()
-        padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
-        idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
-        q, k, v = _sdpa.inert(q, k, v, padded, idle, look=True, first=first)
-        return _GroupedAttention.apply(q, k, v, groups, scale)  # type: ignore[no-any-return,no-untyped-call]
+            return sorted_or_mask()
+        return _GroupedAttention.apply(*inert(), groups, scale)  # type: ignore[no-any-return,no-untyped-call]
     if flash:
         return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]
     return _cut_attention_autograd(q, k, v, cuts, scale, dropout_p)
