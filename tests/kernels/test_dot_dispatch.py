@@ -292,22 +292,28 @@ def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
     assert torch.isfinite(out).all() and sdpa_calls[0]["k"][-2] == 3
 
 
-def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
-    """One flash call per example with all its heads, keys cut to its length; no mask
-    inside the cut for per-example lengths; the backward likewise."""
-    _always_loop(monkeypatch)
+def _recording_flash(monkeypatch, what):
+    """Record ("forward" or "backward", *what(q, k, attn_mask)) for each flash call."""
     calls = []
     forward, backward = _cpu._flash_ops()
 
     def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("forward", tuple(k.shape), attn_mask, q.shape[2]))
+        calls.append(("forward", *what(q, k, attn_mask)))
         return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
 
     def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("backward", tuple(k.shape), attn_mask, q.shape[2]))
+        calls.append(("backward", *what(q, k, attn_mask)))
         return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
 
     monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
+    return calls
+
+
+def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
+    """One flash call per example with all its heads, keys cut to its length; no mask
+    inside the cut for per-example lengths; the backward likewise."""
+    _always_loop(monkeypatch)
+    calls = _recording_flash(monkeypatch, lambda q, k, mask: (tuple(k.shape), mask, q.shape[2]))
     q, k, v, _ = _inputs((3, 4), 6, 10)
     mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
     q.requires_grad_(True)
@@ -358,18 +364,9 @@ def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkey
     inference keeps the loop (one call per example)."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting pays; the threads do not
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    calls = []
-    forward, backward = _cpu._flash_ops()
-
-    def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("forward", q.shape[0], k.shape[2], attn_mask is not None))
-        return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
-
-    def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("backward", q.shape[0], k.shape[2], attn_mask is not None))
-        return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
+    calls = _recording_flash(
+        monkeypatch, lambda q, k, mask: (q.shape[0], k.shape[2], mask is not None)
+    )
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -392,21 +389,25 @@ def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkey
         torch.set_num_threads(old)
 
 
-def _recording_flash(monkeypatch):
-    """Record (step, q's batch and queries, k's keys, whether masked) of each flash call."""
-    calls = []
-    forward, backward = _cpu._flash_ops()
+def _blocks_seen(q, k, mask):
+    """A flash call's examples, queries, keys and whether it has a mask."""
+    return q.shape[0], q.shape[2], k.shape[2], mask is not None
 
-    def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("forward", q.shape[0], q.shape[2], k.shape[2], attn_mask is not None))
-        return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
 
-    def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("backward", q.shape[0], q.shape[2], k.shape[2], attn_mask is not None))
-        return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
-    return calls
+def _matches_the_reference(q, k, v, mask, scale):
+    """Dispatched attention and its gradients (for a random upstream gradient) against the
+    float64 reference, to 1e-10; returns the output and the gradients of q, k, v."""
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = K.dot_product_attention(*ours, mask, scale=scale)
+    expected = reference(*theirs, mask, scale)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+    grad_out = torch.randn_like(expected)
+    out.backward(grad_out)
+    expected.backward(grad_out)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
+    return out, [t.grad for t in ours]
 
 
 @pytest.mark.parametrize("layout", ["3-D", "heads inner"])
@@ -416,23 +417,31 @@ def test_per_query_lengths_run_in_sorted_blocks_on_cut_keys(layout, monkeypatch)
     sorted queries over the whole batch, on the keys the block's longest row attends; the
     backward likewise. Output and gradients against the float64 reference."""
     _sorted_blocks(monkeypatch, sizes=(3,))
-    calls = _recording_flash(monkeypatch)
+    calls = _recording_flash(monkeypatch, _blocks_seen)
     batch = (2,) if layout == "3-D" else (2, 3)
     q, k, v, _ = _inputs(batch, 7, 10, heads_inner=layout == "heads inner")
     lengths = torch.tensor([[10, 1, 4, 9, 2, 6, 3], [5, 2, 8, 1, 7, 10, 3]])
     mask = build_mask(q.shape[:-2], 7, 10, q.device, valid_lens=lengths)
-    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = K.dot_product_attention(*ours, mask, scale=0.3)
-    expected = reference(*theirs, mask, 0.3)
-    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
-    grad_out = torch.randn_like(expected)
-    out.backward(grad_out)
-    expected.backward(grad_out)
-    for a, b in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
+    _matches_the_reference(q, k, v, mask, 0.3)
     # sorted: [1, 2, 3 | 4, 6, 9 | 10] and [1, 2, 3 | 5, 7, 8 | 10]: keys 3, 9, 10
     blocks = [(2, 3, 3, True), (2, 3, 9, True), (2, 1, 10, True)]
+    assert calls == [("forward", *b) for b in blocks] + [("backward", *b) for b in blocks]
+
+
+def test_sorted_queries_that_attend_nothing_in_every_example_get_no_call(monkeypatch):
+    """The first sorted block, whose queries attend nothing in any example, makes no flash
+    call: zeros and zero gradients there, the rest as the reference."""
+    _sorted_blocks(monkeypatch, sizes=(2,))
+    calls = _recording_flash(monkeypatch, _blocks_seen)
+    q, k, v, _ = _inputs((2,), 5, 6)
+    lengths = torch.tensor([[3, 0, 6, 0, 1], [0, 2, 0, 5, 4]])
+    mask = build_mask(q.shape[:-2], 5, 6, q.device, valid_lens=lengths)
+    out, (q_grad, _, _) = _matches_the_reference(q, k, v, mask, 0.3)
+    assert torch.all(out[lengths == 0] == 0)
+    assert torch.all(q_grad[lengths == 0] == 0)
+    # sorted: [0, 0 | 1, 3 | 6] and [0, 0 | 2, 4 | 5]: no call for the first block, then
+    # keys 4 and 6
+    blocks = [(2, 2, 4, True), (2, 1, 6, True)]
     assert calls == [("forward", *b) for b in blocks] + [("backward", *b) for b in blocks]
 
 
@@ -440,7 +449,7 @@ def test_sorted_blocks_in_float16_training_match_the_reference(monkeypatch):
     """float16 training in sorted blocks: output and gradients within float16's tolerance
     of the float64 reference (each key's gradient adds the blocks' parts in float16)."""
     _sorted_blocks(monkeypatch, sizes=(4,))
-    calls = _recording_flash(monkeypatch)
+    calls = _recording_flash(monkeypatch, _blocks_seen)
     q, k, v, g = _inputs((3, 2), 12, 16, d=16, dv=16, seed=5, heads_inner=True)
     lengths = torch.randint(0, 17, (3, 12), generator=g)
     mask = build_mask(q.shape[:-2], 12, 16, q.device, valid_lens=lengths)

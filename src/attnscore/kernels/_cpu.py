@@ -716,8 +716,8 @@ class _Cut:
 
 
 class _Piece(Protocol):
-    """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`) or a group
-    (:class:`_Group`)."""
+    """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`), a group
+    (:class:`_Group`) or a block of sorted queries (:class:`_Block`)."""
 
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall: ...
 
@@ -728,14 +728,14 @@ def _flash_forward(
     pieces: Sequence[_Piece], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
-    the backward). One call's output lives at a time."""
+    the backward). One call's output, mask and gathered inputs live at a time."""
     flash, _ = _flash_ops()  # type: ignore[misc]
     saved = []
     for piece in pieces:
         qp, kp, vp, mask, causal = piece.call(q, k, v)
         o, lse = flash(qp, kp, vp, 0.0, causal, attn_mask=mask, scale=scale)
         piece.put(out, o)
-        del o  # before the next call allocates its own
+        del o, qp, kp, vp, mask  # before the next piece makes its own
         saved.append(lse)
     return saved
 
@@ -1028,6 +1028,33 @@ def _flash_cost(queries: int, keys: int, work: int) -> int:
 
 
 @dataclass(frozen=True)
+class _Block:
+    """A call of the sorted path (:class:`_Sorted`): sorted queries [first, stop) of every
+    example over their first ``keys`` keys, with the mask of the rows' sorted ``lengths``
+    (B, 1, n) inside."""
+
+    first: int
+    stop: int
+    keys: int
+    lengths: Tensor
+
+    @property
+    def rows(self) -> slice:
+        """Which sorted queries."""
+        return slice(self.first, self.stop)
+
+    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
+        """The flash op's arguments (q sorted): the block's queries, keys and values cut to
+        ``keys``, its additive mask (B, 1, queries, keys), not causal."""
+        mask = lengths_mask(self.lengths[..., self.rows], self.keys, q.dtype)
+        return q[:, :, self.rows], k[:, :, : self.keys], v[:, :, : self.keys], mask, False
+
+    def put(self, out: Tensor, value: Tensor) -> None:
+        """Write the block's output (B, H, queries, dv) into ``out`` (sorted)."""
+        out[:, :, self.rows] = value
+
+
+@dataclass(frozen=True)
 class _Sorted:
     """Per-query lengths taken in order: each example's queries sorted by length, then cut
     into blocks of consecutive sorted queries, each over the keys its longest row attends
@@ -1038,12 +1065,14 @@ class _Sorted:
 
     ``lengths`` (B, 1, n): the sorted lengths; ``index``: for each sorted row (b, i) of
     H * c values, the row it comes from; ``inverse``: the permutation back; ``blocks``:
-    (first, stop, keys)."""
+    the calls, over sorted queries ``idle`` to n (the queries before ``idle`` attend nothing
+    in every example: no call)."""
 
     lengths: Tensor
     index: Tensor
     inverse: Tensor
-    blocks: list[tuple[int, int, int]]
+    blocks: list[_Block]
+    idle: int
 
     @staticmethod
     def _permute(t: Tensor, index: Tensor) -> Tensor:
@@ -1060,11 +1089,6 @@ class _Sorted:
     def scatter(self, t: Tensor) -> Tensor:
         """The inverse of :meth:`gather`: ``t`` (B, H, n, c) sorted -> in the queries' order."""
         return self._permute(t, self.inverse)
-
-    def mask(self, block: tuple[int, int, int], dtype: torch.dtype) -> Tensor:
-        """The additive mask of a block (B, 1, queries, keys): 0 or -inf."""
-        first, stop, keys = block
-        return lengths_mask(self.lengths[..., first:stop], keys, dtype)
 
 
 def _sorted_plan(
@@ -1086,11 +1110,12 @@ def _sorted_plan(
             break
         if training and size < _SORTED_SIZE_TRAINING:
             continue
-        blocks = [(i, min(i + size, n), longest[min(i + size, n) - 1]) for i in range(0, n, size)]
+        # Blocks whose rows all attend nothing (a prefix: longest never decreases) get no call.
+        spans = [(i, min(i + size, n)) for i in range(0, n, size)]
+        blocks = [(i, stop, longest[stop - 1]) for i, stop in spans if longest[stop - 1]]
         cost = sum(
             B * H * _flash_cost(stop - first, keys, work) + _CALL_WORK
             for first, stop, keys in blocks
-            if keys
         )
         if cost < best_cost:
             best, best_cost = blocks, cost
@@ -1099,40 +1124,24 @@ def _sorted_plan(
     base = torch.arange(B, device=lengths.device).view(B, 1) * n
     index = (order[:, 0] + base).view(-1)
     inverse = (order[:, 0].argsort(dim=-1) + base).view(-1)
-    return _Sorted(by_length, index, inverse, best)
+    calls = [_Block(first, stop, keys, by_length) for first, stop, keys in best]
+    return _Sorted(by_length, index, inverse, calls, calls[0].first if calls else n)
 
 
 class _SortedAttention(torch.autograd.Function):
     """Per-query lengths in sorted query blocks (:class:`_Sorted`): one flash call per block
-    over the whole batch, so each call has examples x heads to split over the threads.
-    q, k, v arrive with their padding inert (:func:`_sdpa.inert`). One autograd node: the
-    sorted queries, output and logsumexps are kept (not the masks, made again per block in
-    the backward); dk and dv are allocated once and each block adds to its keys."""
+    over the whole batch (:func:`_flash_forward`), so each call has examples x heads to
+    split over the threads. q, k, v arrive with their padding inert (:func:`_sdpa.inert`).
+    One autograd node: the sorted queries, output and logsumexps are kept (not the masks,
+    made again per block in the backward); dk and dv are allocated once and each block adds
+    to its keys."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, plan: _Sorted, scale: float) -> Tensor:
-        flash, _ = _flash_ops()  # type: ignore[misc]
         qs = plan.gather(q)
         outs = torch.empty_like(qs)  # the flash op takes one head size: qs's layout
-        saved = []
-        for block in plan.blocks:
-            first, stop, keys = block
-            if keys == 0:  # every row of the block attends nothing
-                outs[:, :, first:stop].zero_()
-                saved.append(q.new_empty(0))
-                continue
-            o, lse = flash(
-                qs[:, :, first:stop],
-                k[:, :, :keys],
-                v[:, :, :keys],
-                0.0,
-                False,
-                attn_mask=plan.mask(block, q.dtype),
-                scale=scale,
-            )
-            outs[:, :, first:stop] = o
-            del o
-            saved.append(lse)
+        outs[:, :, : plan.idle].zero_()  # queries that attend nothing
+        saved = _flash_forward(plan.blocks, qs, k, v, outs, scale)
         ctx.plan, ctx.scale = plan, scale
         ctx.save_for_backward(qs, k, v, outs, *saved)
         return plan.scatter(outs)
@@ -1149,16 +1158,9 @@ class _SortedAttention(torch.autograd.Function):
         # float16 training, against 0.94x).
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         for block, lse in zip(plan.blocks, lses, strict=True):
-            first, stop, keys = block
-            if keys == 0:
-                continue
-            rows = slice(first, stop)
+            rows, keys = block.rows, block.keys
             gq, gk, gv = _flash_backward(
-                (qs[:, :, rows], k[:, :, :keys], v[:, :, :keys], plan.mask(block, qs.dtype), False),
-                grads[:, :, rows],
-                outs[:, :, rows],
-                lse,
-                ctx.scale,
+                block.call(qs, k, v), grads[:, :, rows], outs[:, :, rows], lse, ctx.scale
             )
             dqs[:, :, rows] = gq
             dk[:, :, :keys] += gk
