@@ -38,7 +38,9 @@ MASKS = {
     },
 }
 ROUTES = ["auto", "loop", "groups", "sorted", "masked", "masked, looked", "plain"]
-"""auto: as dispatched (at these sizes, without gradients: the small calls' C pass); loop:
+"""auto: as dispatched (at these sizes, without gradients: the small calls' C pass in
+float64 and float32, the C kernel by lengths in 16-bit, tests/kernels/test_by_lengths.py);
+loop:
 the padding-free loop; groups: training with fewer heads than threads (a flash call with
 the mask per group of examples of similar length, keys cut to the group's longest);
 sorted: per-query lengths in sorted query blocks of 2 and 3 (where the heads share the
@@ -93,6 +95,7 @@ def _always_loop(monkeypatch):
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
     monkeypatch.setattr(_cpu, "_THREADS_WORK", 0)
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)  # no call is small
+    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)  # nor runs the C kernel
 
 
 def _groups(monkeypatch, threads=3):
@@ -101,6 +104,7 @@ def _groups(monkeypatch, threads=3):
     monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
     monkeypatch.setattr(_cpu, "_THREADS_WORK", 1 << 60)
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
 
 
@@ -109,9 +113,11 @@ def _sorted_blocks(monkeypatch, sizes=(2, 3)):
     no dropout): cutting examples never pays, and every plan does."""
     monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
     monkeypatch.setattr(_cpu, "_SORTED_WORK", 0)
     monkeypatch.setattr(_cpu, "_SORTED_SHARE", math.inf)
     monkeypatch.setattr(_cpu, "_SORTED_SIZES", sizes)
+    monkeypatch.setattr(_cpu, "_SORTED_SIZE", 0)
     monkeypatch.setattr(_cpu, "_SORTED_SIZE_TRAINING", 0)
 
 
@@ -127,6 +133,7 @@ def run(route, q, k, v, mask, scale, monkeypatch):
     elif route.startswith("masked"):
         monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
         monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+        monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
         if route == "masked, looked":
             monkeypatch.setattr(_sdpa, "LOOK_NUMEL", 0)  # as for large inputs
     if route == "plain":
@@ -468,10 +475,10 @@ def test_sorted_blocks_in_float16_training_match_the_reference(monkeypatch):
 
 
 def test_sorted_blocks_run_only_where_estimated_to_pay(monkeypatch):
-    """At the shapes of the bench's rows with uniform per-query lengths: one sequence of
-    512 queries and keys takes sorted blocks (inference, and training in float32); 4
-    examples x 8 heads of 256 (measured no faster in blocks), lengths that barely vary and
-    bfloat16 training (measured slower) take SDPA with the mask."""
+    """At the shapes of the bench's rows with uniform per-query lengths: float16 training
+    takes sorted blocks (one sequence of 512 queries and keys, and 4 examples x 8 heads of
+    256); lengths that barely vary take SDPA with the mask; inference and float32 /
+    bfloat16 training take the C kernel by lengths."""
     seen = []
     real = _cpu._SortedAttention
 
@@ -484,12 +491,14 @@ def test_sorted_blocks_run_only_where_estimated_to_pay(monkeypatch):
     monkeypatch.setattr(_cpu, "_SortedAttention", Spy)
     g = torch.Generator().manual_seed(0)
     uniform = torch.randint(1, 513, (4, 512), generator=g)
+    f16 = torch.float16
     for batch, n, lengths, dtype, grad, taken in (
-        ((4,), 512, uniform, torch.float32, False, True),
-        ((4,), 512, uniform, torch.float32, True, True),
+        ((4,), 512, uniform, f16, True, True),
+        ((4,), 512, uniform, f16, False, False),
+        ((4,), 512, uniform, torch.float32, True, False),
         ((4,), 512, uniform, torch.bfloat16, True, False),
-        ((4, 8), 256, torch.randint(1, 257, (4, 256), generator=g), torch.float32, False, False),
-        ((4,), 512, torch.randint(500, 513, (4, 512), generator=g), torch.float32, False, False),
+        ((4, 8), 256, torch.randint(1, 257, (4, 256), generator=g), f16, True, True),
+        ((4,), 512, torch.randint(500, 513, (4, 512), generator=g), f16, True, False),
     ):
         seen.clear()
         q, k, v = (torch.randn(*batch, n, 64, generator=g).to(dtype) for _ in range(3))

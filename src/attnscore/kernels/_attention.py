@@ -7,7 +7,9 @@ One rule on every device: **where there is nothing to skip, PyTorch's own kernel
 mask                                         runs
 ============================================ ==============================================
 none                                         ``scaled_dot_product_attention`` (SDPA)
-causal alone                                 SDPA with ``is_causal=True``
+causal alone                                 SDPA with ``is_causal=True`` (in inference,
+                                             the backend's ``causal_attention`` where it
+                                             has one: on the CPU, the C kernel by lengths)
 a boolean ``attend_mask`` (with anything)    SDPA with the combined boolean mask
 key lengths, query lengths (with or without  the device's backend (``dot_product_attention``
 causal)                                      of the backend contract): on the CPU a
@@ -91,7 +93,7 @@ def dot_product_attention(
         and mask.query_lengths is None
         and (mask.attend is None)
     ):
-        out = _sdpa.causal(q4, k4, v4, scale=scale, dropout_p=dropout_p)
+        out = _causal(q4, k4, v4, scale=scale, dropout_p=dropout_p)
     else:
         mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
         if mask.attend is not None or not enabled() or in_transform(q, k, v):
@@ -100,6 +102,19 @@ def dot_product_attention(
             fn = backend_function(q.device.type, "dot_product_attention")
         out = fn(q4, k4, v4, mask4, scale=scale, dropout_p=dropout_p)
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
+
+
+def _causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
+    """Causal attention alone (4-D): in eager inference without dropout the backend's
+    ``causal_attention`` where it takes the call, else SDPA with ``is_causal=True``."""
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if dropout_p == 0.0 and not training and enabled() and not in_transform(q, k, v):
+        out: Tensor | None = backend_function(q.device.type, "causal_attention")(
+            q, k, v, scale=scale
+        )
+        if out is not None:
+            return out
+    return _sdpa.causal(q, k, v, scale=scale, dropout_p=dropout_p)
 
 
 def _offered(q: object, k: object, v: object, valid_lens: object) -> bool:

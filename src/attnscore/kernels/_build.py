@@ -223,7 +223,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, flags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 9:
+    if lib.attnscore_kernels_abi() != 10:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -268,6 +268,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         lib.matmul_f16.argtypes = [p, p, p, i, i, *[i] * 9]
         lib.matmul_par_f16.argtypes = [p, p, p, p, i, *[i] * 9]
         lib.matmul_f16.restype = lib.matmul_par_f16.restype = None
+    d = ctypes.c_double
+    for suf in ("f32", "bf16", "f16") if f16 else ("f32", "bf16"):
+        # (q, k, v, out, lse, order, sorted, strides, next, tasks | tasks, threads, H, n, m,
+        # d, dv, chunks, scale)
+        kernel = getattr(lib, f"flash_lengths_{suf}")
+        driver = getattr(lib, f"flash_lengths_par_{suf}")
+        kernel.argtypes = [*[p] * 8, p, i, *[i] * 6, d]
+        driver.argtypes = [*[p] * 8, i, i, *[i] * 6, d]
+        kernel.restype = driver.restype = None
     for name, (kernel, driver) in signatures.items():
         for suf in suffixes[name]:
             if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):

@@ -32,6 +32,7 @@ from ._build import has_float16, load_library, parallel_in_c
 __all__ = [
     "additive_scores",
     "additive_scores_backward",
+    "causal_attention",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -1008,13 +1009,19 @@ _TASK_WORK = 1 << 19
 #: Sorted query blocks run where their estimated cost is at most this share of one masked
 #: call's (the sort and the two row permutations are the rest).
 _SORTED_SHARE = 0.85
-#: Block sizes (queries) tried for sorted query blocks. Smaller blocks measured slower than
-#: the estimate (blocks of 32 to 96 queries: 0.83-0.87x SDPA with the mask against
-#: 0.77-0.78x at 128-192, float32 and bfloat16, (8, 512, 512, 64)); in training blocks of at
-#: least 192 (the flash backward's cost per call: bfloat16 at 128-query blocks took 1.3x
-#: SDPA's).
-_SORTED_SIZES = (128, 192, 256, 384, 512)
+#: Block sizes (queries) tried for sorted query blocks, and the smallest taken: in float32
+#: and bfloat16 inference blocks of 32 to 96 queries measured slower than the estimate
+#: (0.83-0.87x SDPA with the mask against 0.77-0.78x at 128-192, (8, 512, 512, 64)), and
+#: in training the flash backward costs more per call (bfloat16 at 128-query blocks took
+#: 1.3x SDPA's), so blocks of at least 192 there. float16 takes every size (below).
+_SORTED_SIZES = (64, 128, 192, 256, 384, 512)
+_SORTED_SIZE = 128
 _SORTED_SIZE_TRAINING = 192
+#: PyTorch's CPU flash op costs about this many times more per multiply-add in float16 than
+#: in float32 (this CPU has no float16 arithmetic: 5-8x measured, training
+#: (4, 8, 256, 256, 64)), so its tasks' overhead weighs that much less: float16 blocks of 64
+#: queries took 0.78x SDPA with the mask there, where float32 ones were slower.
+_FLOAT16_WORK = 6
 #: Work (multiply-adds) from which sorted blocks are considered at all: below it the sort
 #: and the plan (about 30 us) are a noticeable part of the call.
 _SORTED_WORK = 1 << 24
@@ -1092,23 +1099,25 @@ class _Sorted:
 
 
 def _sorted_plan(
-    lengths: Tensor, B: int, H: int, m: int, work: int, training: bool
+    lengths: Tensor, B: int, H: int, m: int, work: int, training: bool, float16: bool
 ) -> _Sorted | None:
     """Sorted query blocks for per-query lengths (B or 1, 1, n) of B examples that H heads
-    share, ``work`` = d + dv, at the block size of least estimated cost
-    (:func:`_flash_cost` for each example and head, ``_CALL_WORK`` for each call); None where
-    that saves too little against one call over every key with the mask
-    (``_SORTED_SHARE``)."""
+    share, ``work`` = d + dv (``_FLOAT16_WORK`` times that in ``float16``), at the block
+    size of least estimated cost (:func:`_flash_cost` for each example and head,
+    ``_CALL_WORK`` for each call); None where that saves too little against one call over
+    every key with the mask (``_SORTED_SHARE``)."""
     n = lengths.shape[-1]
     by_length, order = lengths.expand(B, 1, n).sort(dim=-1)
     # The longest length at each sorted position across the batch (non-decreasing).
     longest = by_length.amax(dim=(0, 1)).tolist()
     best: list[tuple[int, int, int]] | None = None
+    work *= _FLOAT16_WORK if float16 else 1
     best_cost = _SORTED_SHARE * (B * H * _flash_cost(n, m, work) + _CALL_WORK)
+    smallest = 0 if float16 else _SORTED_SIZE_TRAINING if training else _SORTED_SIZE
     for size in _SORTED_SIZES:
         if size >= n:
             break
-        if training and size < _SORTED_SIZE_TRAINING:
+        if size < smallest:
             continue
         # Blocks whose rows all attend nothing (a prefix: longest never decreases) get no call.
         spans = [(i, min(i + size, n)) for i in range(0, n, size)]
@@ -1168,6 +1177,139 @@ class _SortedAttention(torch.autograd.Function):
         if bool((plan.lengths[..., 0] == 0).any()):  # rows that attend nothing: no gradient
             dqs.masked_fill_((plan.lengths == 0).unsqueeze(-1), 0.0)
         return plan.scatter(dqs), dk, dv, None, None
+
+
+#: dtypes of the C kernel for per-query lengths (:func:`_by_lengths`), which computes in
+#: float32.
+_BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+#: Keys up to which it runs: its scratch per thread is about 4 m (d + dv + 8) bytes.
+_BY_LENGTHS_KEYS = 8192
+#: Work (multiply-adds) from which inference by lengths takes the C kernel (below it, the
+#: small calls' C pass where it applies).
+_BY_LENGTHS_WORK = 0
+#: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
+#: this many of them, so that a few examples and heads still give every thread work.
+_BY_LENGTHS_CHUNK = 64
+
+
+def _by_lengths_suffix(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """The dtype suffix of :func:`_by_lengths`' kernel for these inputs, or None where it
+    does not run (other dtypes, no C library, more than ``_BY_LENGTHS_KEYS`` keys)."""
+    suffix = _BY_LENGTHS_SUFFIX.get(q.dtype)
+    if suffix is None or not (k.dtype == v.dtype == q.dtype) or k.shape[-2] > _BY_LENGTHS_KEYS:
+        return None
+    if load_library() is None or (suffix == "f16" and not has_float16()):
+        return None
+    return suffix
+
+
+class _ByLengthsAttention(torch.autograd.Function):
+    """Training by per-query lengths: the C kernel's forward (:func:`_by_lengths`, keeping
+    each row's logsumexp) and PyTorch's flash backward with the lengths' additive mask,
+    which computes every key (its kernel, like the forward's, skips keys only in blocks of
+    512). q, k, v arrive with their padding inert (:func:`_sdpa.inert`): the backward reads
+    it. One autograd node; the mask is made in the backward, not kept."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float) -> Tensor:
+        done = _by_lengths(q, k, v, lengths, scale, logsumexp=True)
+        assert done is not None  # the caller checked _by_lengths_suffix
+        out, lse = done
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, lengths, out, lse)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        q, k, v, lengths, out, lse = ctx.saved_tensors
+        n, m = q.shape[-2], k.shape[-2]
+        mask = lengths_mask(lengths.expand(*lengths.shape[:2], n), m, q.dtype)
+        dq, dk, dv = _flash_backward((q, k, v, mask, False), grad, out, lse, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def _by_lengths(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float, *, logsumexp: bool = False
+) -> tuple[Tensor, Tensor | None] | None:
+    """Dot-product attention by per-query lengths in one C call (``flash_lengths``): each
+    example's queries sorted by length, each tile of 8 over the keys its longest query
+    attends, so the work follows the lengths (PyTorch's CPU flash kernel takes keys in
+    blocks of 512: a mask inside a call saves nothing there). Keys beyond the longest
+    length of an (example, head) and queries of length 0 are never read; those queries
+    are zeros. Computes in float32 for every dtype.
+
+    q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv); ``lengths`` (B or 1, H or 1, n
+    or 1) (:func:`_sdpa.compact`). Returns the output (B, H, n, dv) in the layout PyTorch's
+    flash op writes (memory (B, n, H, dv)) and, with ``logsumexp``, each row's logsumexp
+    of its scaled scores (B, H, n) float32 as that op keeps it (0 for rows of length 0);
+    None without the C library, for other dtypes, or beyond ``_BY_LENGTHS_KEYS`` keys.
+    """
+    suffix = _by_lengths_suffix(q, k, v)
+    if suffix is None:
+        return None
+    lib = _lib()
+    m = k.shape[-2]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    B, H, n, d = q.shape
+    dv = v.shape[-1]
+    Bl, Hl = lengths.shape[:2]
+    by_length, order = lengths.expand(Bl, Hl, n).sort(dim=-1)  # contiguous
+    out = torch.empty((B, n, H, dv), dtype=q.dtype).transpose(1, 2)
+    lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
+    strides = torch.tensor(
+        [
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *out.stride()[:3],
+            Hl * n if Bl > 1 else 0,
+            n if Hl > 1 else 0,
+        ],
+        dtype=torch.int64,
+    )
+    # Tasks: (example, head), or chunks of its sorted queries where there are too few of
+    # those for the threads to share; threads take the next task as they finish one.
+    big = B * H * n * m * (d + dv) >= 2 * _MIN_WORK_PER_THREAD
+    threads = torch.get_num_threads() if big else 1
+    chunks = max(1, min(-(-4 * threads // (B * H)), n // _BY_LENGTHS_CHUNK))
+    tasks = B * H * chunks
+    threads = min(threads, tasks)
+    head = (
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        order.data_ptr(),
+        by_length.data_ptr(),
+        strides.data_ptr(),
+    )
+    tail = (H, n, m, d, dv, chunks, scale)
+    kernel = _function(lib, f"flash_lengths_{suffix}")
+    if threads == 1:
+        kernel(*head, None, tasks, *tail)
+    elif parallel_in_c():
+        _function(lib, f"flash_lengths_par_{suffix}")(*head, tasks, threads, *tail)
+    else:  # Python threads sharing one task counter
+        counter = torch.zeros(1, dtype=torch.int64)
+        _run_threads(kernel, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
+    return out, lse
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
+    """Backend contract: causal attention alone in inference, as the lengths 1, 2, ..., n
+    (at most m) of :func:`_by_lengths`, which skips the keys beyond each query (PyTorch's
+    CPU flash kernel skips keys only in whole blocks of 512). None where that kernel does
+    not run (its dtypes, the C library, ``_BY_LENGTHS_KEYS``) or the call is below
+    ``_BY_LENGTHS_WORK``."""
+    B, H, n, _ = q.shape
+    m = k.shape[-2]
+    if B * H * n * m * (q.shape[-1] + v.shape[-1]) < max(_BY_LENGTHS_WORK, _SMALL_WORK):
+        return None
+    lengths = torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
+    done = _by_lengths(q, k, v, lengths, scale)
+    return None if done is None else done[0]
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
@@ -1233,6 +1375,10 @@ def dot_product_attention(
         out = _small_attention(q, k, v, lengths, scale)
         if out is not None:
             return out
+    if not needs_grad and dropout_p == 0.0 and B * n * m * work >= _BY_LENGTHS_WORK:
+        done = _by_lengths(q, k, v, lengths, scale)
+        if done is not None:
+            return done[0]
 
     def with_mask() -> Tensor:  # SDPA with the mask, told what the lengths showed
         return _sdpa.masked(
@@ -1243,13 +1389,21 @@ def dot_product_attention(
     flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
 
     def sorted_or_mask() -> Tensor:  # per-query lengths: sorted query blocks where they pay
+        # Training: the C kernel's forward and PyTorch's backward with the mask. Not in
+        # float16, whose flash backward costs 5-8x float32's here: skipping keys in it
+        # (sorted blocks) pays more there than a faster forward (measured 0.75x SDPA with
+        # the mask against 0.93x, (8, 512, 512, 64)).
+        kernel = needs_grad and flash and q.dtype != torch.float16 and lengths.shape[2] > 1
+        if kernel and full * work >= _BY_LENGTHS_WORK and _by_lengths_suffix(q, k, v):
+            return _ByLengthsAttention.apply(*inert(), lengths, scale)  # type: ignore[no-any-return,no-untyped-call]
         plan = None
         shared = lengths.shape[1] == 1 and lengths.shape[2] > 1  # the heads share them
         # bfloat16 training in blocks measured 1.05x SDPA with the mask, against 1.01x for
         # one masked call (the flash backward's bfloat16 blocks cost more per call).
         bf16_training = needs_grad and q.dtype == torch.bfloat16
         if flash and shared and not bf16_training and full * work >= _SORTED_WORK:
-            plan = _sorted_plan(lengths, B, H, m, q.shape[-1] + v.shape[-1], needs_grad)
+            float16 = q.dtype == torch.float16
+            plan = _sorted_plan(lengths, B, H, m, q.shape[-1] + v.shape[-1], needs_grad, float16)
         if plan is None:
             return with_mask()
         return _SortedAttention.apply(*inert(), plan, scale)  # type: ignore[no-any-return,no-untyped-call]

@@ -119,6 +119,12 @@ class Backend(Protocol):
         (unmasked attention, causal alone and boolean masks go to PyTorch's SDPA before a
         backend is asked). Length-0 rows are zeros with zero gradients."""
 
+    def causal_attention(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
+        """Causal attention alone (query i attends keys j <= i, top-left), q (B, H, n, d), k
+        (B, H, m, d), v (B, H, m, dv), in inference without dropout: (B, H, n, dv) where the
+        backend skips the masked keys and SDPA's ``is_causal`` does not; None otherwise (the
+        caller then runs SDPA with ``is_causal=True``)."""
+
     def small_dot_product_attention(
         self,
         q: Tensor,
@@ -166,6 +172,7 @@ FUNCTIONS = (
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
+    "causal_attention",
     "small_dot_product_attention",
     "small_additive_attention",
     "matmul",

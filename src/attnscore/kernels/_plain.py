@@ -28,6 +28,7 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "additive_scores_dense",
+    "causal_attention",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -79,6 +80,11 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
     """No path of its own for small calls: None (the general path runs)."""
+    return None
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
+    """No path of its own for causal attention: None (SDPA's ``is_causal`` runs)."""
     return None
 
 

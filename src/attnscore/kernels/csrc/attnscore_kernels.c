@@ -468,6 +468,214 @@ void matmul_f16(const uint16_t *A, const uint16_t *B, uint16_t *C, int64_t r0, i
 }
 #endif
 
+/* ---- dot-product attention by per-query lengths, forward ---------------------------------
+ * out[b, h, i] = softmax(scale * q[b, h, i] . k[b, h, :L]) @ v[b, h, :L] with L the length of
+ * query i (clamped to m), and zeros where L == 0. PyTorch's CPU flash kernel takes keys in
+ * blocks of 512, so a mask inside a call saves nothing; here the work follows each query's own
+ * length instead. One task is one (example, head): its queries are taken in order of length
+ * (`order`: each example's queries sorted by length, `sorted`: those lengths, ascending),
+ * FA_ROWS at a time, and each tile of queries computes over the keys its longest query
+ * attends. Keys and values beyond the example's longest length, and queries that attend
+ * nothing, are never read.
+ *
+ * Everything is computed in float32 (16-bit inputs are converted as they are read, the output
+ * rounded once): per task, the keys the example attends are packed as K^T in panels of FA_KEYS
+ * keys and the values as float32 rows; per tile, the queries' scores are products of
+ * FA_ROWS x FA_KEYS held in vector registers, their softmax runs row by row over the row's
+ * own length (exact zeros beyond it), and the output is FA_ROWS x 32 products at a time.
+ * Scratch per range: the panels, the values and one tile of scores (about 4 m (d + dv) bytes).
+ *
+ * Strides are in elements, the last dimension contiguous: st = {q's b, h, i; k's b, h, j;
+ * v's b, h, j; out's b, h, i; order and sorted's b, h} (their h stride is 0 when the heads
+ * share the lengths). Tasks [t0, t1) range over b * H + h. */
+#define FA_ROWS 8
+#define FA_KEYS 32
+/* The next task: from the shared counter where threads share the tasks, else `serial`. */
+#define FA_NEXT(next, serial) ((next) ? __atomic_fetch_add((next), 1, __ATOMIC_RELAXED) : (serial))
+typedef float fa_vec __attribute__((vector_size(64)));
+
+static void f32_copy_row(const float *src, float *dst, int64_t L) {
+  memcpy(dst, src, (size_t)L * sizeof(float));
+}
+
+/* s[r, :FA_KEYS * panels] = qt[r] . kt for the FA_ROWS rows of qt (FA_ROWS x d). */
+static void fa_scores(const float *qt, const float *kt, float *s, int64_t panels, int64_t d,
+                      int64_t ls) {
+  for (int64_t p = 0; p < panels; ++p) {
+    const float *kp = kt + p * d * FA_KEYS;
+    fa_vec a0[FA_ROWS], a1[FA_ROWS];
+    for (int r = 0; r < FA_ROWS; ++r) a0[r] = a1[r] = (fa_vec){0};
+    for (int64_t c = 0; c < d; ++c) {
+      const fa_vec k0 = *(const fa_vec *)(kp + c * FA_KEYS);
+      const fa_vec k1 = *(const fa_vec *)(kp + c * FA_KEYS + 16);
+      _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
+        const float x = qt[r * d + c];
+        a0[r] += x * k0;
+        a1[r] += x * k1;
+      }
+    }
+    for (int r = 0; r < FA_ROWS; ++r) {
+      *(fa_vec *)(s + r * ls + p * FA_KEYS) = a0[r];
+      *(fa_vec *)(s + r * ls + p * FA_KEYS + 16) = a1[r];
+    }
+  }
+}
+
+/* o[r, :dvp] = p[r, :keys] @ vp[:keys] for the FA_ROWS rows of p (rows ls apart); vp's rows
+ * (and o's) are dvp floats, a multiple of 32. */
+static void fa_values(const float *p, const float *vp, float *o, int64_t keys, int64_t ls,
+                      int64_t dvp) {
+  for (int64_t c0 = 0; c0 < dvp; c0 += 32) {
+    fa_vec a0[FA_ROWS], a1[FA_ROWS];
+    for (int r = 0; r < FA_ROWS; ++r) a0[r] = a1[r] = (fa_vec){0};
+    for (int64_t j = 0; j < keys; ++j) {
+      const fa_vec v0 = *(const fa_vec *)(vp + j * dvp + c0);
+      const fa_vec v1 = *(const fa_vec *)(vp + j * dvp + c0 + 16);
+      _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
+        const float x = p[r * ls + j];
+        a0[r] += x * v0;
+        a1[r] += x * v1;
+      }
+    }
+    for (int r = 0; r < FA_ROWS; ++r) {
+      *(fa_vec *)(o + r * dvp + c0) = a0[r];
+      *(fa_vec *)(o + r * dvp + c0 + 16) = a1[r];
+    }
+  }
+}
+
+/* The softmax of one tile row in place: s[:L] scaled by `scale` -> probabilities, zeros on
+ * [L, keys); returns 1 / their sum (0 when L == 0: the row is zeros) and sets *top to the
+ * largest scaled score. */
+static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, float *top) {
+  float inv = 0.0f;
+  if (L > 0) {
+    float mx = s[0];
+    _Pragma("omp simd reduction(max : mx)") for (int64_t j = 0; j < L; ++j) {
+      mx = s[j] > mx ? s[j] : mx;
+    }
+    float sum = 0.0f;
+    _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < L; ++j) {
+      const float e = exp_neg((s[j] - mx) * scale);
+      s[j] = e;
+      sum += e;
+    }
+    inv = 1.0f / sum;
+    *top = mx * scale;
+  }
+  if (keys > L) memset(s + L, 0, (size_t)(keys - L) * sizeof(float));
+  return inv;
+}
+
+#define DEFINE_FLASH_LENGTHS(T, SUF, TO_F32, FROM_F32)                                      \
+  void flash_lengths_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,         \
+                           const int64_t *order, const int64_t *sorted, const int64_t *st,  \
+                           int64_t *next, int64_t tasks, int64_t H, int64_t n, int64_t m,   \
+                           int64_t d, int64_t dv, int64_t chunks, double scale) {           \
+    const int64_t mp = (m + FA_KEYS - 1) / FA_KEYS * FA_KEYS, dvp = (dv + 31) / 32 * 32;    \
+    const int64_t wide = d > dv ? d : dv;                                                   \
+    float *kt = (float *)aligned_alloc(64, (size_t)(mp * d + mp * dvp + FA_ROWS * mp +      \
+                                                    FA_ROWS * dvp) * sizeof(float));        \
+    float *vp = kt + mp * d, *s = vp + mp * dvp, *o = s + FA_ROWS * mp;                     \
+    float *qt = (float *)malloc((size_t)(FA_ROWS * d + wide) * sizeof(float));              \
+    float *row = qt + FA_ROWS * d;                                                          \
+    int64_t Ls[FA_ROWS];                                                                    \
+    for (int64_t t = FA_NEXT(next, 0); t < tasks; t = FA_NEXT(next, t + 1)) {               \
+      /* each (example, head)'s chunks longest first, for the threads' balance */           \
+      const int64_t b = t / chunks / H, h = t / chunks % H, c = chunks - 1 - t % chunks;    \
+      /* the chunk's queries [lo, hi) of the sorted ones, cut between tiles */              \
+      const int64_t lo = c * n / chunks / FA_ROWS * FA_ROWS;                                \
+      const int64_t hi = c + 1 == chunks ? n : (c + 1) * n / chunks / FA_ROWS * FA_ROWS;     \
+      float *lb = lse ? lse + (b * H + h) * n : NULL;                                       \
+      const int64_t *ord = order + b * st[12] + h * st[13];                                 \
+      const int64_t *len = sorted + b * st[12] + h * st[13];                                \
+      const T *qb = q + b * st[0] + h * st[1], *kb = k + b * st[3] + h * st[4];             \
+      const T *vb = v + b * st[6] + h * st[7];                                              \
+      T *ob = out + b * st[9] + h * st[10];                                                 \
+      if (hi - lo < FA_ROWS) { /* too few queries to repay packing: row by row */          \
+        for (int64_t i = lo; i < hi; ++i) {                                                 \
+          const int64_t L = clamp_length(len[i], m);                                        \
+          float top = 0.0f, inv = 0.0f;                                                     \
+          memset(o, 0, (size_t)dv * sizeof(float));                                         \
+          if (L > 0) {                                                                      \
+            TO_F32(qb + ord[i] * st[2], qt, d);                                             \
+            for (int64_t j = 0; j < L; ++j) {                                               \
+              TO_F32(kb + j * st[5], row, d);                                               \
+              float acc = 0.0f;                                                             \
+              _Pragma("omp simd reduction(+ : acc)") for (int64_t c = 0; c < d; ++c) {      \
+                acc += qt[c] * row[c];                                                      \
+              }                                                                             \
+              s[j] = acc;                                                                   \
+            }                                                                               \
+            inv = fa_softmax_row(s, L, L, (float)scale, &top);                              \
+            for (int64_t j = 0; j < L; ++j) {                                               \
+              TO_F32(vb + j * st[8], row, dv);                                              \
+              const float w = s[j] * inv;                                                   \
+              _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) o[c] += w * row[c];      \
+            }                                                                               \
+          }                                                                                 \
+          if (lb) lb[ord[i]] = inv > 0.0f ? top - logf(inv) : 0.0f;                         \
+          FROM_F32(o, ob + ord[i] * st[11], dv);                                            \
+        }                                                                                   \
+        continue;                                                                           \
+      }                                                                                     \
+      const int64_t longest = hi > lo ? clamp_length(len[hi - 1], m) : 0;                   \
+      const int64_t kp = (longest + FA_KEYS - 1) / FA_KEYS * FA_KEYS;                       \
+      for (int64_t j = 0; j < kp; ++j) { /* K^T in panels, V as float32 rows, zero-padded */ \
+        float *vr = vp + j * dvp, *kr = kt + (j / FA_KEYS) * d * FA_KEYS + j % FA_KEYS;     \
+        if (j < longest) {                                                                  \
+          TO_F32(kb + j * st[5], row, d);                                                   \
+          for (int64_t c = 0; c < d; ++c) kr[c * FA_KEYS] = row[c];                         \
+          TO_F32(vb + j * st[8], vr, dv);                                                   \
+          for (int64_t c = dv; c < dvp; ++c) vr[c] = 0.0f;                                  \
+        } else {                                                                            \
+          for (int64_t c = 0; c < d; ++c) kr[c * FA_KEYS] = 0.0f;                           \
+          memset(vr, 0, (size_t)dvp * sizeof(float));                                       \
+        }                                                                                   \
+      }                                                                                     \
+      memset(row, 0, (size_t)wide * sizeof(float));                                         \
+      for (int64_t i0 = lo; i0 < hi; i0 += FA_ROWS) {                                       \
+        const int64_t rows = hi - i0 < FA_ROWS ? hi - i0 : FA_ROWS;                         \
+        const int64_t keys = clamp_length(len[i0 + rows - 1], m); /* the tile's longest */  \
+        for (int64_t r = 0; r < FA_ROWS; ++r) {                                             \
+          Ls[r] = r < rows ? clamp_length(len[i0 + r], m) : 0;                              \
+          if (Ls[r] > 0) TO_F32(qb + ord[i0 + r] * st[2], qt + r * d, d);                   \
+          else memset(qt + r * d, 0, (size_t)d * sizeof(float));                            \
+        }                                                                                   \
+        float inv[FA_ROWS] = {0}, lmax[FA_ROWS] = {0};                                      \
+        if (keys > 0) {                                                                     \
+          const int64_t panels = (keys + FA_KEYS - 1) / FA_KEYS;                            \
+          fa_scores(qt, kt, s, panels, d, mp);                                              \
+          for (int64_t r = 0; r < FA_ROWS; ++r) {                                           \
+            inv[r] = fa_softmax_row(s + r * mp, Ls[r], keys, (float)scale, lmax + r);       \
+          }                                                                                 \
+          fa_values(s, vp, o, keys, mp, dvp);                                               \
+        }                                                                                   \
+        for (int64_t r = 0; r < rows; ++r) {                                                \
+          T *dst = ob + ord[i0 + r] * st[11];                                               \
+          /* logsumexp as PyTorch's flash kernel keeps it: 0 for a row with no key */       \
+          if (lb) lb[ord[i0 + r]] = inv[r] > 0.0f ? lmax[r] - logf(inv[r]) : 0.0f;           \
+          if (keys == 0) {                                                                  \
+            FROM_F32(row, dst, dv);                                                         \
+            continue;                                                                       \
+          }                                                                                 \
+          float *orow = o + r * dvp;                                                        \
+          const float w = inv[r];                                                           \
+          _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) orow[c] *= w;                \
+          FROM_F32(orow, dst, dv);                                                          \
+        }                                                                                   \
+      }                                                                                     \
+    }                                                                                       \
+    free(kt);                                                                               \
+    free(qt);                                                                               \
+  }
+
+DEFINE_FLASH_LENGTHS(float, f32, f32_copy_row, f32_copy_row)
+DEFINE_FLASH_LENGTHS(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+#if ATTNSCORE_HAVE_F16
+DEFINE_FLASH_LENGTHS(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
+#endif
+
 /* ---- masked softmax by a boolean mask ----------------------------------------------------
  * Row r of x (R x m) is normalised over the positions its mask row allows (mask + offsets[r],
  * m bytes, nonzero = may attend): y = softmax there, exact 0 elsewhere, and a row that allows
@@ -815,6 +1023,26 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
     EACH_RANGE(lengths_mask_##SUF(lengths, out, r0, r1, m))                                 \
   }
 
+/* The tasks of flash_lengths on `threads` OpenMP threads, each taking the next task when it
+ * finishes one (tasks differ in work by the lengths). */
+#define DEFINE_FLASH_LENGTHS_DRIVER(T, SUF)                                                 \
+  void flash_lengths_par_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,     \
+                               const int64_t *order, const int64_t *sorted, const int64_t *st, \
+                               int64_t tasks, int64_t threads, int64_t H, int64_t n,        \
+                               int64_t m, int64_t d, int64_t dv, int64_t chunks,            \
+                               double scale) {                                              \
+    int64_t next = 0;                                                                       \
+    _Pragma("omp parallel num_threads((int)threads)")                                       \
+    flash_lengths_##SUF(q, k, v, out, lse, order, sorted, st, &next, tasks, H, n, m, d, dv,  \
+                        chunks, scale);                                                     \
+  }
+
+DEFINE_FLASH_LENGTHS_DRIVER(float, f32)
+DEFINE_FLASH_LENGTHS_DRIVER(uint16_t, bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_FLASH_LENGTHS_DRIVER(uint16_t, f16)
+#endif
+
 DEFINE_LENGTHS_MASK_DRIVER(double, f64)
 DEFINE_LENGTHS_MASK_DRIVER(float, f32)
 DEFINE_LENGTHS_MASK_DRIVER(uint16_t, bf16)
@@ -877,4 +1105,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 9; }
+int attnscore_kernels_abi(void) { return 10; }

@@ -1,0 +1,214 @@
+"""The CPU's C kernel of dot-product attention by per-query lengths (``flash_lengths``,
+:func:`attnscore.kernels._cpu._by_lengths`): every mask that lengths express, layouts,
+dtypes, tiles and chunks, threads, garbage in what it never reads, its logsumexps, training
+through it, and where it runs. References: the float64 row-by-row formulation of
+test_dot_dispatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_dot_dispatch import MASKS, TOL, _inputs, reference
+
+from attnscore import kernels as K
+from attnscore.kernels import _cpu, _sdpa
+from attnscore.masking import build_mask
+
+pytestmark = pytest.mark.skipif(
+    _cpu.load_library() is None, reason="C kernels unavailable (disabled, or no compiler)"
+)
+
+KERNEL_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+LAYOUTS = {
+    "3-D": dict(batch=(3,)),
+    "4-D heads": dict(batch=(3, 2)),
+    "heads inner": dict(batch=(3, 2), heads_inner=True),
+}
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The kernel at every size (no small-call pass first); counts its calls."""
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    calls = []
+    real = _cpu._by_lengths
+
+    def counting(*args, **kwargs):
+        done = real(*args, **kwargs)
+        calls.append(done is not None)
+        return done
+
+    monkeypatch.setattr(_cpu, "_by_lengths", counting)
+    return calls
+
+
+def _case(layout, n, m, dtype, mask_kind, *, d=24, dv=40, seed=0):
+    spec = LAYOUTS[layout]
+    q, k, v, g = _inputs(spec["batch"], n, m, d, dv, seed=seed, heads_inner="heads_inner" in spec)
+    batch = tuple(q.shape[:-2])
+    kwargs = MASKS[mask_kind](batch, n, m, g)
+    if mask_kind == "lengths per head" and len(batch) == 1:
+        kwargs = MASKS["lengths (B, n)"](batch, n, m, g)
+    mask = build_mask(torch.Size(batch), n, m, q.device, **kwargs)
+    return [t.to(dtype) for t in (q, k, v)], mask, g
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "mask_kind",
+    [
+        "lengths (B,)",
+        "lengths (B, n)",
+        "lengths per head",
+        "causal",
+        "causal + lengths",
+        "query lengths",
+        "all",
+    ],
+)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(21, 37), (37, 21), (5, 37)], ids=["n<m", "n>m", "n<8"])
+def test_inference_matches_the_reference(dtype, mask_kind, layout, shape, kernel_calls):
+    """Tiles of 8 queries with a partial last one, 2 panels of keys with a partial last,
+    d = 24 and dv = 40 (padded inside to 32 and 64), and fewer queries than a tile (taken
+    row by row): the kernel runs and matches float64."""
+    n, m = shape
+    (q, k, v), mask, _ = _case(layout, n, m, dtype, mask_kind)
+    with torch.no_grad():
+        out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+    assert kernel_calls == [True]
+    assert out.dtype == dtype and out.shape == (*q.shape[:-1], 40)
+    expected = reference(q, k, v, mask, 0.3)
+    torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+    idle = mask.idle_queries().expand(q.shape[:-1])
+    assert torch.all(out[idle] == 0)
+
+
+@pytest.mark.parametrize("python_threads", [False, True], ids=["C driver", "Python threads"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunks_of_sorted_queries_over_threads(threads, python_threads, kernel_calls, monkeypatch):
+    """Few examples and heads: each (example, head) is cut into chunks of its sorted
+    queries (here of 8), which the threads take one at a time as they finish one, on the C
+    driver's OpenMP threads or on Python threads sharing the task counter; same result as
+    the reference either way."""
+    monkeypatch.setattr(_cpu, "_BY_LENGTHS_CHUNK", 8)
+    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    if python_threads:
+        monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
+    (q, k, v), mask, _ = _case("3-D", 45, 50, torch.float32, "lengths (B, n)")
+    with torch.no_grad():
+        out = K.dot_product_attention(q[:1], k[:1], v[:1], _first(mask), scale=0.3)
+    assert kernel_calls == [True]
+    expected = reference(q[:1], k[:1], v[:1], _first(mask), 0.3)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+def _first(mask):
+    """The mask of the batch's first example."""
+    return build_mask(
+        torch.Size([1]), mask.n, mask.m, torch.device("cpu"), valid_lens=mask.lengths[:1]
+    )
+
+
+def test_what_it_never_reads_may_hold_anything(kernel_calls):
+    """NaN in keys and values beyond each (example, head)'s longest length and in queries
+    that attend nothing: the kernel reads none of them (nothing is zeroed first)."""
+    (q, k, v), mask, _ = _case("4-D heads", 13, 40, torch.float32, "lengths per head")
+    padded = mask.padded_keys().unsqueeze(-1)
+    idle = mask.idle_queries().unsqueeze(-1)
+    dirty = (q.masked_fill(idle, float("nan")), k.masked_fill(padded, float("nan")))
+    with torch.no_grad():
+        out = K.dot_product_attention(*dirty, v.masked_fill(padded, float("inf")), mask, scale=0.3)
+    assert kernel_calls == [True] and bool(padded.any()) and bool(idle.any())
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask, 0.3), atol=2e-5, rtol=2e-5)
+
+
+def test_logsumexp_is_the_flash_ops(kernel_calls):
+    """With ``logsumexp``, each row's log-sum-exp of its scaled scores over its own keys,
+    float32, and 0 for rows of length 0 (what PyTorch's flash forward keeps)."""
+    (q, k, v), mask, _ = _case("4-D heads", 19, 33, torch.float32, "lengths (B, n)", dv=24)
+    lengths = _sdpa.compact(mask.lengths)  # (B, 1, n): the heads share them
+    assert lengths.shape == (3, 1, 19)
+    _, lse = _cpu._by_lengths(q, k, v, lengths, 0.3, logsumexp=True)
+    scores = (q.double() @ k.double().mT) * 0.3
+    allowed = mask.dense()
+    expected = torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    expected = expected.masked_fill(~allowed.any(-1), 0.0)
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
+    torch.testing.assert_close(lse.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def training_route(monkeypatch):
+    """Training by per-query lengths where cutting examples never pays: the C kernel's
+    forward and the flash backward with the mask; counts the route's calls."""
+    monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    seen = []
+    real = _cpu._ByLengthsAttention
+
+    class Spy:
+        @staticmethod
+        def apply(*args):
+            seen.append(args[3].shape)
+            return real.apply(*args)
+
+    monkeypatch.setattr(_cpu, "_ByLengthsAttention", Spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mask_kind", ["lengths (B, n)", "lengths per head", "all"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_training_matches_the_reference(dtype, mask_kind, layout, training_route):
+    """Output and gradients of q, k and v against float64, garbage in the padding included
+    (NaN in padded keys and idle queries, inf in padded values: zeroed before the backward
+    reads them), zero gradients there."""
+    (q, k, v), mask, g = _case(layout, 13, 17, dtype, mask_kind, d=16, dv=16, seed=3)
+    padded = mask.padded_keys().unsqueeze(-1)
+    idle = mask.idle_queries().unsqueeze(-1).expand(q.shape)
+    dirty = [
+        q.masked_fill(idle, float("nan")),
+        k.masked_fill(padded, float("nan")),
+        v.masked_fill(padded, float("inf")),
+    ]
+    ours = [t.detach().clone().requires_grad_(True) for t in dirty]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out = K.dot_product_attention(*ours, mask, scale=0.25)
+    expected = reference(*theirs, mask, 0.25)
+    assert len(training_route) == 1
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(grad.to(dtype))
+    expected.backward(grad)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), expected.detach(), atol=tol, rtol=tol)
+    wheres = (idle, padded.expand(k.shape), padded.expand(v.shape))
+    for a, b, where in zip(ours, theirs, wheres, strict=True):
+        assert torch.isfinite(a.grad).all() and torch.all(a.grad[where] == 0)
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
+
+
+def test_where_it_runs(kernel_calls, monkeypatch):
+    """Inference with lengths of every kind and causal alone: the kernel. Not: float64,
+    more keys than ``_BY_LENGTHS_KEYS``, dropout; training by per-example lengths (the
+    padding-free loop cuts them), causal training (SDPA's ``is_causal``)."""
+    (q, k, v), by_query, _ = _case("4-D heads", 16, 24, torch.float32, "lengths (B, n)")
+    causal = build_mask(q.shape[:-2], 16, 24, q.device, causal=True)
+    by_example = build_mask(q.shape[:-2], 16, 24, q.device, valid_lens=torch.tensor([3, 24, 9]))
+
+    def runs(mask, q=q, k=k, v=v, **kwargs):
+        kernel_calls.clear()
+        K.dot_product_attention(q, k, v, mask, scale=0.3, **kwargs)
+        return any(kernel_calls)
+
+    with torch.no_grad():
+        assert runs(by_query) and runs(causal) and runs(by_example)
+        assert not runs(by_query, *(t.double() for t in (q, k, v)))
+        assert not runs(by_query, dropout_p=0.5)
+        monkeypatch.setattr(_cpu, "_BY_LENGTHS_KEYS", 23)
+        assert not runs(by_query) and not runs(causal)
+    monkeypatch.undo()
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    q.requires_grad_(True)
+    assert not runs(by_example) and not runs(causal)
