@@ -218,14 +218,23 @@ def finish(
     return (output, weights_fn()) if return_weights else output
 
 
-def fused_dot_product(scale: float | None) -> FusedPath:
+def fused_dot_product(
+    scale: float | None, project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+) -> FusedPath:
     """The fused path of scaled dot-product attention.
 
     Runs :func:`attnscore.kernels.dot_product_attention` (PyTorch's SDPA wherever nothing
-    can be skipped; on the CPU flash SDPA on keys cut to each example's length, so padded
-    keys cost nothing) and returns a weights function that recomputes the weights through
-    the plain pipeline only when asked. Declines (returns None) for empty inputs, whose
-    documented results the plain path gives.
+    can be skipped; on the CPU the C kernel by lengths, so padded keys cost nothing) and
+    returns a weights function that recomputes the weights through the plain pipeline only
+    when asked. Declines (returns None) for empty inputs, whose documented results the
+    plain path gives.
+
+    ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
+    (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
+    of those, with ``scale`` 1, where the CPU's kernel by lengths takes the call (lengths
+    or causal masking, no boolean mask, no dropout), which measured faster than their plain
+    pipeline; elsewhere they decline. In training the padding is made inert first (the
+    projections' gradients read it).
     """
 
     def fused(
@@ -234,6 +243,15 @@ def fused_dot_product(scale: float | None) -> FusedPath:
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
         if min(q.numel(), n, m, d, v.shape[-1]) == 0:
             return None
+        if project is not None:
+            by_lengths = mask.lengths is not None and mask.attend is None and dropout_p == 0.0
+            if q.device.type != "cpu" or not by_lengths:
+                return None
+            if torch.is_grad_enabled():
+                inert = zero_padding(Prepared(q, k, v, mask))
+                q, k, v = inert.queries, inert.keys, inert.values
+            q, k = project(q, k)
+            d = q.shape[-1]
         out = _attention.dot_product_attention(
             q, k, v, mask, scale=default_scale(d) if scale is None else scale, dropout_p=dropout_p
         )

@@ -670,6 +670,19 @@ class MultiplicativeAttention(ScorerAttention):
             queries, keys, values, valid_lens, 1.0, lambda q, k: (_ops.matmul(q, W_a), k)
         )
 
+    def fused_path(self) -> FusedPath | None:
+        """Dot-product attention of q W_a over the keys where the CPU's kernel by lengths
+        takes the call (:func:`attnscore._engine.fused_dot_product`)."""
+        if _is_lazy(self.W_a):  # sizes not known yet: the plain path materialises W_a
+            return None
+        W_a = self.W_a.weight
+
+        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+            self.check_features(q, k)
+            return _ops.matmul(q, W_a), k
+
+        return fused_dot_product(1.0, project)
+
 
 class CosineAttention(ScorerAttention):
     """Scaled cosine attention, ``a(q, k) = s · cos(q, k)`` with a fixed or learned s.
@@ -729,6 +742,18 @@ class CosineAttention(ScorerAttention):
             return unit_rows(q) * log_scale.exp().to(q.dtype), unit_rows(k)
 
         return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
+
+    def fused_path(self) -> FusedPath | None:
+        """Dot-product attention of s times the queries' unit vectors over the keys' where
+        the CPU's kernel by lengths takes the call
+        (:func:`attnscore._engine.fused_dot_product`)."""
+        log_scale = self.log_scale
+
+        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+            self.check_features(q, k)
+            return unit_rows(q) * log_scale.exp().to(q.dtype), unit_rows(k)
+
+        return fused_dot_product(1.0, project)
 
 
 def make_scorer(

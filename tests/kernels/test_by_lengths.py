@@ -1,15 +1,17 @@
-"""The CPU's C kernel of dot-product attention by per-query lengths (``flash_lengths``,
-:func:`attnscore.kernels._cpu._by_lengths`): every mask that lengths express, layouts,
-dtypes, tiles and chunks, threads, garbage in what it never reads, its logsumexps, training
-through it, and where it runs. References: the float64 row-by-row formulation of
+"""The CPU's C kernel of dot-product attention by lengths (``flash_lengths`` and its
+backward, :mod:`attnscore.kernels._cpu`): every mask that lengths express, layouts, dtypes,
+tiles and chunks, threads, garbage in what it never reads, its logsumexps, training through
+it, and where it runs. References: the float64 row-by-row formulation of
 test_dot_dispatch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_dot_dispatch import MASKS, TOL, _inputs, reference
 
+import attnscore
 from attnscore import kernels as K
 from attnscore.kernels import _cpu, _sdpa
 from attnscore.masking import build_mask
@@ -28,17 +30,16 @@ LAYOUTS = {
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """The kernel at every size (no small-call pass first); counts its calls."""
+    """The kernel at every size (no small-call pass first); records the forward's calls."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     calls = []
-    real = _cpu._by_lengths
+    real = _cpu._by_lengths_forward
 
-    def counting(*args, **kwargs):
-        done = real(*args, **kwargs)
-        calls.append(done is not None)
-        return done
+    def recording(*args, **kwargs):
+        calls.append(True)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(_cpu, "_by_lengths", counting)
+    monkeypatch.setattr(_cpu, "_by_lengths_forward", recording)
     return calls
 
 
@@ -130,7 +131,8 @@ def test_logsumexp_is_the_flash_ops(kernel_calls):
     (q, k, v), mask, _ = _case("4-D heads", 19, 33, torch.float32, "lengths (B, n)", dv=24)
     lengths = _sdpa.compact(mask.lengths)  # (B, 1, n): the heads share them
     assert lengths.shape == (3, 1, 19)
-    _, lse = _cpu._by_lengths(q, k, v, lengths, 0.3, logsumexp=True)
+    by = _cpu._ByLength.of(lengths, 19)
+    _, lse = _cpu._by_lengths_forward(q, k, v, by, 0.3, logsumexp=True)
     scores = (q.double() @ k.double().mT) * 0.3
     allowed = mask.dense()
     expected = torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)
@@ -141,9 +143,8 @@ def test_logsumexp_is_the_flash_ops(kernel_calls):
 
 @pytest.fixture
 def training_route(monkeypatch):
-    """Training by per-query lengths where cutting examples never pays: the C kernel's
-    forward and the flash backward with the mask; counts the route's calls."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)
+    """Training by lengths in the C kernel, forward and backward, at every size; records
+    the lengths each call gets."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     seen = []
     real = _cpu._ByLengthsAttention
@@ -158,14 +159,26 @@ def training_route(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("mask_kind", ["lengths (B, n)", "lengths per head", "all"])
+TRAINING_MASKS = [
+    "lengths (B,)",
+    "lengths (B, n)",
+    "lengths per head",
+    "causal",
+    "causal + lengths",
+    "all",
+]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("mask_kind", TRAINING_MASKS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_training_matches_the_reference(dtype, mask_kind, layout, training_route):
-    """Output and gradients of q, k and v against float64, garbage in the padding included
-    (NaN in padded keys and idle queries, inf in padded values: zeroed before the backward
-    reads them), zero gradients there."""
-    (q, k, v), mask, g = _case(layout, 13, 17, dtype, mask_kind, d=16, dv=16, seed=3)
+@pytest.mark.parametrize("shape", [(13, 17), (5, 37)], ids=["tiles", "n<8"])
+def test_training_matches_the_reference(dtype, mask_kind, layout, shape, training_route):
+    """Output and gradients of q, k and v against float64 (dv != d, partial tiles and
+    panels), with garbage in what the kernel never reads (NaN in padded keys and idle
+    queries, inf in padded values): finite, and zero gradients there."""
+    n, m = shape
+    (q, k, v), mask, g = _case(layout, n, m, dtype, mask_kind, d=16, dv=24, seed=3)
     padded = mask.padded_keys().unsqueeze(-1)
     idle = mask.idle_queries().unsqueeze(-1).expand(q.shape)
     dirty = [
@@ -189,10 +202,28 @@ def test_training_matches_the_reference(dtype, mask_kind, layout, training_route
         torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
 
 
+@pytest.mark.parametrize("python_threads", [False, True], ids=["C driver", "Python threads"])
+def test_training_over_threads(python_threads, training_route, monkeypatch):
+    """The backward's tasks, one per (example, head), shared by 3 threads (OpenMP or
+    Python): gradients as the reference's."""
+    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    if python_threads:
+        monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
+    (q, k, v), mask, g = _case("4-D heads", 30, 41, torch.float32, "lengths (B, n)", seed=6)
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    grad = torch.randn(*q.shape[:-1], 40, generator=g, dtype=torch.float64)
+    K.dot_product_attention(*ours, mask, scale=0.3).backward(grad.float())
+    reference(*theirs, mask, 0.3).backward(grad)
+    assert len(training_route) == 1
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
 def test_where_it_runs(kernel_calls, monkeypatch):
-    """Inference with lengths of every kind and causal alone: the kernel. Not: float64,
-    more keys than ``_BY_LENGTHS_KEYS``, dropout; training by per-example lengths (the
-    padding-free loop cuts them), causal training (SDPA's ``is_causal``)."""
+    """Lengths of every kind and causal alone, in inference and training: the kernel. Not:
+    float64, more keys than ``_BY_LENGTHS_KEYS``, dropout."""
     (q, k, v), by_query, _ = _case("4-D heads", 16, 24, torch.float32, "lengths (B, n)")
     causal = build_mask(q.shape[:-2], 16, 24, q.device, causal=True)
     by_example = build_mask(q.shape[:-2], 16, 24, q.device, valid_lens=torch.tensor([3, 24, 9]))
@@ -202,13 +233,95 @@ def test_where_it_runs(kernel_calls, monkeypatch):
         K.dot_product_attention(q, k, v, mask, scale=0.3, **kwargs)
         return any(kernel_calls)
 
-    with torch.no_grad():
+    for grad in (False, True):
+        q.requires_grad_(grad)
         assert runs(by_query) and runs(causal) and runs(by_example)
         assert not runs(by_query, *(t.double() for t in (q, k, v)))
-        assert not runs(by_query, dropout_p=0.5)
-        monkeypatch.setattr(_cpu, "_BY_LENGTHS_KEYS", 23)
+        assert not runs(by_query, dropout_p=0.5) and not runs(causal, dropout_p=0.5)
+    with monkeypatch.context() as patch:
+        patch.setattr(_cpu, "_BY_LENGTHS_KEYS", 23)
         assert not runs(by_query) and not runs(causal)
-    monkeypatch.undo()
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    q.requires_grad_(True)
-    assert not runs(by_example) and not runs(causal)
+
+
+def test_training_with_a_sums_gradient(training_route):
+    """The upstream gradient of a sum (one value broadcast, no stride along rows or
+    columns) read as it comes: gradients as the reference's."""
+    (q, k, v), mask, _ = _case("heads inner", 11, 19, torch.float32, "causal + lengths", seed=8)
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    K.dot_product_attention(*ours, mask, scale=0.3).sum().backward()
+    reference(*theirs, mask, 0.3).sum().backward()
+    assert len(training_route) == 1
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def _general_and_cosine_reference(name, module, q, k, v, mask):
+    """float64: q W_a k^T (general) or s cos(q, k) (cosine), masked softmax, @ V."""
+    q, k, v = (t.double() for t in (q, k, v))
+    if name == "general":
+        scores = q @ module.W_a.weight.double() @ k.mT
+    else:
+        s = module.log_scale.double().exp()
+        scores = s * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT
+    allowed = mask.dense()
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.nan_to_num(weights) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mask_kind", ["lengths (B, n)", "causal + lengths"])
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_run_as_dot_products_of_their_projections(
+    name, mask_kind, dtype, training_route
+):
+    """General (q W_a) and cosine (unit rows, s times the queries') by lengths run the
+    kernel on their projections: output and gradients (inputs and parameters) as float64's,
+    with NaN in padded keys and idle queries (zeroed before the projections' gradients read
+    them)."""
+    (q, k, v), mask, g = _case("3-D", 13, 17, torch.float32, mask_kind, d=16, dv=8, seed=9)
+    module = attnscore.make_scorer(name, 16).to(dtype)
+    padded = mask.padded_keys().unsqueeze(-1)
+    idle = mask.idle_queries().unsqueeze(-1)
+    ours = [
+        q.masked_fill(idle, float("nan")).to(dtype).requires_grad_(True),
+        k.masked_fill(padded, float("nan")).to(dtype).requires_grad_(True),
+        v.to(dtype).requires_grad_(True),
+    ]
+    kwargs = {"causal": True} if mask_kind.startswith("causal") else {}
+    out = module(*ours, mask.key_lengths[:, 0] if kwargs else mask.lengths, **kwargs)
+    assert len(training_route) == 1
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    expected = _general_and_cosine_reference(name, reference_module, *theirs, mask)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(grad.to(dtype))
+    expected.backward(grad)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.isfinite(a.grad).all()
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
+    for p in module.parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls):
+    """No lengths, a boolean mask, dropout, or the weights asked for: the plain pipeline
+    (no kernel call)."""
+    (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B, n)", d=16, dv=8)
+    module = attnscore.make_scorer(name, 16, dropout=0.5)
+    lengths = mask.lengths
+    with torch.no_grad():
+        module.eval()
+        module(q, k, v, lengths)
+        assert kernel_calls == [True]
+        kernel_calls.clear()
+        module(q, k, v)
+        module(q, k, v, attend_mask=mask.dense())
+        module(q, k, v, lengths, return_weights=True)
+        module.train()
+        module(q, k, v, lengths)
+    assert kernel_calls == []

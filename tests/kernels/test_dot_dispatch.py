@@ -37,16 +37,15 @@ MASKS = {
         "causal": True,
     },
 }
-ROUTES = ["auto", "loop", "groups", "sorted", "masked", "masked, looked", "plain"]
+ROUTES = ["auto", "loop", "groups", "masked", "masked, looked", "plain"]
 """auto: as dispatched (at these sizes, without gradients: the small calls' C pass in
-float64 and float32, the C kernel by lengths in 16-bit, tests/kernels/test_by_lengths.py);
-loop:
-the padding-free loop; groups: training with fewer heads than threads (a flash call with
-the mask per group of examples of similar length, keys cut to the group's longest);
-sorted: per-query lengths in sorted query blocks of 2 and 3 (where the heads share the
-lengths, no dropout and dv = d; elsewhere SDPA with the mask); masked: SDPA + mask with
-the padding zeroed unconditionally (small calls); masked, looked: the same with the padding
-looked at first (large calls); plain: kernels disabled."""
+float64 and float32; the C kernel by lengths in 16-bit and in training,
+tests/kernels/test_by_lengths.py); loop: the padding-free loop; groups: training with fewer
+heads than threads (a flash call with the mask per group of examples of similar length,
+keys cut to the group's longest); masked: SDPA + mask with the padding zeroed
+unconditionally (small calls); masked, looked: the same with the padding looked at first
+(large calls); plain: kernels disabled. Every route but auto and plain keeps the C kernel
+by lengths out (it is what runs dropout, float64 and calls the kernel does not take)."""
 
 
 def _lengths(shape, top, g):
@@ -108,23 +107,8 @@ def _groups(monkeypatch, threads=3):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
 
 
-def _sorted_blocks(monkeypatch, sizes=(2, 3)):
-    """Sorted query blocks wherever they can run (per-query lengths the heads share, dv = d,
-    no dropout): cutting examples never pays, and every plan does."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
-    monkeypatch.setattr(_cpu, "_SORTED_WORK", 0)
-    monkeypatch.setattr(_cpu, "_SORTED_SHARE", math.inf)
-    monkeypatch.setattr(_cpu, "_SORTED_SIZES", sizes)
-    monkeypatch.setattr(_cpu, "_SORTED_SIZE", 0)
-    monkeypatch.setattr(_cpu, "_SORTED_SIZE_TRAINING", 0)
-
-
 def run(route, q, k, v, mask, scale, monkeypatch):
-    if route == "sorted":
-        _sorted_blocks(monkeypatch)
-    elif route == "loop":
+    if route == "loop":
         _always_loop(monkeypatch)
     elif route == "groups":
         _groups(monkeypatch)
@@ -226,19 +210,17 @@ def test_gradients_match_the_reference(route, mask_kind, value_size, upstream, m
         torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("route", ["loop", "groups", "sorted"])
+@pytest.mark.parametrize("route", ["loop", "groups"])
 @pytest.mark.parametrize("dropout", [False, True], ids=["one node", "through SDPA"])
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths"])
 def test_loop_gradcheck(mask_kind, dropout, route, monkeypatch):
     """Both forms of the loop and of the grouped path: one autograd node (no dropout) and
     SDPA's autograd (taken with dropout; checked here with dv != d, which the flash op does
-    not take either); sorted query blocks (one node; SDPA with the mask otherwise)."""
+    not take either)."""
     if route == "loop":
         _always_loop(monkeypatch)
-    elif route == "groups":
-        _groups(monkeypatch)
     else:
-        _sorted_blocks(monkeypatch)
+        _groups(monkeypatch)
     q, k, v, g = _inputs((2, 2), 3, 4, d=2, dv=3 if dropout else 2, seed=4)
     mask = build_mask(q.shape[:-2], 3, 4, q.device, **MASKS[mask_kind]((2, 2), 3, 4, g))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -332,9 +314,10 @@ def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-def test_small_inference_is_one_c_pass_and_training_one_masked_sdpa_call(sdpa_calls, dtype):
+def test_small_inference_is_one_c_pass_and_training_no_sdpa_call(sdpa_calls, dtype):
     """A small call without gradients runs in one C pass (no SDPA, padding never read: NaN
-    there changes nothing); with gradients, one SDPA call with the mask."""
+    there changes nothing); with gradients, float64 takes one SDPA call with the mask and
+    float32 the C kernel by lengths (no SDPA call)."""
     q, k, v, _ = _inputs((8,), 3, 20, dtype=dtype)
     lengths = torch.tensor([0, 1, 2, 5, 9, 12, 19, 20])
     mask = build_mask(torch.Size([8]), 3, 20, q.device, valid_lens=lengths)
@@ -346,7 +329,10 @@ def test_small_inference_is_one_c_pass_and_training_one_masked_sdpa_call(sdpa_ca
         out.double(), reference(q, k, v, mask, 0.3), atol=TOL[dtype], rtol=TOL[dtype]
     )
     K.dot_product_attention(q.requires_grad_(True), k, v, mask, scale=0.3)
-    assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
+    if dtype == torch.float64:
+        assert len(sdpa_calls) == 1 and sdpa_calls[0]["mask"] is not None
+    else:
+        assert sdpa_calls == []
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
@@ -394,117 +380,6 @@ def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkey
         torch.testing.assert_close(q.grad, theirs.grad, atol=1e-10, rtol=1e-10)
     finally:
         torch.set_num_threads(old)
-
-
-def _blocks_seen(q, k, mask):
-    """A flash call's examples, queries, keys and whether it has a mask."""
-    return q.shape[0], q.shape[2], k.shape[2], mask is not None
-
-
-def _matches_the_reference(q, k, v, mask, scale):
-    """Dispatched attention and its gradients (for a random upstream gradient) against the
-    float64 reference, to 1e-10; returns the output and the gradients of q, k, v."""
-    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = K.dot_product_attention(*ours, mask, scale=scale)
-    expected = reference(*theirs, mask, scale)
-    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
-    grad_out = torch.randn_like(expected)
-    out.backward(grad_out)
-    expected.backward(grad_out)
-    for a, b in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
-    return out, [t.grad for t in ours]
-
-
-@pytest.mark.parametrize("layout", ["3-D", "heads inner"])
-def test_per_query_lengths_run_in_sorted_blocks_on_cut_keys(layout, monkeypatch):
-    """Per-query lengths that differ within each example (so that cutting examples saves
-    nothing): the queries of every example sorted by length, one flash call per block of
-    sorted queries over the whole batch, on the keys the block's longest row attends; the
-    backward likewise. Output and gradients against the float64 reference."""
-    _sorted_blocks(monkeypatch, sizes=(3,))
-    calls = _recording_flash(monkeypatch, _blocks_seen)
-    batch = (2,) if layout == "3-D" else (2, 3)
-    q, k, v, _ = _inputs(batch, 7, 10, heads_inner=layout == "heads inner")
-    lengths = torch.tensor([[10, 1, 4, 9, 2, 6, 3], [5, 2, 8, 1, 7, 10, 3]])
-    mask = build_mask(q.shape[:-2], 7, 10, q.device, valid_lens=lengths)
-    _matches_the_reference(q, k, v, mask, 0.3)
-    # sorted: [1, 2, 3 | 4, 6, 9 | 10] and [1, 2, 3 | 5, 7, 8 | 10]: keys 3, 9, 10
-    blocks = [(2, 3, 3, True), (2, 3, 9, True), (2, 1, 10, True)]
-    assert calls == [("forward", *b) for b in blocks] + [("backward", *b) for b in blocks]
-
-
-def test_sorted_queries_that_attend_nothing_in_every_example_get_no_call(monkeypatch):
-    """The first sorted block, whose queries attend nothing in any example, makes no flash
-    call: zeros and zero gradients there, the rest as the reference."""
-    _sorted_blocks(monkeypatch, sizes=(2,))
-    calls = _recording_flash(monkeypatch, _blocks_seen)
-    q, k, v, _ = _inputs((2,), 5, 6)
-    lengths = torch.tensor([[3, 0, 6, 0, 1], [0, 2, 0, 5, 4]])
-    mask = build_mask(q.shape[:-2], 5, 6, q.device, valid_lens=lengths)
-    out, (q_grad, _, _) = _matches_the_reference(q, k, v, mask, 0.3)
-    assert torch.all(out[lengths == 0] == 0)
-    assert torch.all(q_grad[lengths == 0] == 0)
-    # sorted: [0, 0 | 1, 3 | 6] and [0, 0 | 2, 4 | 5]: no call for the first block, then
-    # keys 4 and 6
-    blocks = [(2, 2, 4, True), (2, 1, 6, True)]
-    assert calls == [("forward", *b) for b in blocks] + [("backward", *b) for b in blocks]
-
-
-def test_sorted_blocks_in_float16_training_match_the_reference(monkeypatch):
-    """float16 training in sorted blocks: output and gradients within float16's tolerance
-    of the float64 reference (each key's gradient adds the blocks' parts in float16)."""
-    _sorted_blocks(monkeypatch, sizes=(4,))
-    calls = _recording_flash(monkeypatch, _blocks_seen)
-    q, k, v, g = _inputs((3, 2), 12, 16, d=16, dv=16, seed=5, heads_inner=True)
-    lengths = torch.randint(0, 17, (3, 12), generator=g)
-    mask = build_mask(q.shape[:-2], 12, 16, q.device, valid_lens=lengths)
-    ours = [t.to(torch.float16).requires_grad_(True) for t in (q, k, v)]
-    theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = K.dot_product_attention(*ours, mask, scale=0.25)
-    expected = reference(*theirs, mask, 0.25)
-    grad_out = torch.randn(expected.shape, generator=g, dtype=torch.float64)
-    out.backward(grad_out.to(torch.float16))
-    expected.backward(grad_out)
-    assert sum(c[0] == "backward" for c in calls) == 3  # three blocks of 4 queries
-    tol = TOL[torch.float16]
-    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
-    for a, b in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
-
-
-def test_sorted_blocks_run_only_where_estimated_to_pay(monkeypatch):
-    """At the shapes of the bench's rows with uniform per-query lengths: float16 training
-    takes sorted blocks (one sequence of 512 queries and keys, and 4 examples x 8 heads of
-    256); lengths that barely vary take SDPA with the mask; inference and float32 /
-    bfloat16 training take the C kernel by lengths."""
-    seen = []
-    real = _cpu._SortedAttention
-
-    class Spy:
-        @staticmethod
-        def apply(*args):
-            seen.append(args[3])
-            return real.apply(*args)
-
-    monkeypatch.setattr(_cpu, "_SortedAttention", Spy)
-    g = torch.Generator().manual_seed(0)
-    uniform = torch.randint(1, 513, (4, 512), generator=g)
-    f16 = torch.float16
-    for batch, n, lengths, dtype, grad, taken in (
-        ((4,), 512, uniform, f16, True, True),
-        ((4,), 512, uniform, f16, False, False),
-        ((4,), 512, uniform, torch.float32, True, False),
-        ((4,), 512, uniform, torch.bfloat16, True, False),
-        ((4, 8), 256, torch.randint(1, 257, (4, 256), generator=g), f16, True, True),
-        ((4,), 512, torch.randint(500, 513, (4, 512), generator=g), f16, True, False),
-    ):
-        seen.clear()
-        q, k, v = (torch.randn(*batch, n, 64, generator=g).to(dtype) for _ in range(3))
-        mask = build_mask(q.shape[:-2], n, n, q.device, valid_lens=lengths)
-        K.dot_product_attention(q.requires_grad_(grad), k, v, mask, scale=0.125)
-        assert bool(seen) is taken, (batch, n, dtype, grad)
 
 
 def test_empty_rows_probe_on_this_torch():

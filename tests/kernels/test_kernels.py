@@ -722,9 +722,10 @@ def test_float16_matmul_gradients(fast, weight):
 
 @needs_c
 def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
-    """General attention in float16 on the CPU: its products (q W_a, scores, weights @ V,
-    and their gradients) go to the backend's matmul, and the output and gradients match the
-    float64 formulation."""
+    """General attention in float16 on the CPU, plain path (the weights asked for; by
+    lengths alone the call takes the kernel by lengths): its products (q W_a, scores,
+    weights @ V, and their gradients) go to the backend's matmul, and the output and
+    gradients match the float64 formulation."""
     import attnscore
     from attnscore.kernels import _cpu
 
@@ -740,7 +741,7 @@ def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
     q = torch.randn(2, 3, 8).half().requires_grad_()
     k, v = torch.randn(2, 5, 8).half(), torch.randn(2, 5, 4).half()
     lens = torch.tensor([2, 5])
-    out = module(q, k, v, lens)
+    out, _ = module(q, k, v, lens, return_weights=True)
     (gq,) = torch.autograd.grad(out.sum(), q)
     # forward: q W_a, scores, weights @ V; backward: the weights', q W_a's, q's and W_a's
     assert len(calls) == 3 + 4

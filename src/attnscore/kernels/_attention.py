@@ -7,9 +7,10 @@ One rule on every device: **where there is nothing to skip, PyTorch's own kernel
 mask                                         runs
 ============================================ ==============================================
 none                                         ``scaled_dot_product_attention`` (SDPA)
-causal alone                                 SDPA with ``is_causal=True`` (in inference,
-                                             the backend's ``causal_attention`` where it
-                                             has one: on the CPU, the C kernel by lengths)
+causal alone                                 SDPA with ``is_causal=True`` (without
+                                             dropout, the backend's ``causal_attention``
+                                             where it has one: on the CPU, the C kernel
+                                             by lengths)
 a boolean ``attend_mask`` (with anything)    SDPA with the combined boolean mask
 key lengths, query lengths (with or without  the device's backend (``dot_product_attention``
 causal)                                      of the backend contract): on the CPU a
@@ -105,10 +106,9 @@ def dot_product_attention(
 
 
 def _causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
-    """Causal attention alone (4-D): in eager inference without dropout the backend's
+    """Causal attention alone (4-D): in eager code without dropout the backend's
     ``causal_attention`` where it takes the call, else SDPA with ``is_causal=True``."""
-    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if dropout_p == 0.0 and not training and enabled() and not in_transform(q, k, v):
+    if dropout_p == 0.0 and enabled() and not in_transform(q, k, v):
         out: Tensor | None = backend_function(q.device.type, "causal_attention")(
             q, k, v, scale=scale
         )

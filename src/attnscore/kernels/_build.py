@@ -277,6 +277,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         kernel.argtypes = [*[p] * 8, p, i, *[i] * 6, d]
         driver.argtypes = [*[p] * 8, i, i, *[i] * 6, d]
         kernel.restype = driver.restype = None
+        # (q, k, v, out, grad, lse, dq, dk, dv, order, sorted, strides, next, tasks | tasks,
+        # threads, H, n, m, d, dv, scale)
+        kernel = getattr(lib, f"flash_lengths_backward_{suf}")
+        driver = getattr(lib, f"flash_lengths_backward_par_{suf}")
+        kernel.argtypes = [*[p] * 13, i, *[i] * 5, d]
+        driver.argtypes = [*[p] * 12, i, i, *[i] * 5, d]
+        kernel.restype = driver.restype = None
     for name, (kernel, driver) in signatures.items():
         for suf in suffixes[name]:
             if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):

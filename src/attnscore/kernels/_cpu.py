@@ -7,7 +7,9 @@ Threads: the C functions take a row range; Python splits rows over ``torch.get_n
 ranges of equal *work* (rows have different valid lengths). The ranges run on torch's own
 OpenMP threads through the C drivers when the library shares torch's libgomp
 (:func:`~attnscore.kernels._build.parallel_in_c`), else on a small Python thread pool (ctypes
-releases the GIL). Small calls run on the calling thread with no splitting at all.
+releases the GIL). Small calls run on the calling thread with no splitting at all. The
+attention kernel by lengths takes tasks instead of ranges: each thread takes the next task
+from a shared counter as it finishes one (:func:`_run_tasks`).
 """
 
 from __future__ import annotations
@@ -718,7 +720,7 @@ class _Cut:
 
 class _Piece(Protocol):
     """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`), a group
-    (:class:`_Group`) or a block of sorted queries (:class:`_Block`)."""
+    (:class:`_Group`)."""
 
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall: ...
 
@@ -1002,184 +1004,7 @@ class _GroupedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-#: The flash kernel's overhead per task (one example, one head, one block of queries), in
-#: multiply-adds: about 8 us of one core on 2 cores, torch 2.13 (calls of 32 queries over 8
-#: to 256 keys, float32 and bfloat16, at 32 and 8 examples x heads).
-_TASK_WORK = 1 << 19
-#: Sorted query blocks run where their estimated cost is at most this share of one masked
-#: call's (the sort and the two row permutations are the rest).
-_SORTED_SHARE = 0.85
-#: Block sizes (queries) tried for sorted query blocks, and the smallest taken: in float32
-#: and bfloat16 inference blocks of 32 to 96 queries measured slower than the estimate
-#: (0.83-0.87x SDPA with the mask against 0.77-0.78x at 128-192, (8, 512, 512, 64)), and
-#: in training the flash backward costs more per call (bfloat16 at 128-query blocks took
-#: 1.3x SDPA's), so blocks of at least 192 there. float16 takes every size (below).
-_SORTED_SIZES = (64, 128, 192, 256, 384, 512)
-_SORTED_SIZE = 128
-_SORTED_SIZE_TRAINING = 192
-#: PyTorch's CPU flash op costs about this many times more per multiply-add in float16 than
-#: in float32 (this CPU has no float16 arithmetic: 5-8x measured, training
-#: (4, 8, 256, 256, 64)), so its tasks' overhead weighs that much less: float16 blocks of 64
-#: queries took 0.78x SDPA with the mask there, where float32 ones were slower.
-_FLOAT16_WORK = 6
-#: Work (multiply-adds) from which sorted blocks are considered at all: below it the sort
-#: and the plan (about 30 us) are a noticeable part of the call.
-_SORTED_WORK = 1 << 24
-
-
-def _flash_cost(queries: int, keys: int, work: int) -> int:
-    """Estimated cost (multiply-adds) of one (example, head) of a flash call: its work and
-    its tasks' overhead (the kernel takes queries in blocks of 32, 64 or 256, by count)."""
-    block = 256 if queries >= 768 else 64 if queries >= 192 else 32
-    return queries * keys * work + -(-queries // block) * _TASK_WORK
-
-
-@dataclass(frozen=True)
-class _Block:
-    """A call of the sorted path (:class:`_Sorted`): sorted queries [first, stop) of every
-    example over their first ``keys`` keys, with the mask of the rows' sorted ``lengths``
-    (B, 1, n) inside."""
-
-    first: int
-    stop: int
-    keys: int
-    lengths: Tensor
-
-    @property
-    def rows(self) -> slice:
-        """Which sorted queries."""
-        return slice(self.first, self.stop)
-
-    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
-        """The flash op's arguments (q sorted): the block's queries, keys and values cut to
-        ``keys``, its additive mask (B, 1, queries, keys), not causal."""
-        mask = lengths_mask(self.lengths[..., self.rows], self.keys, q.dtype)
-        return q[:, :, self.rows], k[:, :, : self.keys], v[:, :, : self.keys], mask, False
-
-    def put(self, out: Tensor, value: Tensor) -> None:
-        """Write the block's output (B, H, queries, dv) into ``out`` (sorted)."""
-        out[:, :, self.rows] = value
-
-
-@dataclass(frozen=True)
-class _Sorted:
-    """Per-query lengths taken in order: each example's queries sorted by length, then cut
-    into blocks of consecutive sorted queries, each over the keys its longest row attends
-    (across the batch). The keys beyond a block's longest length are never read; inside a
-    block a mask holds the rows' own lengths. The heads share the lengths and move with
-    their query: the sorted tensors are (B, H, n, c) with memory (B, n, H, c), the layout
-    the flash op writes its output in.
-
-    ``lengths`` (B, 1, n): the sorted lengths; ``index``: for each sorted row (b, i) of
-    H * c values, the row it comes from; ``inverse``: the permutation back; ``blocks``:
-    the calls, over sorted queries ``idle`` to n (the queries before ``idle`` attend nothing
-    in every example: no call)."""
-
-    lengths: Tensor
-    index: Tensor
-    inverse: Tensor
-    blocks: list[_Block]
-    idle: int
-
-    @staticmethod
-    def _permute(t: Tensor, index: Tensor) -> Tensor:
-        B, H, n, c = t.shape
-        rows = t.transpose(1, 2)
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
-        return rows.view(B * n, H * c).index_select(0, index).view(B, n, H, c).transpose(1, 2)
-
-    def gather(self, t: Tensor) -> Tensor:
-        """``t`` (B, H, n, c) with each example's queries in sorted order (a copy)."""
-        return self._permute(t, self.index)
-
-    def scatter(self, t: Tensor) -> Tensor:
-        """The inverse of :meth:`gather`: ``t`` (B, H, n, c) sorted -> in the queries' order."""
-        return self._permute(t, self.inverse)
-
-
-def _sorted_plan(
-    lengths: Tensor, B: int, H: int, m: int, work: int, training: bool, float16: bool
-) -> _Sorted | None:
-    """Sorted query blocks for per-query lengths (B or 1, 1, n) of B examples that H heads
-    share, ``work`` = d + dv (``_FLOAT16_WORK`` times that in ``float16``), at the block
-    size of least estimated cost (:func:`_flash_cost` for each example and head,
-    ``_CALL_WORK`` for each call); None where that saves too little against one call over
-    every key with the mask (``_SORTED_SHARE``)."""
-    n = lengths.shape[-1]
-    by_length, order = lengths.expand(B, 1, n).sort(dim=-1)
-    # The longest length at each sorted position across the batch (non-decreasing).
-    longest = by_length.amax(dim=(0, 1)).tolist()
-    best: list[tuple[int, int, int]] | None = None
-    work *= _FLOAT16_WORK if float16 else 1
-    best_cost = _SORTED_SHARE * (B * H * _flash_cost(n, m, work) + _CALL_WORK)
-    smallest = 0 if float16 else _SORTED_SIZE_TRAINING if training else _SORTED_SIZE
-    for size in _SORTED_SIZES:
-        if size >= n:
-            break
-        if size < smallest:
-            continue
-        # Blocks whose rows all attend nothing (a prefix: longest never decreases) get no call.
-        spans = [(i, min(i + size, n)) for i in range(0, n, size)]
-        blocks = [(i, stop, longest[stop - 1]) for i, stop in spans if longest[stop - 1]]
-        cost = sum(
-            B * H * _flash_cost(stop - first, keys, work) + _CALL_WORK
-            for first, stop, keys in blocks
-        )
-        if cost < best_cost:
-            best, best_cost = blocks, cost
-    if best is None:
-        return None
-    base = torch.arange(B, device=lengths.device).view(B, 1) * n
-    index = (order[:, 0] + base).view(-1)
-    inverse = (order[:, 0].argsort(dim=-1) + base).view(-1)
-    calls = [_Block(first, stop, keys, by_length) for first, stop, keys in best]
-    return _Sorted(by_length, index, inverse, calls, calls[0].first if calls else n)
-
-
-class _SortedAttention(torch.autograd.Function):
-    """Per-query lengths in sorted query blocks (:class:`_Sorted`): one flash call per block
-    over the whole batch (:func:`_flash_forward`), so each call has examples x heads to
-    split over the threads. q, k, v arrive with their padding inert (:func:`_sdpa.inert`).
-    One autograd node: the sorted queries, output and logsumexps are kept (not the masks,
-    made again per block in the backward); dk and dv are allocated once and each block adds
-    to its keys."""
-
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, plan: _Sorted, scale: float) -> Tensor:
-        qs = plan.gather(q)
-        outs = torch.empty_like(qs)  # the flash op takes one head size: qs's layout
-        outs[:, :, : plan.idle].zero_()  # queries that attend nothing
-        saved = _flash_forward(plan.blocks, qs, k, v, outs, scale)
-        ctx.plan, ctx.scale = plan, scale
-        ctx.save_for_backward(qs, k, v, outs, *saved)
-        return plan.scatter(outs)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        qs, k, v, outs, *lses = ctx.saved_tensors
-        plan: _Sorted = ctx.plan
-        grads = plan.gather(grad)
-        dqs = torch.zeros_like(qs)
-        # The blocks' key gradients add up in the inputs' dtype (one rounding per block
-        # beyond the first; float32 accumulators measured 1.05x SDPA's peak memory in
-        # float16 training, against 0.94x).
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        for block, lse in zip(plan.blocks, lses, strict=True):
-            rows, keys = block.rows, block.keys
-            gq, gk, gv = _flash_backward(
-                block.call(qs, k, v), grads[:, :, rows], outs[:, :, rows], lse, ctx.scale
-            )
-            dqs[:, :, rows] = gq
-            dk[:, :, :keys] += gk
-            dv[:, :, :keys] += gv
-        if bool((plan.lengths[..., 0] == 0).any()):  # rows that attend nothing: no gradient
-            dqs.masked_fill_((plan.lengths == 0).unsqueeze(-1), 0.0)
-        return plan.scatter(dqs), dk, dv, None, None
-
-
-#: dtypes of the C kernel for per-query lengths (:func:`_by_lengths`), which computes in
+#: dtypes of the C kernel by lengths (:func:`_by_lengths_forward`), which computes in
 #: float32.
 _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 #: Keys up to which it runs: its scratch per thread is about 4 m (d + dv + 8) bytes.
@@ -1193,7 +1018,7 @@ _BY_LENGTHS_CHUNK = 64
 
 
 def _by_lengths_suffix(q: Tensor, k: Tensor, v: Tensor) -> str | None:
-    """The dtype suffix of :func:`_by_lengths`' kernel for these inputs, or None where it
+    """The dtype suffix of the C kernel by lengths for these inputs, or None where it
     does not run (other dtypes, no C library, more than ``_BY_LENGTHS_KEYS`` keys)."""
     suffix = _BY_LENGTHS_SUFFIX.get(q.dtype)
     if suffix is None or not (k.dtype == v.dtype == q.dtype) or k.shape[-2] > _BY_LENGTHS_KEYS:
@@ -1203,113 +1028,177 @@ def _by_lengths_suffix(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     return suffix
 
 
-class _ByLengthsAttention(torch.autograd.Function):
-    """Training by per-query lengths: the C kernel's forward (:func:`_by_lengths`, keeping
-    each row's logsumexp) and PyTorch's flash backward with the lengths' additive mask,
-    which computes every key (its kernel, like the forward's, skips keys only in blocks of
-    512). q, k, v arrive with their padding inert (:func:`_sdpa.inert`): the backward reads
-    it. One autograd node; the mask is made in the backward, not kept."""
+@dataclass(frozen=True)
+class _ByLength:
+    """Each (example, head)'s queries in order of length, as the C kernel by lengths reads
+    them: ``lengths`` (B or 1, H or 1, n) ascending and ``order`` the queries' indices in
+    that order, both contiguous int64; ``strides``: theirs over examples and heads (0
+    where the lengths are shared)."""
+
+    lengths: Tensor
+    order: Tensor
+    strides: tuple[int, int]
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float) -> Tensor:
-        done = _by_lengths(q, k, v, lengths, scale, logsumexp=True)
-        assert done is not None  # the caller checked _by_lengths_suffix
-        out, lse = done
-        ctx.scale = scale
-        ctx.save_for_backward(q, k, v, lengths, out, lse)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        q, k, v, lengths, out, lse = ctx.saved_tensors
-        n, m = q.shape[-2], k.shape[-2]
-        mask = lengths_mask(lengths.expand(*lengths.shape[:2], n), m, q.dtype)
-        dq, dk, dv = _flash_backward((q, k, v, mask, False), grad, out, lse, ctx.scale)
-        return dq, dk, dv, None, None
+    def of(lengths: Tensor, n: int) -> _ByLength:
+        """From lengths (B or 1, H or 1, n or 1) (:func:`_sdpa.compact`)."""
+        Bl, Hl = lengths.shape[:2]
+        by_length, order = lengths.expand(Bl, Hl, n).sort(dim=-1)
+        return _ByLength(by_length, order, (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0))
 
 
-def _by_lengths(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float, *, logsumexp: bool = False
-) -> tuple[Tensor, Tensor | None] | None:
-    """Dot-product attention by per-query lengths in one C call (``flash_lengths``): each
-    example's queries sorted by length, each tile of 8 over the keys its longest query
-    attends, so the work follows the lengths (PyTorch's CPU flash kernel takes keys in
-    blocks of 512: a mask inside a call saves nothing there). Keys beyond the longest
-    length of an (example, head) and queries of length 0 are never read; those queries
-    are zeros. Computes in float32 for every dtype.
+def _run_tasks(
+    lib: ctypes.CDLL, kernel: str, head: Sequence[Any], tail: Sequence[Any], tasks: int, work: int
+) -> None:
+    """Run C ``kernel`` (``kernel(*head, next, tasks, *tail)``) over ``tasks`` tasks of
+    ``work`` multiply-adds in all: on one thread when that is too little for two, else on
+    torch's threads, each taking the next task from a shared counter as it finishes one
+    (the C driver ``<op>_par_<suffix>(*head, tasks, threads, *tail)`` on OpenMP threads, or
+    the kernel on Python threads)."""
+    threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
+    fn = _function(lib, kernel)
+    if threads <= 1:
+        fn(*head, None, tasks, *tail)
+    elif parallel_in_c():
+        op, suffix = kernel.rsplit("_", 1)
+        _function(lib, f"{op}_par_{suffix}")(*head, tasks, threads, *tail)
+    else:  # Python threads sharing one task counter
+        counter = torch.zeros(1, dtype=torch.int64)
+        _run_threads(fn, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
 
-    q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv); ``lengths`` (B or 1, H or 1, n
-    or 1) (:func:`_sdpa.compact`). Returns the output (B, H, n, dv) in the layout PyTorch's
-    flash op writes (memory (B, n, H, dv)) and, with ``logsumexp``, each row's logsumexp
-    of its scaled scores (B, H, n) float32 as that op keeps it (0 for rows of length 0);
-    None without the C library, for other dtypes, or beyond ``_BY_LENGTHS_KEYS`` keys.
-    """
-    suffix = _by_lengths_suffix(q, k, v)
-    if suffix is None:
-        return None
-    lib = _lib()
-    m = k.shape[-2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+
+def _strides(*tensors: Tensor) -> list[int]:
+    """The first three strides of each 4-D tensor (example, head, row): the C kernels'."""
+    return [x for t in tensors for x in t.stride()[:3]]
+
+
+def _last_contiguous(*tensors: Tensor) -> list[Tensor]:
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
+def _by_lengths_forward(
+    q: Tensor, k: Tensor, v: Tensor, by: _ByLength, scale: float, logsumexp: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Dot-product attention by lengths in one C call (``flash_lengths``): each (example,
+    head)'s queries in order of length (``by``), 8 at a time, each tile over the keys its
+    longest query attends, so the work follows the lengths (PyTorch's CPU flash kernel
+    takes keys in blocks of 512: a mask inside a call saves nothing there). Keys beyond an
+    (example, head)'s longest length and queries of length 0 are never read; those queries
+    are zeros. Computes in float32 for every dtype; inputs it takes
+    (:func:`_by_lengths_suffix`).
+
+    q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv). Returns the output (B, H, n, dv) in
+    the layout PyTorch's flash op writes (memory (B, n, H, dv)) and, with ``logsumexp``,
+    each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
+    rows of length 0)."""
+    q, k, v = _last_contiguous(q, k, v)
     B, H, n, d = q.shape
-    dv = v.shape[-1]
-    Bl, Hl = lengths.shape[:2]
-    by_length, order = lengths.expand(Bl, Hl, n).sort(dim=-1)  # contiguous
+    m, dv = k.shape[-2], v.shape[-1]
     out = torch.empty((B, n, H, dv), dtype=q.dtype).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
-    strides = torch.tensor(
-        [
-            *q.stride()[:3],
-            *k.stride()[:3],
-            *v.stride()[:3],
-            *out.stride()[:3],
-            Hl * n if Bl > 1 else 0,
-            n if Hl > 1 else 0,
-        ],
-        dtype=torch.int64,
-    )
+    strides = torch.tensor([*_strides(q, k, v, out), *by.strides], dtype=torch.int64)
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
-    # those for the threads to share; threads take the next task as they finish one.
-    big = B * H * n * m * (d + dv) >= 2 * _MIN_WORK_PER_THREAD
-    threads = torch.get_num_threads() if big else 1
-    chunks = max(1, min(-(-4 * threads // (B * H)), n // _BY_LENGTHS_CHUNK))
-    tasks = B * H * chunks
-    threads = min(threads, tasks)
+    # those for the threads to share.
+    chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
     head = (
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),
         out.data_ptr(),
         None if lse is None else lse.data_ptr(),
-        order.data_ptr(),
-        by_length.data_ptr(),
+        by.order.data_ptr(),
+        by.lengths.data_ptr(),
         strides.data_ptr(),
     )
+    kernel = f"flash_lengths_{_BY_LENGTHS_SUFFIX[q.dtype]}"
     tail = (H, n, m, d, dv, chunks, scale)
-    kernel = _function(lib, f"flash_lengths_{suffix}")
-    if threads == 1:
-        kernel(*head, None, tasks, *tail)
-    elif parallel_in_c():
-        _function(lib, f"flash_lengths_par_{suffix}")(*head, tasks, threads, *tail)
-    else:  # Python threads sharing one task counter
-        counter = torch.zeros(1, dtype=torch.int64)
-        _run_threads(kernel, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
+    _run_tasks(_lib(), kernel, head, tail, B * H * chunks, B * H * n * m * (d + dv))
     return out, lse
 
 
+def _by_lengths_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    by: _ByLength,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward`, given its output and
+    logsumexps and the upstream gradient, in one C call (``flash_lengths_backward``): the
+    same tiles of sorted queries over the keys their longest attends, so the backward's
+    work follows the lengths too; one task per (example, head), whose key gradients add
+    up in float32. Keys beyond an (example, head)'s longest length and queries of length
+    0 are never read and get zero gradients."""
+    q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
+    B, H, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    strides = _strides(q, k, v, out)
+    strides += [*by.strides, *_strides(grad, dq, dk, dv_)]
+    st = torch.tensor(strides, dtype=torch.int64)
+    head = (
+        *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
+        by.order.data_ptr(),
+        by.lengths.data_ptr(),
+        st.data_ptr(),
+    )
+    kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
+    _run_tasks(_lib(), kernel, head, (H, n, m, d, dv, scale), B * H, 2 * B * H * n * m * (d + dv))
+    return dq, dk, dv_
+
+
+class _ByLengthsAttention(torch.autograd.Function):
+    """Training by lengths in the C kernel, forward (:func:`_by_lengths_forward`, keeping
+    each row's logsumexp) and backward (:func:`_by_lengths_backward`): one autograd node
+    that keeps the inputs, the output, the logsumexps and the queries' order."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float) -> Tensor:
+        by = _ByLength.of(lengths, q.shape[-2])
+        out, lse = _by_lengths_forward(q, k, v, by, scale, logsumexp=True)
+        ctx.scale, ctx.by = scale, by
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _by_lengths_backward(q, k, v, out, lse, grad, ctx.by, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def _attention_by_lengths(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float, needs_grad: bool
+) -> Tensor | None:
+    """Attention by lengths (B or 1, H or 1, n or 1) in the C kernel, forward and, where
+    gradients are needed, backward (:class:`_ByLengthsAttention`); None where it does not
+    run (:func:`_by_lengths_suffix`)."""
+    if _by_lengths_suffix(q, k, v) is None:
+        return None
+    if needs_grad:
+        return _ByLengthsAttention.apply(q, k, v, lengths, scale)  # type: ignore[no-any-return,no-untyped-call]
+    by = _ByLength.of(lengths, q.shape[-2])
+    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
-    """Backend contract: causal attention alone in inference, as the lengths 1, 2, ..., n
-    (at most m) of :func:`_by_lengths`, which skips the keys beyond each query (PyTorch's
-    CPU flash kernel skips keys only in whole blocks of 512). None where that kernel does
-    not run (its dtypes, the C library, ``_BY_LENGTHS_KEYS``) or the call is below
-    ``_BY_LENGTHS_WORK``."""
+    """Backend contract: causal attention alone without dropout, as the lengths 1, 2, ...,
+    n (at most m) of the C kernel by lengths (:func:`_attention_by_lengths`), which skips
+    the keys beyond each query (PyTorch's CPU flash kernel skips keys only in whole blocks
+    of 512), in inference and training. None where that kernel does not run (its dtypes,
+    the C library, ``_BY_LENGTHS_KEYS``) or the call is below ``_BY_LENGTHS_WORK`` or
+    ``_SMALL_WORK``."""
     B, H, n, _ = q.shape
     m = k.shape[-2]
     if B * H * n * m * (q.shape[-1] + v.shape[-1]) < max(_BY_LENGTHS_WORK, _SMALL_WORK):
         return None
     lengths = torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
-    done = _by_lengths(q, k, v, lengths, scale)
-    return None if done is None else done[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _attention_by_lengths(q, k, v, lengths, scale, needs_grad)
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
@@ -1346,20 +1235,22 @@ def dot_product_attention(
 ) -> Tensor:
     """Backend contract: dot-product attention (B, H, n, d) where padded keys cost nothing.
 
-    One PyTorch flash-attention call per example with all its heads, on keys (and values)
-    cut to the example's longest length and queries cut after its last query that attends
-    anything: padded keys and idle queries are never read and never computed. Inside the
-    cut, per-example lengths need no mask, lengths with causal masking are ``is_causal``,
-    and per-query lengths a mask. Where cutting examples saves too little, per-query lengths
-    that differ within examples run in sorted query blocks (:class:`_SortedAttention`:
-    each block over the keys its longest row attends) where those are estimated to pay,
-    and otherwise one SDPA call with the mask (:func:`attnscore.kernels._sdpa.masked`),
-    as do short sequences and lengths near m; where lengths cut nothing at all, SDPA
-    without a mask. Small calls without gradients (up to ``_SMALL_WORK``) run in one
-    C pass that reads no padding (:func:`_small_attention`); in training with fewer heads
-    than threads, one flash call per group of examples of similar length
-    (:class:`_GroupedAttention`). Without dropout the loop is one autograd node writing into
-    outputs and gradients allocated once; with dropout it runs through SDPA's autograd.
+    Without dropout, in float32, bfloat16 and float16: the C kernel by lengths, forward and
+    backward (:func:`_attention_by_lengths`): every query over its own keys only, padded
+    keys and idle queries never read. Small calls without gradients (up to
+    ``_SMALL_WORK``) run in one C pass that reads no padding (:func:`_small_attention`);
+    where lengths cut nothing at all, SDPA without a mask.
+
+    Elsewhere (dropout, float64, more than ``_BY_LENGTHS_KEYS`` keys, no C library): one
+    PyTorch flash-attention call per example with all its heads, on keys (and values) cut
+    to the example's longest length and queries cut after its last query that attends
+    anything. Inside the cut, per-example lengths need no mask, lengths with causal masking
+    are ``is_causal``, and per-query lengths a mask. Where cutting examples saves too
+    little, one SDPA call with the mask (:func:`attnscore.kernels._sdpa.masked`); in
+    training with fewer heads than threads, one flash call per group of examples of similar
+    length (:class:`_GroupedAttention`). Without dropout the loop is one autograd node
+    writing into outputs and gradients allocated once; with dropout it runs through SDPA's
+    autograd.
     """
     B, H, n, _ = q.shape
     m = k.shape[-2]
@@ -1375,10 +1266,12 @@ def dot_product_attention(
         out = _small_attention(q, k, v, lengths, scale)
         if out is not None:
             return out
-    if not needs_grad and dropout_p == 0.0 and B * n * m * work >= _BY_LENGTHS_WORK:
-        done = _by_lengths(q, k, v, lengths, scale)
-        if done is not None:
-            return done[0]
+    if dropout_p == 0.0 and B * n * m * work >= _BY_LENGTHS_WORK:
+        out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad)
+        if out is not None:
+            return out
+    # Elsewhere (dropout, float64, more keys than the kernel takes, no C library): PyTorch's
+    # flash kernel on cut examples, or SDPA with the mask.
 
     def with_mask() -> Tensor:  # SDPA with the mask, told what the lengths showed
         return _sdpa.masked(
@@ -1388,26 +1281,6 @@ def dot_product_attention(
     # The flash op takes no dropout and one head size for q, k and v.
     flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
 
-    def sorted_or_mask() -> Tensor:  # per-query lengths: sorted query blocks where they pay
-        # Training: the C kernel's forward and PyTorch's backward with the mask. Not in
-        # float16, whose flash backward costs 5-8x float32's here: skipping keys in it
-        # (sorted blocks) pays more there than a faster forward (measured 0.75x SDPA with
-        # the mask against 0.93x, (8, 512, 512, 64)).
-        kernel = needs_grad and flash and q.dtype != torch.float16 and lengths.shape[2] > 1
-        if kernel and full * work >= _BY_LENGTHS_WORK and _by_lengths_suffix(q, k, v):
-            return _ByLengthsAttention.apply(*inert(), lengths, scale)  # type: ignore[no-any-return,no-untyped-call]
-        plan = None
-        shared = lengths.shape[1] == 1 and lengths.shape[2] > 1  # the heads share them
-        # bfloat16 training in blocks measured 1.05x SDPA with the mask, against 1.01x for
-        # one masked call (the flash backward's bfloat16 blocks cost more per call).
-        bf16_training = needs_grad and q.dtype == torch.bfloat16
-        if flash and shared and not bf16_training and full * work >= _SORTED_WORK:
-            float16 = q.dtype == torch.float16
-            plan = _sorted_plan(lengths, B, H, m, q.shape[-1] + v.shape[-1], needs_grad, float16)
-        if plan is None:
-            return with_mask()
-        return _SortedAttention.apply(*inert(), plan, scale)  # type: ignore[no-any-return,no-untyped-call]
-
     def inert() -> tuple[Tensor, Tensor, Tensor]:  # the inputs with their padding inert
         padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
         idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
@@ -1415,16 +1288,16 @@ def dot_product_attention(
 
     full = B * n * m
     if full * work < B * _CALL_WORK:  # too little to cut examples
-        return sorted_or_mask()
+        return with_mask()
     longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
     # Without idle queries the loop keeps each example's queries whole: what it would save
     # is known before its pieces are made (per-query lengths near m save too little).
     if shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
-        return sorted_or_mask()
+        return with_mask()
     cuts = _cuts(mask, lengths, n, longest)
     kept = sum(c.size * c.keys for c in cuts)
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
-        return sorted_or_mask()
+        return with_mask()
     # With fewer heads than threads the loop's backward needs threads of its own, whose
     # start (about 3 ms on 2 cores) only a large backward repays: below that, training
     # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
@@ -1433,7 +1306,7 @@ def dot_product_attention(
         groups = _groups(longest, lengths, -(-threads // H))
         kept = n * sum(len(g.examples) * g.keys for g in groups)
         if not flash or (full - kept) * work < len(groups) * _CALL_WORK:  # saves too little
-            return sorted_or_mask()
+            return with_mask()
         return _GroupedAttention.apply(*inert(), groups, scale)  # type: ignore[no-any-return,no-untyped-call]
     if flash:
         return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]

@@ -121,9 +121,9 @@ class Backend(Protocol):
 
     def causal_attention(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
         """Causal attention alone (query i attends keys j <= i, top-left), q (B, H, n, d), k
-        (B, H, m, d), v (B, H, m, dv), in inference without dropout: (B, H, n, dv) where the
-        backend skips the masked keys and SDPA's ``is_causal`` does not; None otherwise (the
-        caller then runs SDPA with ``is_causal=True``)."""
+        (B, H, m, d), v (B, H, m, dv), without dropout: (B, H, n, dv), differentiable, where
+        the backend skips the masked keys and SDPA's ``is_causal`` does not; None otherwise
+        (the caller then runs SDPA with ``is_causal=True``)."""
 
     def small_dot_product_attention(
         self,

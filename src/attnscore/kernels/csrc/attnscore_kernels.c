@@ -1,7 +1,9 @@
-/* Fused CPU kernels for attnscore (masked softmax, additive scores).
+/* Fused CPU kernels for attnscore (masked softmax, additive scores, dot-product attention by
+ * lengths).
  *
  * Every kernel works on a half-open range of rows [r0, r1); Python splits the rows into
- * ranges of equal work. Two ways to run the ranges in parallel:
+ * ranges of equal work. The attention kernels by lengths take tasks from a shared counter
+ * instead (FA_NEXT). Two ways to run the ranges in parallel:
  *   - built with -fopenmp (only when torch's own OpenMP runtime is libgomp, so that loading
  *     this library reuses the copy torch loaded): the *_par drivers below run one range per
  *     thread of torch's OpenMP pool, the threads torch.compile's kernels also use, so no
@@ -483,11 +485,17 @@ void matmul_f16(const uint16_t *A, const uint16_t *B, uint16_t *C, int64_t r0, i
  * keys and the values as float32 rows; per tile, the queries' scores are products of
  * FA_ROWS x FA_KEYS held in vector registers, their softmax runs row by row over the row's
  * own length (exact zeros beyond it), and the output is FA_ROWS x 32 products at a time.
- * Scratch per range: the panels, the values and one tile of scores (about 4 m (d + dv) bytes).
+ * A task with fewer queries than a tile (decoder steps) takes them row by row, unpacked.
+ * With `lse`, each row's logsumexp of its scaled scores is written as PyTorch's flash op
+ * keeps it (0 for a row of length 0), for the backward below.
+ * Scratch per thread: the panels, the values and one tile of scores (about 4 m (d + dv)
+ * bytes).
  *
  * Strides are in elements, the last dimension contiguous: st = {q's b, h, i; k's b, h, j;
  * v's b, h, j; out's b, h, i; order and sorted's b, h} (their h stride is 0 when the heads
- * share the lengths). Tasks [t0, t1) range over b * H + h. */
+ * share the lengths). Tasks 0..tasks range over (b * H + h) * chunks + c, chunk c of the
+ * sorted queries (longest first); `next`, where threads share the tasks, is their counter
+ * (NULL: this thread takes them all). */
 #define FA_ROWS 8
 #define FA_KEYS 32
 /* The next task: from the shared counter where threads share the tasks, else `serial`. */
@@ -498,9 +506,10 @@ static void f32_copy_row(const float *src, float *dst, int64_t L) {
   memcpy(dst, src, (size_t)L * sizeof(float));
 }
 
-/* s[r, :FA_KEYS * panels] = qt[r] . kt for the FA_ROWS rows of qt (FA_ROWS x d). */
+/* s[r, :FA_KEYS * panels] = qt[r] . kt for the FA_ROWS rows of qt (d floats each, ldq apart;
+ * s's rows ls apart). */
 static void fa_scores(const float *qt, const float *kt, float *s, int64_t panels, int64_t d,
-                      int64_t ls) {
+                      int64_t ldq, int64_t ls) {
   for (int64_t p = 0; p < panels; ++p) {
     const float *kp = kt + p * d * FA_KEYS;
     fa_vec a0[FA_ROWS], a1[FA_ROWS];
@@ -509,7 +518,7 @@ static void fa_scores(const float *qt, const float *kt, float *s, int64_t panels
       const fa_vec k0 = *(const fa_vec *)(kp + c * FA_KEYS);
       const fa_vec k1 = *(const fa_vec *)(kp + c * FA_KEYS + 16);
       _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
-        const float x = qt[r * d + c];
+        const float x = qt[r * ldq + c];
         a0[r] += x * k0;
         a1[r] += x * k1;
       }
@@ -645,7 +654,7 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
         float inv[FA_ROWS] = {0}, lmax[FA_ROWS] = {0};                                      \
         if (keys > 0) {                                                                     \
           const int64_t panels = (keys + FA_KEYS - 1) / FA_KEYS;                            \
-          fa_scores(qt, kt, s, panels, d, mp);                                              \
+          fa_scores(qt, kt, s, panels, d, d, mp);                                           \
           for (int64_t r = 0; r < FA_ROWS; ++r) {                                           \
             inv[r] = fa_softmax_row(s + r * mp, Ls[r], keys, (float)scale, lmax + r);       \
           }                                                                                 \
@@ -674,6 +683,154 @@ DEFINE_FLASH_LENGTHS(float, f32, f32_copy_row, f32_copy_row)
 DEFINE_FLASH_LENGTHS(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
 #if ATTNSCORE_HAVE_F16
 DEFINE_FLASH_LENGTHS(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
+#endif
+
+/* acc[j, :wp] += sum_r p[r, j] * x[r, :wp] for j < keys: the FA_ROWS rows of x (wp floats
+ * each, a multiple of 32) weighted by a tile's column j of p (rows ls apart). */
+static void fa_accumulate(const float *p, const float *x, float *acc, int64_t keys, int64_t ls,
+                          int64_t wp) {
+  for (int64_t c0 = 0; c0 < wp; c0 += 32) {
+    fa_vec x0[FA_ROWS], x1[FA_ROWS];
+    for (int r = 0; r < FA_ROWS; ++r) {
+      x0[r] = *(const fa_vec *)(x + r * wp + c0);
+      x1[r] = *(const fa_vec *)(x + r * wp + c0 + 16);
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      fa_vec a0 = *(fa_vec *)(acc + j * wp + c0), a1 = *(fa_vec *)(acc + j * wp + c0 + 16);
+      _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
+        const float w = p[r * ls + j];
+        a0 += w * x0[r];
+        a1 += w * x1[r];
+      }
+      *(fa_vec *)(acc + j * wp + c0) = a0;
+      *(fa_vec *)(acc + j * wp + c0 + 16) = a1;
+    }
+  }
+}
+
+/* Rows [0, rows) of src (each `width` floats, `ld` apart in the source's dtype) into dst as
+ * float32 rows of `pad` floats (zeros beyond width), in panels when `panel`: K^T layout. */
+#define FA_PACK(T, TO_F32, src, stride, rows, width, dst, pad, panel, row)                  \
+  for (int64_t j = 0; j < (rows); ++j) {                                                    \
+    if (panel) {                                                                            \
+      TO_F32((src) + j * (stride), row, width);                                             \
+      float *kr_ = (dst) + (j / FA_KEYS) * (width) * FA_KEYS + j % FA_KEYS;                 \
+      for (int64_t c_ = 0; c_ < (width); ++c_) kr_[c_ * FA_KEYS] = row[c_];                 \
+    } else {                                                                                \
+      TO_F32((src) + j * (stride), (dst) + j * (pad), width);                               \
+      for (int64_t c_ = (width); c_ < (pad); ++c_) (dst)[j * (pad) + c_] = 0.0f;            \
+    }                                                                                       \
+  }
+
+/* ---- its backward -------------------------------------------------------------------------
+ * The gradients of flash_lengths given the output `out`, the upstream gradient `g` and the
+ * logsumexps `lse` (B, H, n) float32 its forward wrote: for each query i of length L,
+ * P = exp(scale q_i . k_j - lse_i) and dS = P (g_i . v_j - g_i . out_i) over j < L, then
+ * dq_i = scale sum_j dS_j k_j, dk_j += scale dS_j q_i, dv_j += P_j g_i; zeros elsewhere. The
+ * same tiles of 8 sorted queries over the keys their longest attends; one task is one
+ * (example, head), whose dk and dv add up in float32 and are rounded once. Keys beyond its
+ * longest length and queries of length 0 are never read (their gradients are zeros).
+ * st: as flash_lengths' (14 strides), then g's, dq's, dk's and dv's (b, h, row). */
+#define DEFINE_FLASH_LENGTHS_BACKWARD(T, SUF, TO_F32, FROM_F32)                             \
+  void flash_lengths_backward_##SUF(                                                        \
+      const T *q, const T *k, const T *v, const T *out, const T *g, const float *lse,       \
+      T *dq, T *dk, T *dv, const int64_t *order, const int64_t *sorted, const int64_t *st,  \
+      int64_t *next, int64_t tasks, int64_t H, int64_t n, int64_t m, int64_t d, int64_t dv_, \
+      double scale) {                                                                       \
+    const int64_t mp = (m + FA_KEYS - 1) / FA_KEYS * FA_KEYS;                               \
+    const int64_t dp = (d + 31) / 32 * 32, dvp = (dv_ + 31) / 32 * 32;                      \
+    const int64_t wide = d > dv_ ? d : dv_;                                                 \
+    const size_t floats = (size_t)(mp * d + mp * dv_ + mp * dp + mp * dp + mp * dvp +       \
+                                   2 * FA_ROWS * mp + FA_ROWS * (dp + dvp + dp) + wide);    \
+    float *kt = (float *)aligned_alloc(64, floats * sizeof(float));                         \
+    float *vt = kt + mp * d, *kr = vt + mp * dv_, *dka = kr + mp * dp, *dva = dka + mp * dp; \
+    float *s = dva + mp * dvp, *ds = s + FA_ROWS * mp, *qt = ds + FA_ROWS * mp;             \
+    float *gt = qt + FA_ROWS * dp, *o = gt + FA_ROWS * dvp, *row = o + FA_ROWS * dp;        \
+    float Ds[FA_ROWS], lses[FA_ROWS];                                                       \
+    int64_t Ls[FA_ROWS];                                                                    \
+    for (int64_t t = FA_NEXT(next, 0); t < tasks; t = FA_NEXT(next, t + 1)) {               \
+      const int64_t b = t / H, h = t % H;                                                   \
+      const int64_t *ord = order + b * st[12] + h * st[13];                                 \
+      const int64_t *len = sorted + b * st[12] + h * st[13];                                \
+      const T *qb = q + b * st[0] + h * st[1], *kb = k + b * st[3] + h * st[4];             \
+      const T *vb = v + b * st[6] + h * st[7], *ob = out + b * st[9] + h * st[10];          \
+      const T *gb = g + b * st[14] + h * st[15];                                            \
+      T *dqb = dq + b * st[17] + h * st[18], *dkb = dk + b * st[20] + h * st[21];           \
+      T *dvb = dv + b * st[23] + h * st[24];                                                \
+      const float *lb = lse + (b * H + h) * n;                                              \
+      const int64_t longest = n ? clamp_length(len[n - 1], m) : 0;                          \
+      FA_PACK(T, TO_F32, kb, st[5], longest, d, kt, d, 1, row)                              \
+      FA_PACK(T, TO_F32, vb, st[8], longest, dv_, vt, dv_, 1, row)                          \
+      FA_PACK(T, TO_F32, kb, st[5], longest, d, kr, dp, 0, row)                             \
+      memset(dka, 0, (size_t)(longest * dp) * sizeof(float));                               \
+      memset(dva, 0, (size_t)(longest * dvp) * sizeof(float));                              \
+      for (int64_t i0 = 0; i0 < n; i0 += FA_ROWS) {                                         \
+        const int64_t rows = n - i0 < FA_ROWS ? n - i0 : FA_ROWS;                           \
+        const int64_t keys = clamp_length(len[i0 + rows - 1], m);                           \
+        for (int64_t r = 0; r < FA_ROWS; ++r) {                                             \
+          Ls[r] = r < rows ? clamp_length(len[i0 + r], m) : 0;                              \
+          float *qr = qt + r * dp, *gr = gt + r * dvp;                                      \
+          memset(qr, 0, (size_t)dp * sizeof(float));                                        \
+          memset(gr, 0, (size_t)dvp * sizeof(float));                                      \
+          Ds[r] = 0.0f;                                                                     \
+          lses[r] = 0.0f;                                                                   \
+          if (Ls[r] == 0) continue;                                                         \
+          const int64_t i = ord[i0 + r];                                                    \
+          TO_F32(qb + i * st[2], qr, d);                                                    \
+          TO_F32(gb + i * st[16], gr, dv_);                                                 \
+          TO_F32(ob + i * st[11], row, dv_);                                                \
+          float D = 0.0f;                                                                   \
+          _Pragma("omp simd reduction(+ : D)") for (int64_t c = 0; c < dv_; ++c) {          \
+            D += gr[c] * row[c];                                                            \
+          }                                                                                 \
+          Ds[r] = D;                                                                        \
+          lses[r] = lb[i];                                                                  \
+        }                                                                                   \
+        if (keys > 0) {                                                                     \
+          const int64_t panels = (keys + FA_KEYS - 1) / FA_KEYS;                            \
+          fa_scores(qt, kt, s, panels, d, dp, mp);                                       \
+          fa_scores(gt, vt, ds, panels, dv_, dvp, mp);                                   \
+          for (int64_t r = 0; r < FA_ROWS; ++r) {                                           \
+            float *sr = s + r * mp, *dr = ds + r * mp;                                      \
+            const int64_t L = Ls[r];                                                        \
+            const float lr = lses[r], Dr = Ds[r], sc = (float)scale;                        \
+            _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {                           \
+              const float p = exp_neg(sr[j] * sc - lr);                                     \
+              sr[j] = p;                                                                    \
+              dr[j] = p * (dr[j] - Dr) * sc;                                                \
+            }                                                                               \
+            if (keys > L) {                                                                 \
+              memset(sr + L, 0, (size_t)(keys - L) * sizeof(float));                        \
+              memset(dr + L, 0, (size_t)(keys - L) * sizeof(float));                        \
+            }                                                                               \
+          }                                                                                 \
+          fa_values(ds, kr, o, keys, mp, dp);               /* dq = dS K */                 \
+          fa_accumulate(s, gt, dva, keys, mp, dvp);          /* dv += P^T g */              \
+          fa_accumulate(ds, qt, dka, keys, mp, dp);          /* dk += dS^T q */             \
+        }                                                                                   \
+        for (int64_t r = 0; r < rows; ++r) {                                                \
+          T *dst = dqb + ord[i0 + r] * st[19];                                              \
+          if (keys == 0 || Ls[r] == 0) {                                                    \
+            memset(row, 0, (size_t)d * sizeof(float));                                      \
+            FROM_F32(row, dst, d);                                                          \
+          } else {                                                                          \
+            FROM_F32(o + r * dp, dst, d);                                                   \
+          }                                                                                 \
+        }                                                                                   \
+      }                                                                                     \
+      memset(row, 0, (size_t)wide * sizeof(float));                                         \
+      for (int64_t j = 0; j < m; ++j) {                                                     \
+        FROM_F32(j < longest ? dka + j * dp : row, dkb + j * st[22], d);                    \
+        FROM_F32(j < longest ? dva + j * dvp : row, dvb + j * st[25], dv_);                 \
+      }                                                                                     \
+    }                                                                                       \
+    free(kt);                                                                               \
+  }
+
+DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
+DEFINE_FLASH_LENGTHS_BACKWARD(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+#if ATTNSCORE_HAVE_F16
+DEFINE_FLASH_LENGTHS_BACKWARD(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
 #endif
 
 /* ---- masked softmax by a boolean mask ----------------------------------------------------
@@ -1023,8 +1180,8 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
     EACH_RANGE(lengths_mask_##SUF(lengths, out, r0, r1, m))                                 \
   }
 
-/* The tasks of flash_lengths on `threads` OpenMP threads, each taking the next task when it
- * finishes one (tasks differ in work by the lengths). */
+/* The tasks of flash_lengths (and of its backward) on `threads` OpenMP threads, each taking
+ * the next task when it finishes one (tasks differ in work by the lengths). */
 #define DEFINE_FLASH_LENGTHS_DRIVER(T, SUF)                                                 \
   void flash_lengths_par_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,     \
                                const int64_t *order, const int64_t *sorted, const int64_t *st, \
@@ -1036,6 +1193,24 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
     flash_lengths_##SUF(q, k, v, out, lse, order, sorted, st, &next, tasks, H, n, m, d, dv,  \
                         chunks, scale);                                                     \
   }
+
+#define DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(T, SUF)                                        \
+  void flash_lengths_backward_par_##SUF(                                                    \
+      const T *q, const T *k, const T *v, const T *out, const T *g, const float *lse,       \
+      T *dq, T *dk, T *dv, const int64_t *order, const int64_t *sorted, const int64_t *st,  \
+      int64_t tasks, int64_t threads, int64_t H, int64_t n, int64_t m, int64_t d,           \
+      int64_t dv_, double scale) {                                                          \
+    int64_t next = 0;                                                                       \
+    _Pragma("omp parallel num_threads((int)threads)")                                       \
+    flash_lengths_backward_##SUF(q, k, v, out, g, lse, dq, dk, dv, order, sorted, st, &next, \
+                                 tasks, H, n, m, d, dv_, scale);                            \
+  }
+
+DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(float, f32)
+DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(uint16_t, bf16)
+#if ATTNSCORE_HAVE_F16
+DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(uint16_t, f16)
+#endif
 
 DEFINE_FLASH_LENGTHS_DRIVER(float, f32)
 DEFINE_FLASH_LENGTHS_DRIVER(uint16_t, bf16)
