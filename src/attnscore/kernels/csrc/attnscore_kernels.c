@@ -679,11 +679,18 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
     free(qt);                                                                               \
   }
 
-DEFINE_FLASH_LENGTHS(float, f32, f32_copy_row, f32_copy_row)
-DEFINE_FLASH_LENGTHS(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+/* The attention kernels by lengths, once per dtype: DEFINE(T, SUF, TO_F32, FROM_F32). */
 #if ATTNSCORE_HAVE_F16
-DEFINE_FLASH_LENGTHS(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
+#define FA_F16(DEFINE) DEFINE(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
+#else
+#define FA_F16(DEFINE)
 #endif
+#define FA_EACH_DTYPE(DEFINE)                                                               \
+  DEFINE(float, f32, f32_copy_row, f32_copy_row)                                            \
+  DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)                                  \
+  FA_F16(DEFINE)
+
+FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS)
 
 /* acc[j, :wp] += sum_r p[r, j] * x[r, :wp] for j < keys: the FA_ROWS rows of x (wp floats
  * each, a multiple of 32) weighted by a tile's column j of p (rows ls apart). */
@@ -827,11 +834,7 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
     free(kt);                                                                               \
   }
 
-DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
-DEFINE_FLASH_LENGTHS_BACKWARD(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
-#if ATTNSCORE_HAVE_F16
-DEFINE_FLASH_LENGTHS_BACKWARD(uint16_t, f16, f16_to_f32_row, f32_to_f16_row)
-#endif
+FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS_BACKWARD)
 
 /* ---- masked softmax by a boolean mask ----------------------------------------------------
  * Row r of x (R x m) is normalised over the positions its mask row allows (mask + offsets[r],
@@ -1182,7 +1185,7 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
 
 /* The tasks of flash_lengths (and of its backward) on `threads` OpenMP threads, each taking
  * the next task when it finishes one (tasks differ in work by the lengths). */
-#define DEFINE_FLASH_LENGTHS_DRIVER(T, SUF)                                                 \
+#define DEFINE_FLASH_LENGTHS_DRIVER(T, SUF, TO_F32_, FROM_F32_)                            \
   void flash_lengths_par_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,     \
                                const int64_t *order, const int64_t *sorted, const int64_t *st, \
                                int64_t tasks, int64_t threads, int64_t H, int64_t n,        \
@@ -1194,7 +1197,7 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
                         chunks, scale);                                                     \
   }
 
-#define DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(T, SUF)                                        \
+#define DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(T, SUF, TO_F32_, FROM_F32_)                   \
   void flash_lengths_backward_par_##SUF(                                                    \
       const T *q, const T *k, const T *v, const T *out, const T *g, const float *lse,       \
       T *dq, T *dk, T *dv, const int64_t *order, const int64_t *sorted, const int64_t *st,  \
@@ -1206,17 +1209,9 @@ DEFINE_SMALL_ATTENTION(double, f64, exp, tanh)
                                  tasks, H, n, m, d, dv_, scale);                            \
   }
 
-DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(float, f32)
-DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(uint16_t, bf16)
-#if ATTNSCORE_HAVE_F16
-DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER(uint16_t, f16)
-#endif
+FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS_BACKWARD_DRIVER)
 
-DEFINE_FLASH_LENGTHS_DRIVER(float, f32)
-DEFINE_FLASH_LENGTHS_DRIVER(uint16_t, bf16)
-#if ATTNSCORE_HAVE_F16
-DEFINE_FLASH_LENGTHS_DRIVER(uint16_t, f16)
-#endif
+FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS_DRIVER)
 
 DEFINE_LENGTHS_MASK_DRIVER(double, f64)
 DEFINE_LENGTHS_MASK_DRIVER(float, f32)
