@@ -553,6 +553,12 @@ static void fa_values(const float *p, const float *vp, float *o, int64_t keys, i
   }
 }
 
+static inline float fa_dot(const float *a, const float *b, int64_t n) {
+  float acc = 0.0f;
+  _Pragma("omp simd reduction(+ : acc)") for (int64_t c = 0; c < n; ++c) acc += a[c] * b[c];
+  return acc;
+}
+
 /* The softmax of one tile row in place: s[:L] scaled by `scale` -> probabilities, zeros on
  * [L, keys); returns 1 / their sum (0 when L == 0: the row is zeros) and sets *top to the
  * largest scaled score. */
@@ -610,11 +616,7 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
             TO_F32(qb + ord[i] * st[2], qt, d);                                             \
             for (int64_t j = 0; j < L; ++j) {                                               \
               TO_F32(kb + j * st[5], row, d);                                               \
-              float acc = 0.0f;                                                             \
-              _Pragma("omp simd reduction(+ : acc)") for (int64_t c = 0; c < d; ++c) {      \
-                acc += qt[c] * row[c];                                                      \
-              }                                                                             \
-              s[j] = acc;                                                                   \
+              s[j] = fa_dot(qt, row, d);                                                    \
             }                                                                               \
             inv = fa_softmax_row(s, L, L, (float)scale, &top);                              \
             for (int64_t j = 0; j < L; ++j) {                                               \
@@ -749,7 +751,8 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
     const int64_t wide = d > dv_ ? d : dv_;                                                 \
     const size_t floats = (size_t)(mp * d + mp * dv_ + mp * dp + mp * dp + mp * dvp +       \
                                    2 * FA_ROWS * mp + FA_ROWS * (dp + dvp + dp) + wide);    \
-    float *kt = (float *)aligned_alloc(64, floats * sizeof(float));                         \
+    /* aligned_alloc takes a multiple of the alignment: 16 floats */                        \
+    float *kt = (float *)aligned_alloc(64, (floats + 15) / 16 * 16 * sizeof(float));        \
     float *vt = kt + mp * d, *kr = vt + mp * dv_, *dka = kr + mp * dp, *dva = dka + mp * dp; \
     float *s = dva + mp * dvp, *ds = s + FA_ROWS * mp, *qt = ds + FA_ROWS * mp;             \
     float *gt = qt + FA_ROWS * dp, *o = gt + FA_ROWS * dvp, *row = o + FA_ROWS * dp;        \
@@ -786,11 +789,7 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
           TO_F32(qb + i * st[2], qr, d);                                                    \
           TO_F32(gb + i * st[16], gr, dv_);                                                 \
           TO_F32(ob + i * st[11], row, dv_);                                                \
-          float D = 0.0f;                                                                   \
-          _Pragma("omp simd reduction(+ : D)") for (int64_t c = 0; c < dv_; ++c) {          \
-            D += gr[c] * row[c];                                                            \
-          }                                                                                 \
-          Ds[r] = D;                                                                        \
+          Ds[r] = fa_dot(gr, row, dv_);                                                     \
           lses[r] = lb[i];                                                                  \
         }                                                                                   \
         if (keys > 0) {                                                                     \
