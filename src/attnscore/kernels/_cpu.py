@@ -1010,8 +1010,9 @@ _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float1
 #: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats (the
 #: backward's: about 11 MiB at 8192 keys with d = dv = 64).
 _BY_LENGTHS_KEYS = 8192
-#: Work (multiply-adds) from which inference by lengths takes the C kernel (below it, the
-#: small calls' C pass where it applies).
+#: Work (multiply-adds) from which lengths take the C kernel, in inference and training: every
+#: call (small inference calls take their C pass first where it applies). The dispatch
+#: tests raise it to keep the kernel out of the routes they test.
 _BY_LENGTHS_WORK = 0
 #: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
 #: this many of them, so that a few examples and heads still give every thread work.
