@@ -33,6 +33,7 @@ from typing_extensions import Unpack
 from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
+from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
@@ -218,9 +219,7 @@ def finish(
     return (output, weights_fn()) if return_weights else output
 
 
-def fused_dot_product(
-    scale: float | None, project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
-) -> FusedPath:
+def fused_dot_product(scale: float | None, project: Projection | None = None) -> FusedPath:
     """The fused path of scaled dot-product attention.
 
     Runs :func:`attnscore.kernels.dot_product_attention` (PyTorch's SDPA wherever nothing

@@ -32,6 +32,7 @@ from ._engine import (
 )
 from .kernels import _ops
 from .kernels._attention import small_additive_attention, small_dot_product_attention
+from .kernels._dispatch import Projection
 from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
 from .scoring import (
@@ -615,6 +616,17 @@ def _may_run_small(
     )
 
 
+def _checked(module: ScorerAttention, project: Projection) -> Projection:
+    """``project`` after ``module`` checks the feature sizes against its parameters: the
+    fused path's check (the plain path's is in :meth:`ScorerAttention.score`)."""
+
+    def checked(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        module.check_features(queries, keys)
+        return project(queries, keys)
+
+    return checked
+
+
 class MultiplicativeAttention(ScorerAttention):
     """General (multiplicative, bilinear) attention, ``a(q, k) = qᵀ W_a k``.
 
@@ -666,22 +678,18 @@ class MultiplicativeAttention(ScorerAttention):
             or keys.shape[-1] != W_a.shape[1]
         ):
             return None
-        return small_dot_product_attention(
-            queries, keys, values, valid_lens, 1.0, lambda q, k: (_ops.matmul(q, W_a), k)
-        )
+        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
+
+    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """The vectors whose dot products are the scores: (q W_a, k)."""
+        return _ops.matmul(queries, self.W_a.weight), keys
 
     def fused_path(self) -> FusedPath | None:
         """Dot-product attention of q W_a over the keys where the CPU's kernel by lengths
         takes the call (:func:`attnscore._engine.fused_dot_product`)."""
         if _is_lazy(self.W_a):  # sizes not known yet: the plain path materialises W_a
             return None
-        W_a = self.W_a.weight
-
-        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            self.check_features(q, k)
-            return _ops.matmul(q, W_a), k
-
-        return fused_dot_product(1.0, project)
+        return fused_dot_product(1.0, _checked(self, self._project))
 
 
 class CosineAttention(ScorerAttention):
@@ -731,29 +739,24 @@ class CosineAttention(ScorerAttention):
         """Small inference calls: dot-product attention of s times the queries' unit
         vectors over the keys', in one C pass on the CPU (see
         :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
-        log_scale = self.log_scale
         if (
-            not _may_run_small(self, queries, keys, log_scale)
+            not _may_run_small(self, queries, keys, self.log_scale)
             or queries.shape[-1] != keys.shape[-1]
         ):
             return None
+        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
 
-        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            return unit_rows(q) * log_scale.exp().to(q.dtype), unit_rows(k)
-
-        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
+    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """The vectors whose dot products are the scores: s times the queries' unit rows,
+        and the keys'."""
+        scale = self.log_scale.exp().to(queries.dtype)
+        return unit_rows(queries) * scale, unit_rows(keys)
 
     def fused_path(self) -> FusedPath | None:
         """Dot-product attention of s times the queries' unit vectors over the keys' where
         the CPU's kernel by lengths takes the call
         (:func:`attnscore._engine.fused_dot_product`)."""
-        log_scale = self.log_scale
-
-        def project(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            self.check_features(q, k)
-            return unit_rows(q) * log_scale.exp().to(q.dtype), unit_rows(k)
-
-        return fused_dot_product(1.0, project)
+        return fused_dot_product(1.0, _checked(self, self._project))
 
 
 def make_scorer(

@@ -582,6 +582,21 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
   return inv;
 }
 
+/* Rows [0, rows) of src (each `width` values, `stride` apart, in the source's dtype) into dst
+ * as float32: K^T in panels of FA_KEYS keys when `panel`, else rows of `pad` floats (zeros
+ * beyond width). `row` is scratch of `width` floats. */
+#define FA_PACK(TO_F32, src, stride, rows, width, dst, pad, panel, row)                     \
+  for (int64_t j = 0; j < (rows); ++j) {                                                    \
+    if (panel) {                                                                            \
+      TO_F32((src) + j * (stride), row, width);                                             \
+      float *kr_ = (dst) + (j / FA_KEYS) * (width) * FA_KEYS + j % FA_KEYS;                 \
+      for (int64_t c_ = 0; c_ < (width); ++c_) kr_[c_ * FA_KEYS] = row[c_];                 \
+    } else {                                                                                \
+      TO_F32((src) + j * (stride), (dst) + j * (pad), width);                               \
+      for (int64_t c_ = (width); c_ < (pad); ++c_) (dst)[j * (pad) + c_] = 0.0f;            \
+    }                                                                                       \
+  }
+
 #define DEFINE_FLASH_LENGTHS(T, SUF, TO_F32, FROM_F32)                                      \
   void flash_lengths_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,         \
                            const int64_t *order, const int64_t *sorted, const int64_t *st,  \
@@ -631,19 +646,10 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
         continue;                                                                           \
       }                                                                                     \
       const int64_t longest = hi > lo ? clamp_length(len[hi - 1], m) : 0;                   \
-      const int64_t kp = (longest + FA_KEYS - 1) / FA_KEYS * FA_KEYS;                       \
-      for (int64_t j = 0; j < kp; ++j) { /* K^T in panels, V as float32 rows, zero-padded */ \
-        float *vr = vp + j * dvp, *kr = kt + (j / FA_KEYS) * d * FA_KEYS + j % FA_KEYS;     \
-        if (j < longest) {                                                                  \
-          TO_F32(kb + j * st[5], row, d);                                                   \
-          for (int64_t c = 0; c < d; ++c) kr[c * FA_KEYS] = row[c];                         \
-          TO_F32(vb + j * st[8], vr, dv);                                                   \
-          for (int64_t c = dv; c < dvp; ++c) vr[c] = 0.0f;                                  \
-        } else {                                                                            \
-          for (int64_t c = 0; c < d; ++c) kr[c * FA_KEYS] = 0.0f;                           \
-          memset(vr, 0, (size_t)dvp * sizeof(float));                                       \
-        }                                                                                   \
-      }                                                                                     \
+      /* keys beyond `longest` in the last panel are computed from stale scratch and never \
+         read: each row's softmax stops at its length, the products at the tile's */        \
+      FA_PACK(TO_F32, kb, st[5], longest, d, kt, d, 1, row)                                 \
+      FA_PACK(TO_F32, vb, st[8], longest, dv, vp, dvp, 0, row)                              \
       memset(row, 0, (size_t)wide * sizeof(float));                                         \
       for (int64_t i0 = lo; i0 < hi; i0 += FA_ROWS) {                                       \
         const int64_t rows = hi - i0 < FA_ROWS ? hi - i0 : FA_ROWS;                         \
@@ -717,20 +723,6 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
   }
 }
 
-/* Rows [0, rows) of src (each `width` floats, `ld` apart in the source's dtype) into dst as
- * float32 rows of `pad` floats (zeros beyond width), in panels when `panel`: K^T layout. */
-#define FA_PACK(T, TO_F32, src, stride, rows, width, dst, pad, panel, row)                  \
-  for (int64_t j = 0; j < (rows); ++j) {                                                    \
-    if (panel) {                                                                            \
-      TO_F32((src) + j * (stride), row, width);                                             \
-      float *kr_ = (dst) + (j / FA_KEYS) * (width) * FA_KEYS + j % FA_KEYS;                 \
-      for (int64_t c_ = 0; c_ < (width); ++c_) kr_[c_ * FA_KEYS] = row[c_];                 \
-    } else {                                                                                \
-      TO_F32((src) + j * (stride), (dst) + j * (pad), width);                               \
-      for (int64_t c_ = (width); c_ < (pad); ++c_) (dst)[j * (pad) + c_] = 0.0f;            \
-    }                                                                                       \
-  }
-
 /* ---- its backward -------------------------------------------------------------------------
  * The gradients of flash_lengths given the output `out`, the upstream gradient `g` and the
  * logsumexps `lse` (B, H, n) float32 its forward wrote: for each query i of length L,
@@ -769,9 +761,9 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
       T *dvb = dv + b * st[23] + h * st[24];                                                \
       const float *lb = lse + (b * H + h) * n;                                              \
       const int64_t longest = n ? clamp_length(len[n - 1], m) : 0;                          \
-      FA_PACK(T, TO_F32, kb, st[5], longest, d, kt, d, 1, row)                              \
-      FA_PACK(T, TO_F32, vb, st[8], longest, dv_, vt, dv_, 1, row)                          \
-      FA_PACK(T, TO_F32, kb, st[5], longest, d, kr, dp, 0, row)                             \
+      FA_PACK(TO_F32, kb, st[5], longest, d, kt, d, 1, row)                                 \
+      FA_PACK(TO_F32, vb, st[8], longest, dv_, vt, dv_, 1, row)                             \
+      FA_PACK(TO_F32, kb, st[5], longest, d, kr, dp, 0, row)                                \
       memset(dka, 0, (size_t)(longest * dp) * sizeof(float));                               \
       memset(dva, 0, (size_t)(longest * dvp) * sizeof(float));                              \
       for (int64_t i0 = 0; i0 < n; i0 += FA_ROWS) {                                         \
