@@ -230,10 +230,10 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
 
     ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
-    of those, with ``scale`` 1, where the CPU's kernel by lengths takes the call (lengths
-    or causal masking, no boolean mask, no dropout), which measured faster than their plain
-    pipeline; elsewhere they decline. In training the padding is made inert first (the
-    projections' gradients read it).
+    of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
+    than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
+    mask, no dropout); elsewhere they decline. In training the padding is made inert
+    first (the projections' gradients read it).
     """
 
     def fused(
@@ -242,18 +242,18 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
         if min(q.numel(), n, m, d, v.shape[-1]) == 0:
             return None
-        if project is not None:
-            by_lengths = mask.lengths is not None and mask.attend is None and dropout_p == 0.0
-            if q.device.type != "cpu" or not by_lengths:
-                return None
-            if torch.is_grad_enabled():
-                inert = zero_padding(Prepared(q, k, v, mask))
-                q, k, v = inert.queries, inert.keys, inert.values
-            q, k = project(q, k)
-            d = q.shape[-1]
-        out = _attention.dot_product_attention(
-            q, k, v, mask, scale=default_scale(d) if scale is None else scale, dropout_p=dropout_p
-        )
-        return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
+        scale_ = default_scale(d) if scale is None else scale
+        if project is None:
+            out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)
+            return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
+        if dropout_p != 0.0:
+            return None
+        if torch.is_grad_enabled():
+            inert = zero_padding(Prepared(q, k, v, mask))
+            q, k, v = inert.queries, inert.keys, inert.values
+        projected = _attention.projected(q, k, v, mask, project=project, scale=scale_)
+        if projected is None:
+            return None
+        return projected, lambda: softmax(dot_product_scores(*project(q, k), scale), mask)
 
     return fused

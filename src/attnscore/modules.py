@@ -685,8 +685,9 @@ class MultiplicativeAttention(ScorerAttention):
         return _ops.matmul(queries, self.W_a.weight), keys
 
     def fused_path(self) -> FusedPath | None:
-        """Dot-product attention of q W_a over the keys where the CPU's kernel by lengths
-        takes the call (:func:`attnscore._engine.fused_dot_product`)."""
+        """Dot-product attention of q W_a over the keys where a kernel of the device skips
+        work or measured faster than the plain pipeline
+        (:func:`attnscore._engine.fused_dot_product`)."""
         if _is_lazy(self.W_a):  # sizes not known yet: the plain path materialises W_a
             return None
         return fused_dot_product(1.0, _checked(self, self._project))
@@ -753,8 +754,8 @@ class CosineAttention(ScorerAttention):
         return unit_rows(queries) * scale, unit_rows(keys)
 
     def fused_path(self) -> FusedPath | None:
-        """Dot-product attention of s times the queries' unit vectors over the keys' where
-        the CPU's kernel by lengths takes the call
+        """Dot-product attention of s times the queries' unit vectors over the keys' where a
+        kernel of the device skips work or measured faster than the plain pipeline
         (:func:`attnscore._engine.fused_dot_product`)."""
         return fused_dot_product(1.0, _checked(self, self._project))
 

@@ -1,8 +1,8 @@
 """The CPU's C kernel of dot-product attention by lengths (``flash_lengths`` and its
 backward, :mod:`attnscore.kernels._cpu`): every mask that lengths express, layouts, dtypes,
 tiles and chunks, threads, garbage in what it never reads, its logsumexps, training through
-it, and where it runs. References: the float64 row-by-row formulation of
-test_dot_dispatch."""
+it, no mask at all (every length m), and where it runs. References: the float64 row-by-row
+formulation of test_dot_dispatch."""
 
 from __future__ import annotations
 
@@ -265,8 +265,9 @@ def _general_and_cosine_reference(name, module, q, k, v, mask):
         s = module.log_scale.double().exp()
         scores = s * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT
     allowed = mask.dense()
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    return torch.nan_to_num(weights) @ v
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.nan_to_num(torch.softmax(scores, dim=-1)) @ v
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -309,8 +310,8 @@ def test_general_and_cosine_run_as_dot_products_of_their_projections(
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
 def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls):
-    """No lengths, a boolean mask, dropout, or the weights asked for: the plain pipeline
-    (no kernel call)."""
+    """No mask at a size where the kernel did not measure faster than SDPA, a boolean mask,
+    dropout, or the weights asked for: the plain pipeline (no kernel call)."""
     (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B, n)", d=16, dv=8)
     module = attnscore.make_scorer(name, 16, dropout=0.5)
     lengths = mask.lengths
@@ -325,3 +326,112 @@ def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls):
         module.train()
         module(q, k, v, lengths)
     assert kernel_calls == []
+
+
+# ---- no mask: every length m -----------------------------------------------------------
+
+
+@pytest.fixture
+def unmasked_calls(kernel_calls, monkeypatch):
+    """The kernel without a mask at every size (where it measured faster is tested apart)."""
+    monkeypatch.setattr(_cpu, "_UNMASKED_WORK", 0)
+    return kernel_calls
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(21, 37), (37, 21)], ids=["n<m", "n>m"])
+def test_no_mask_matches_the_reference(dtype, layout, shape, unmasked_calls):
+    """No mask: the kernel with every length m, output and gradients of q, k and v as
+    float64's (partial tiles and panels, dv != d)."""
+    n, m = shape
+    (q, k, v), mask, g = _case(layout, n, m, dtype, "none", d=16, dv=24, seed=4)
+    assert mask.unmasked
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    with torch.no_grad():
+        inference = K.dot_product_attention(q, k, v, mask, scale=0.25)
+    out = K.dot_product_attention(*ours, mask, scale=0.25)
+    assert unmasked_calls == [True, True]
+    expected = reference(*theirs, mask, 0.25)
+    tol = TOL[dtype]
+    for result in (inference, out):
+        assert result.dtype == dtype
+        torch.testing.assert_close(result.double(), expected.detach(), atol=tol, rtol=tol)
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(grad.to(dtype))
+    expected.backward(grad)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
+
+
+def test_where_no_mask_runs_it(kernel_calls, monkeypatch):
+    """Without a mask the kernel runs only where it measured faster than SDPA: float32 and
+    bfloat16 from ``_UNMASKED_WORK`` on, with a tile of queries, heads up to 128 and, in
+    training, an (example, head) per thread; float16 from the small calls' size on. Never
+    with dropout, in float64, or with kernels disabled."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(_cpu, "_SMALL_WORK", 1 << 14)
+    g = torch.Generator().manual_seed(5)
+
+    def runs(B, H, n, m, d, dtype=torch.float32, grad=False, **kwargs):
+        q, k, v = (torch.randn(B, H, s, d, generator=g).to(dtype) for s in (n, m, m))
+        mask = build_mask(torch.Size([B, H]), n, m, q.device)
+        kernel_calls.clear()
+        with torch.set_grad_enabled(grad):
+            K.dot_product_attention(q.requires_grad_(grad), k, v, mask, scale=0.1, **kwargs)
+        return any(kernel_calls)
+
+    big = (2, 4, 64, 128, 32)  # B H n m d: 2^22 multiply-adds, the threshold
+    assert _cpu._UNMASKED_WORK == 2 * 4 * 64 * 128 * 64
+    assert runs(*big) and runs(*big, dtype=torch.bfloat16) and runs(*big, grad=True)
+    assert not runs(2, 4, 64, 127, 32)  # just below
+    assert not runs(4, 8, 4, 4096, 32)  # fewer queries than a tile
+    assert not runs(1, 2, 64, 64, 160)  # heads over 128
+    assert runs(1, 2, 64, 128, 128) and not runs(1, 1, 128, 128, 128, grad=True)
+    assert runs(1, 1, 128, 128, 128)  # one (example, head): inference only
+    assert runs(1, 1, 4, 32, 64, dtype=torch.float16)  # 2^14: the small calls' threshold
+    assert not runs(1, 1, 4, 31, 64, dtype=torch.float16)
+    assert not runs(*big, dropout_p=0.5) and not runs(*big, dtype=torch.float64)
+    with K.disabled():
+        assert not runs(*big)
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_without_a_mask(name, unmasked_calls):
+    """General and cosine attention without a mask, where the kernel runs: on their
+    projections, output and gradients (inputs and parameters) as float64's."""
+    (q, k, v), mask, g = _case("3-D", 13, 17, torch.float32, "none", d=16, dv=8, seed=2)
+    module = attnscore.make_scorer(name, 16)
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = module(*ours)
+    with torch.no_grad():
+        inference = module(q, k, v)
+    assert unmasked_calls == [True, True]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    expected = _general_and_cosine_reference(name, reference_module, *theirs, mask)
+    for result in (out, inference):
+        torch.testing.assert_close(result.double(), expected.detach(), atol=2e-5, rtol=2e-5)
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(grad.float())
+    expected.backward(grad)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+    parameters = dict(module.named_parameters())
+    for pname, p in reference_module.named_parameters():
+        torch.testing.assert_close(parameters[pname].grad.double(), p.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_without_a_mask_keep_bfloat16_plain(name, unmasked_calls):
+    """Without a mask in bfloat16 (their plain pipeline's products run at twice float32's
+    rate): general and cosine keep their plain path at any size; float32 takes the kernel."""
+    q, k, v = (torch.randn(2, 16, 8) for _ in range(3))
+    module = attnscore.make_scorer(name, 8)
+    with torch.no_grad():
+        module.bfloat16()(q.bfloat16(), k.bfloat16(), v.bfloat16())
+        assert unmasked_calls == []
+        module.float()(q, k, v)
+    assert unmasked_calls == [True]

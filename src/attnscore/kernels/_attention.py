@@ -1,21 +1,28 @@
 """Dot-product attention (softmax of scaled q·k, then the weighted sum of values): which
 kernel runs it.
 
-One rule on every device: **where there is nothing to skip, PyTorch's own kernel runs**.
+One rule on every device: **where there is nothing to skip, PyTorch's own kernel runs**,
+unless the device's own kernel measured faster on the same work.
 
 ============================================ ==============================================
 mask                                         runs
 ============================================ ==============================================
-none                                         ``scaled_dot_product_attention`` (SDPA)
-causal alone                                 SDPA with ``is_causal=True`` (without
-                                             dropout, the backend's ``causal_attention``
-                                             where it has one: on the CPU, the C kernel
-                                             by lengths)
+none                                         ``scaled_dot_product_attention`` (SDPA); in
+                                             eager code without dropout the backend's
+                                             ``unpadded_attention`` where it measured
+                                             faster (on the CPU, the C kernel by lengths
+                                             with every length m: float16 always, float32
+                                             and bfloat16 from a size on)
+causal alone                                 SDPA with ``is_causal=True``; in eager code
+                                             without dropout the backend's
+                                             ``unpadded_attention`` (on the CPU, the C
+                                             kernel by lengths 1, 2, ..., n)
 a boolean ``attend_mask`` (with anything)    SDPA with the combined boolean mask
 key lengths, query lengths (with or without  the device's backend (``dot_product_attention``
-causal)                                      of the backend contract): on the CPU a
-                                             padding-free loop where skipping pays, else
-                                             SDPA with the mask; elsewhere SDPA + mask
+causal)                                      of the backend contract): on the CPU the C
+                                             kernel by lengths (else a padding-free loop
+                                             where skipping pays, or SDPA with the mask);
+                                             elsewhere SDPA + mask
 ============================================ ==============================================
 
 SDPA always gets the 4-D layout (B, H, n, d) (3-D inputs get H = 1 as a view; more leading
@@ -40,7 +47,14 @@ from .._mask import AttentionMask
 from . import _plain, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_function, enabled
 
-__all__ = ["dot_product_attention", "small_additive_attention", "small_dot_product_attention"]
+__all__ = [
+    "causal_alone",
+    "dot_product_attention",
+    "projected",
+    "small_additive_attention",
+    "small_dot_product_attention",
+    "unpadded",
+]
 
 
 def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> AttentionMask:
@@ -86,15 +100,8 @@ def dot_product_attention(
     """
     batch = q.shape[:-2]
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    if mask.unmasked:
-        out = _sdpa.unmasked(q4, k4, v4, scale=scale, dropout_p=dropout_p)
-    elif (
-        mask.causal
-        and mask.key_lengths is None
-        and mask.query_lengths is None
-        and (mask.attend is None)
-    ):
-        out = _causal(q4, k4, v4, scale=scale, dropout_p=dropout_p)
+    if mask.unmasked or causal_alone(mask):
+        out = unpadded(q4, k4, v4, causal=mask.causal, scale=scale, dropout_p=dropout_p)
     else:
         mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
         if mask.attend is not None or not enabled() or in_transform(q, k, v):
@@ -105,16 +112,68 @@ def dot_product_attention(
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
 
-def _causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
-    """Causal attention alone (4-D): in eager code without dropout the backend's
-    ``causal_attention`` where it takes the call, else SDPA with ``is_causal=True``."""
+def causal_alone(mask: AttentionMask) -> bool:
+    """Whether ``mask`` is causal masking and nothing else."""
+    return (
+        mask.causal
+        and mask.key_lengths is None
+        and mask.query_lengths is None
+        and mask.attend is None
+    )
+
+
+def unpadded(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    dropout_p: float,
+    project: Projection | None = None,
+) -> Tensor:
+    """Attention with nothing padded (4-D), no mask or causal masking alone: in eager code
+    without dropout the backend's ``unpadded_attention`` where it takes the call, else SDPA
+    (``is_causal`` when causal) of the inputs, projected first by ``project`` if given."""
     if dropout_p == 0.0 and enabled() and not in_transform(q, k, v):
-        out: Tensor | None = backend_function(q.device.type, "causal_attention")(
-            q, k, v, scale=scale
-        )
+        fn = backend_function(q.device.type, "unpadded_attention")
+        out: Tensor | None = fn(q, k, v, causal=causal, scale=scale, project=project)
         if out is not None:
             return out
-    return _sdpa.causal(q, k, v, scale=scale, dropout_p=dropout_p)
+    if project is not None:
+        q, k = project(q, k)
+    if causal:
+        return _sdpa.causal(q, k, v, scale=scale, dropout_p=dropout_p)
+    return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
+
+
+def projected(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, project: Projection, scale: float
+) -> Tensor | None:
+    """Dot-product attention of ``project(q, k)`` (scorers whose scores are dot products of
+    other vectors: general, cosine) where a kernel of the device skips work or measured
+    faster than SDPA, without dropout: no mask or causal alone where the backend's
+    ``unpadded_attention`` takes the call, lengths on the CPU (its kernel by lengths). None
+    elsewhere (boolean masks; SDPA of the projections measured slower than the plain
+    pipeline, 1.4x-2x in bfloat16): the caller then runs its plain pipeline."""
+    if mask.attend is not None or not enabled() or in_transform(q, k, v):
+        return None
+    batch = q.shape[:-2]
+    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
+    if mask.unmasked or causal_alone(mask):
+        fn = backend_function(q.device.type, "unpadded_attention")
+        out: Tensor | None = fn(q4, k4, v4, causal=mask.causal, scale=scale, project=project)
+    elif q.device.type == "cpu":
+        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
+        q4, k4 = project(q4, k4)
+        out = backend_function("cpu", "dot_product_attention")(
+            q4, k4, v4, mask4, scale=scale, dropout_p=0.0
+        )
+    else:
+        return None
+    if out is None:
+        return None
+    return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
 
 def _offered(q: object, k: object, v: object, valid_lens: object) -> bool:

@@ -34,7 +34,6 @@ from ._build import has_float16, load_library, parallel_in_c
 __all__ = [
     "additive_scores",
     "additive_scores_backward",
-    "causal_attention",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -45,6 +44,7 @@ __all__ = [
     "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
+    "unpadded_attention",
 ]
 
 _pool: ThreadPoolExecutor | None = None
@@ -1017,6 +1017,8 @@ _BY_LENGTHS_WORK = 0
 #: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
 #: this many of them, so that a few examples and heads still give every thread work.
 _BY_LENGTHS_CHUNK = 64
+#: The kernel's tile of queries (FA_ROWS in the C source); fewer go row by row.
+_FA_ROWS = 8
 
 
 def _by_lengths_suffix(q: Tensor, k: Tensor, v: Tensor) -> str | None:
@@ -1187,20 +1189,71 @@ def _attention_by_lengths(
     return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
-    """Backend contract: causal attention alone without dropout, as the lengths 1, 2, ...,
-    n (at most m) of the C kernel by lengths (:func:`_attention_by_lengths`), which skips
-    the keys beyond each query (PyTorch's CPU flash kernel skips keys only in whole blocks
-    of 512), in inference and training. None where that kernel does not run (its dtypes,
-    the C library, ``_BY_LENGTHS_KEYS``) or the call is below ``_BY_LENGTHS_WORK`` or
-    ``_SMALL_WORK``."""
+#: Where nothing is skipped (no mask), the kernel by lengths still measured faster than
+#: SDPA on 2 cores (0.7x-0.9x float32 / bfloat16, 0.1x-0.5x float16, forward and training,
+#: ``attnscore bench`` rows dot, heads, general, cosine), but in float32 and bfloat16 not
+#: everywhere: it runs there from this much work (below, SDPA's fixed cost is small and
+#: its own loop fast: (2, 2, 64, 64, 32) 1.1x-1.2x), ...
+_UNMASKED_WORK = 1 << 22
+#: ... with head sizes up to this (d = 256: 1.0x-1.1x), at least a tile of queries (n = 4
+#: row by row: 1.1x-1.3x), and in training one (example, head) per thread at least (the
+#: backward's task: (1, 1, 2048, 2048, 64) on one thread, 1.15x-1.3x). SDPA's float16
+#: kernel is 2x-10x slower than its float32 one here: float16 takes the kernel everywhere.
+#: Projected calls (general, cosine) compare with their plain pipeline instead, whose
+#: bfloat16 products run at twice float32's rate here: in bfloat16 they keep it (the
+#: kernel, computing in float32, measured 1.3x-1.8x it).
+_UNMASKED_HEAD = 128
+
+
+def _unmasked_pays(
+    q: Tensor, k: Tensor, v: Tensor, work: int, *, training: bool, projected: bool
+) -> bool:
+    """Whether the kernel by lengths measured faster without a mask than SDPA (or, for
+    ``projected`` calls, their plain pipeline) on inputs like these."""
+    if q.dtype == torch.float16:
+        return True
     B, H, n, _ = q.shape
-    m = k.shape[-2]
-    if B * H * n * m * (q.shape[-1] + v.shape[-1]) < max(_BY_LENGTHS_WORK, _SMALL_WORK):
+    return (
+        not (projected and q.dtype == torch.bfloat16)
+        and work >= _UNMASKED_WORK
+        and n >= _FA_ROWS
+        and max(k.shape[-1], v.shape[-1]) <= _UNMASKED_HEAD
+        and not (training and torch.get_num_threads() > B * H)
+    )
+
+
+def unpadded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+) -> Tensor | None:
+    """Backend contract: attention with nothing padded, without dropout, in the C kernel by
+    lengths (:func:`_attention_by_lengths`), in inference and training. Causal masking
+    alone is the lengths 1, 2, ..., n (at most m): the kernel skips the keys beyond each
+    query, which PyTorch's CPU flash kernel skips only in whole blocks of 512. No mask is
+    every length m, where the kernel runs only as far as it measured faster than SDPA
+    (:func:`_unmasked_pays`). None elsewhere: below
+    ``_BY_LENGTHS_WORK`` or ``_SMALL_WORK``, and where the kernel does not run (its dtypes,
+    the C library, ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in
+    training it counts as needing gradients: its parameters may)."""
+    B, H, n, _ = q.shape
+    m, d, dv = k.shape[-2], k.shape[-1], v.shape[-1]
+    work = B * H * n * m * (d + dv)
+    if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or _by_lengths_suffix(q, k, v) is None:
         return None
-    lengths = torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return _attention_by_lengths(q, k, v, lengths, scale, needs_grad)
+    grad, projected = torch.is_grad_enabled(), project is not None
+    training = grad and (projected or any(t.requires_grad for t in (q, k, v)))
+    if not causal and not _unmasked_pays(q, k, v, work, training=training, projected=projected):
+        return None
+    if project is not None:
+        q, k = project(q, k)
+    lengths = torch.arange(1, n + 1).clamp_(max=m) if causal else torch.full((1,), m)
+    needs_grad = grad and any(t.requires_grad for t in (q, k, v))
+    return _attention_by_lengths(q, k, v, lengths.view(1, 1, -1), scale, needs_grad)
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:

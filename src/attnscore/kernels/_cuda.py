@@ -70,9 +70,8 @@ import torch
 from torch import Tensor
 
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
-# checked by mypy), eight of them the plain backend's, re-exported as they are.
+# checked by mypy), nine of them the plain backend's, re-exported as they are.
 from . import _triton_softmax
-from ._plain import causal_attention as causal_attention
 from ._plain import dot_product_attention as dot_product_attention
 from ._plain import lengths_mask as lengths_mask
 from ._plain import mask_summary as mask_summary
@@ -81,6 +80,7 @@ from ._plain import matmul as matmul
 from ._plain import small_additive_attention as small_additive_attention
 from ._plain import small_dot_product_attention as small_dot_product_attention
 from ._plain import small_masked_softmax as small_masked_softmax
+from ._plain import unpadded_attention as unpadded_attention
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh
 

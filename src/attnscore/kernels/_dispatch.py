@@ -116,14 +116,26 @@ class Backend(Protocol):
     ) -> Tensor:
         """q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv) -> (B, H, n, dv), differentiable
         through PyTorch ops; ``mask`` has lengths over the batch (B, H) and no boolean part
-        (unmasked attention, causal alone and boolean masks go to PyTorch's SDPA before a
-        backend is asked). Length-0 rows are zeros with zero gradients."""
+        (unmasked attention and causal alone go to :meth:`unpadded_attention`, boolean
+        masks to PyTorch's SDPA, before a backend is asked). Length-0 rows are zeros with
+        zero gradients."""
 
-    def causal_attention(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
-        """Causal attention alone (query i attends keys j <= i, top-left), q (B, H, n, d), k
-        (B, H, m, d), v (B, H, m, dv), without dropout: (B, H, n, dv), differentiable, where
-        the backend skips the masked keys and SDPA's ``is_causal`` does not; None otherwise
-        (the caller then runs SDPA with ``is_causal=True``)."""
+    def unpadded_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        causal: bool,
+        scale: float,
+        project: Projection | None = None,
+    ) -> Tensor | None:
+        """Attention with nothing padded, no mask or causal masking alone (query i attends
+        keys j <= i, top-left), without dropout: q (B, H, n, d), k (B, H, m, d), v (B, H, m,
+        dv) -> (B, H, n, dv), differentiable, where the backend's kernel measured faster
+        than SDPA (no mask) or SDPA's ``is_causal`` (causal); None otherwise (the caller
+        then runs SDPA). ``project`` as :meth:`small_dot_product_attention`'s, applied only
+        once the call is taken (the projected queries have the keys' size)."""
 
     def small_dot_product_attention(
         self,
@@ -172,7 +184,7 @@ FUNCTIONS = (
     "additive_scores",
     "additive_scores_backward",
     "dot_product_attention",
-    "causal_attention",
+    "unpadded_attention",
     "small_dot_product_attention",
     "small_additive_attention",
     "matmul",

@@ -28,7 +28,6 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "additive_scores_dense",
-    "causal_attention",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -39,6 +38,7 @@ __all__ = [
     "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
+    "unpadded_attention",
 ]
 
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
@@ -83,8 +83,16 @@ def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
     return None
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor | None:
-    """No path of its own for causal attention: None (SDPA's ``is_causal`` runs)."""
+def unpadded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+) -> Tensor | None:
+    """No kernel of its own for attention with nothing padded: None (SDPA runs)."""
     return None
 
 
