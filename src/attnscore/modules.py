@@ -31,7 +31,11 @@ from ._engine import (
     prepare,
 )
 from .kernels import _ops
-from .kernels._attention import small_additive_attention, small_dot_product_attention
+from .kernels._attention import (
+    small_additive_attention,
+    small_dot_product_attention,
+    unpadded_call,
+)
 from .kernels._dispatch import Projection
 from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
@@ -211,6 +215,15 @@ class Attention(nn.Module):
             if output is not None:
                 self.__dict__["_weights"] = self._weights_later(queries, keys, values, valid_lens)
                 return output
+        elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
+            # so may a call with nothing padded (causal masking alone, or no mask)
+            causal = masks.get("causal", False)
+            output = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
+            if output is not None:
+                self.__dict__["_weights"] = self._weights_later(
+                    queries, keys, values, None, causal=causal
+                )
+                return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
@@ -231,14 +244,33 @@ class Attention(nn.Module):
         without such a path: None."""
         return None
 
+    def _unpadded(
+        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
+    ) -> Tensor | None:
+        """The output of a call with nothing padded (no mask, or causal masking alone), run
+        whole by a fast path that takes the arguments unchecked and declines (None) what it
+        does not take; a scorer without such a path: None."""
+        return None
+
     def _weights_later(
-        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        valid_lens: Tensor | None,
+        *,
+        causal: bool = False,
     ) -> WeightsFn:
         """The weights of a call that did not compute them, computed when asked."""
 
         def weights() -> Tensor:
             prepared = prepare(
-                queries, keys, values, valid_lens, same_feature_size=self.same_feature_size
+                queries,
+                keys,
+                values,
+                valid_lens,
+                same_feature_size=self.same_feature_size,
+                causal=causal,
             )
             return self._attend(prepared, fused=False)[1]()
 
@@ -591,6 +623,18 @@ class DotProductAttention(ScorerAttention):
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
         return small_dot_product_attention(queries, keys, values, valid_lens, scale)
+
+    def _unpadded(
+        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
+    ) -> Tensor | None:
+        """Calls with nothing padded, eager: straight to SDPA or the device's kernel, as the
+        checked path would run them (see :func:`attnscore.kernels._attention.unpadded_call`),
+        with dropout in training as SDPA's."""
+        if self.normalizer != "softmax" or type(queries) is not Tensor:
+            return None
+        scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
+        dropout_p = self.dropout.p if self.training else 0.0
+        return unpadded_call(queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))

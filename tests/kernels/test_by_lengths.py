@@ -30,8 +30,10 @@ LAYOUTS = {
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """The kernel at every size (no small-call pass first); records the forward's calls."""
+    """The kernel at every size (no small-call pass first, causal masking at any work);
+    records the forward's calls."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
     calls = []
     real = _cpu._by_lengths_forward
 
@@ -146,13 +148,14 @@ def training_route(monkeypatch):
     """Training by lengths in the C kernel, forward and backward, at every size; records
     the lengths each call gets."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
     seen = []
     real = _cpu._ByLengthsAttention
 
     class Spy:
         @staticmethod
         def apply(*args):
-            seen.append(args[3].shape)
+            seen.append(args[3].lengths.shape)
             return real.apply(*args)
 
     monkeypatch.setattr(_cpu, "_ByLengthsAttention", Spy)
@@ -309,9 +312,10 @@ def test_general_and_cosine_run_as_dot_products_of_their_projections(
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
-def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls):
+def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls, monkeypatch):
     """No mask at a size where the kernel did not measure faster than SDPA, a boolean mask,
     dropout, or the weights asked for: the plain pipeline (no kernel call)."""
+    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
     (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B, n)", d=16, dv=8)
     module = attnscore.make_scorer(name, 16, dropout=0.5)
     lengths = mask.lengths
@@ -332,9 +336,8 @@ def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls):
 
 
 @pytest.fixture
-def unmasked_calls(kernel_calls, monkeypatch):
+def unmasked_calls(kernel_calls):
     """The kernel without a mask at every size (where it measured faster is tested apart)."""
-    monkeypatch.setattr(_cpu, "_UNMASKED_WORK", 0)
     return kernel_calls
 
 
@@ -365,36 +368,49 @@ def test_no_mask_matches_the_reference(dtype, layout, shape, unmasked_calls):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
 
 
-def test_where_no_mask_runs_it(kernel_calls, monkeypatch):
-    """Without a mask the kernel runs only where it measured faster than SDPA: float32 and
-    bfloat16 from ``_UNMASKED_WORK`` on, with a tile of queries, heads up to 128 and, in
-    training, an (example, head) per thread; float16 from the small calls' size on. Never
-    with dropout, in float64, or with kernels disabled."""
+def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
+    """Without a mask or with causal masking alone, the kernel runs only where it measured
+    faster than SDPA: float32 and bfloat16 from ``_UNPADDED_WORK`` on, and without a mask
+    only with a tile of queries, heads up to 128 and, in training, an (example, head) per
+    thread; float16 from the small calls' size on. Never with dropout, in float64, or with
+    kernels disabled."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(_cpu, "_SMALL_WORK", 1 << 14)
+    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
     g = torch.Generator().manual_seed(5)
 
-    def runs(B, H, n, m, d, dtype=torch.float32, grad=False, **kwargs):
+    def runs(B, H, n, m, d, dtype=torch.float32, grad=False, causal=False, **kwargs):
         q, k, v = (torch.randn(B, H, s, d, generator=g).to(dtype) for s in (n, m, m))
-        mask = build_mask(torch.Size([B, H]), n, m, q.device)
+        mask = build_mask(torch.Size([B, H]), n, m, q.device, causal=causal)
         kernel_calls.clear()
         with torch.set_grad_enabled(grad):
             K.dot_product_attention(q.requires_grad_(grad), k, v, mask, scale=0.1, **kwargs)
         return any(kernel_calls)
 
     big = (2, 4, 64, 128, 32)  # B H n m d: 2^22 multiply-adds, the threshold
-    assert _cpu._UNMASKED_WORK == 2 * 4 * 64 * 128 * 64
-    assert runs(*big) and runs(*big, dtype=torch.bfloat16) and runs(*big, grad=True)
-    assert not runs(2, 4, 64, 127, 32)  # just below
-    assert not runs(4, 8, 4, 4096, 32)  # fewer queries than a tile
-    assert not runs(1, 2, 64, 64, 160)  # heads over 128
+    small = (2, 4, 64, 127, 32)  # just below
+    for causal in (False, True):
+        assert runs(*big, causal=causal) and runs(*big, dtype=torch.bfloat16, causal=causal)
+        assert runs(*big, grad=True, causal=causal) and not runs(*small, causal=causal)
+        assert not runs(*big, causal=causal, dropout_p=0.5)
+        assert not runs(*big, dtype=torch.float64, causal=causal)
+        assert runs(1, 1, 4, 32, 64, dtype=torch.float16, causal=causal)  # 2^14 multiply-adds
+        assert not runs(1, 1, 4, 31, 64, dtype=torch.float16, causal=causal)
+    # general and cosine with causal masking (their plain pipeline skips nothing): any size
+    fn = _cpu.unpadded_attention
+    q, k, v = (torch.randn(2, 4, 64, 32) for _ in range(3))
+    assert fn(q, k, v, causal=True, scale=0.1) is None  # 2^20 multiply-adds
+    kernel_calls.clear()
+    assert fn(q, k, v, causal=True, scale=0.1, project=lambda a, b: (a, b)) is not None
+    assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
+    assert kernel_calls == [True]
+    # without a mask only
+    assert not runs(4, 8, 4, 4096, 32) and runs(4, 8, 4, 4096, 32, causal=True)  # n < 8
+    assert not runs(1, 2, 64, 128, 160) and runs(1, 2, 64, 128, 160, causal=True)  # d > 128
     assert runs(1, 2, 64, 128, 128) and not runs(1, 1, 128, 128, 128, grad=True)
-    assert runs(1, 1, 128, 128, 128)  # one (example, head): inference only
-    assert runs(1, 1, 4, 32, 64, dtype=torch.float16)  # 2^14: the small calls' threshold
-    assert not runs(1, 1, 4, 31, 64, dtype=torch.float16)
-    assert not runs(*big, dropout_p=0.5) and not runs(*big, dtype=torch.float64)
+    assert runs(1, 1, 128, 128, 128) and runs(1, 1, 128, 128, 128, grad=True, causal=True)
     with K.disabled():
-        assert not runs(*big)
+        assert not runs(*big) and not runs(*big, causal=True)
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
@@ -435,3 +451,114 @@ def test_general_and_cosine_without_a_mask_keep_bfloat16_plain(name, unmasked_ca
         assert unmasked_calls == []
         module.float()(q, k, v)
     assert unmasked_calls == [True]
+
+
+# ---- inference by key lengths from the caller's tensors --------------------------------
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths per head"])
+@pytest.mark.parametrize("name", ["scaled_dot", "general", "cosine"])
+def test_inference_by_key_lengths_skips_the_layers(
+    name, mask_kind, layout, dtype, kernel_calls, monkeypatch
+):
+    """Inference by key lengths alone above the small pass's size (here: every size) and
+    in 16 bits: the kernel by lengths straight from the caller's tensors (strided heads
+    too), no checks or mask built first; NaN in padded keys changes nothing; the output
+    and the weights asked for afterwards are float64's."""
+    import attnscore.modules as modules
+
+    prepared = []
+    real_prepare = modules.prepare
+
+    def recording(*args, **kwargs):
+        prepared.append(1)
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(modules, "prepare", recording)
+    (q, k, v), mask, _ = _case(layout, 13, 37, dtype, mask_kind, d=16, dv=24, seed=7)
+    lens = mask.key_lengths.expand(q.shape[:-1]).contiguous()  # one per query row
+    if mask_kind == "lengths (B,)":
+        lens = lens.reshape(len(lens), -1)[:, 0].contiguous()
+    k_dirty = k.masked_fill(mask.padded_keys().unsqueeze(-1), float("nan"))
+    module = attnscore.make_scorer(name, 16).to(dtype).eval()
+    with torch.no_grad():
+        out = module(q, k_dirty, v, lens)
+    assert kernel_calls == [True] and prepared == []
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    if name == "scaled_dot":
+        expected = reference(q, k, v, mask, 0.25)
+    else:
+        expected = _general_and_cosine_reference(name, reference_module, q, k, v, mask)
+    torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+    assert out.shape == (*q.shape[:-1], 24) and out.dtype == dtype
+    weights = module.attention_weights  # computed now, through the checked path
+    assert weights.shape == (*q.shape[:-1], 37) and prepared == [1]
+
+
+# ---- calls with nothing padded, from the caller's tensors ------------------------------
+
+
+@pytest.fixture
+def prepared(monkeypatch):
+    """Records each call of the checked path's ``prepare`` in the modules."""
+    import attnscore.modules as modules
+
+    calls = []
+    real = modules.prepare
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(modules, "prepare", recording)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["no mask", "causal"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_nothing_padded_skips_the_layers(grad, layout, causal, prepared):
+    """DotProductAttention without a mask or with causal masking alone, eager: straight to
+    SDPA or the kernel, no checks or mask built first; output and gradients as float64's,
+    and the weights asked for afterwards computed through the checked path."""
+    (q, k, v), mask, _ = _case(layout, 13, 17, torch.float32, "causal" if causal else "none")
+    module = attnscore.DotProductAttention()
+    ours = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
+    theirs = [t.detach().double().requires_grad_(grad) for t in (q, k, v)]
+    kwargs = {"causal": True} if causal else {}
+    with torch.set_grad_enabled(grad):
+        out = module(*ours, **kwargs)
+    expected = reference(*theirs, mask, 24**-0.5)
+    assert prepared == []
+    torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
+    if grad:
+        out.backward(torch.ones_like(out))
+        expected.backward(torch.ones_like(expected))
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+    weights = module.attention_weights
+    assert prepared == [1] and weights.shape == (*q.shape[:-1], 17)
+    if causal:
+        assert torch.all(weights[..., 0, 1:] == 0)
+
+
+def test_nothing_padded_declines_what_it_does_not_take(prepared):
+    """Mixed dtypes, mismatched shapes, another normalizer, the weights asked for, a mask
+    option given as None, empty inputs: the checked path (and its errors)."""
+    q, k, v = (torch.randn(2, 5, 8) for _ in range(3))
+    module = attnscore.DotProductAttention()
+    with pytest.raises(TypeError, match="Expected `keys` to have the dtype of `queries`"):
+        module(q, k.double(), v)
+    with pytest.raises(ValueError, match="same feature size"):
+        module(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="agree on every dimension"):
+        module(q, k, v[:, :3])
+    assert len(prepared) == 3
+    module(q, k, v, return_weights=True)
+    module(q, k, v, query_valid_lens=None)
+    module(q[:, :0], k, v)
+    attnscore.DotProductAttention(normalizer="sparsemax")(q, k, v)
+    assert len(prepared) == 7

@@ -5,8 +5,8 @@ Every cell is timed in one process with ``torch.utils.benchmark``, its implement
 interleaved over rounds (median); valid lengths are uniform in [1, m] from a fixed seed. The
 cells (:mod:`attnscore.bench.matrix`): rows {masked_softmax, dot, heads, multihead,
 additive, general, cosine} x masks x dtypes {float32, bfloat16, float16} x {forward,
-forward + backward}, then issue 16's table at its own shapes, tiny calls and the decoder
-step; on the CPU also additive attention's peak RSS and the compiled rows. Peak memory is
+forward + backward}, then issue 16's table at its own shapes, tiny and mid-size calls and the
+decoder step; on the CPU also additive attention's peak RSS and the compiled rows. Peak memory is
 what one step allocates (``torch.profiler`` on the CPU, ``max_memory_allocated`` on CUDA).
 
 The full run prints each target's verdict and exits 1 if one is missed. ``--quick`` is a

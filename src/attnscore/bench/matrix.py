@@ -146,6 +146,11 @@ call has its own targets: <= 20 us and <= 4x ``torch.softmax``)."""
 TINY: Shapes = {"B": 2, "n": 4, "m": 8, "d": 8, "H": 2, "E": 16, "h": 8}
 """Tiny calls (per-call overhead) of every attention row, lengths (B,), forward."""
 
+MID: Shapes = {"B": 2, "n": 64, "m": 64, "d": 32, "H": 2, "E": 64, "h": 32}
+"""Mid-size calls (small-batch inference: where the layers' per-call cost competes with the
+work) of the dot-product-like rows, without a mask, by lengths (B,) and causal, forward."""
+MID_MASKS = ("none", "lengths (B,)", "causal")
+
 DECODER: Shapes = {"B": 128, "m": 20, "h": 256}
 ADDITIVE_MEMORY: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
 ADDITIVE_MEMORY_QUICK: Shapes = {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}
@@ -153,15 +158,15 @@ ADDITIVE_COMPILED: Shapes = {"B": 8, "n": 128, "m": 512, "h": 128, "d": 64}
 SOFTMAX_COMPILED: Shapes = {"B": 64, "n": 256, "m": 1024}
 
 
-def _tiny_shapes(row: str) -> Shapes:
-    return {k: TINY[k] for k in SHAPES["quick"][row]}
+def _tiny_shapes(row: str, sizes: Shapes = TINY) -> Shapes:
+    return {k: sizes[k] for k in SHAPES["quick"][row]}
 
 
 def extras(device_type: str, quick: bool) -> list[Case]:
-    """The rows outside the matrix: issue 16's table at its shapes, tiny calls, the decoder
-    step, a tiny Hugging Face Llama trained with ``"attnscore"`` against ``"sdpa"`` (issue
-    18; no verdict without transformers), and (CPU, full run) additive attention's peak RSS
-    and the compiled rows."""
+    """The rows outside the matrix: issue 16's table at its shapes, tiny and mid-size calls,
+    the decoder step, a tiny Hugging Face Llama trained with ``"attnscore"`` against
+    ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU, full run) additive
+    attention's peak RSS and the compiled rows."""
     device = torch.device(device_type)
     out: list[Case] = []
     if not quick:
@@ -186,6 +191,14 @@ def extras(device_type: str, quick: bool) -> list[Case]:
                 mask="lengths (B,)",
             )
         )
+    for row in ("dot", "heads", "multihead", "general", "cosine"):
+        s = _tiny_shapes(row, MID)
+        for mask in MID_MASKS:
+            build = partial(
+                _cases.BUILDERS[row], s, mask, dtype=torch.float32, device=device, backward=False
+            )
+            target = [Target("time", 1.05, BASELINE[row])]
+            out.append(Case(f"{row} (mid)", s, "float32", build, target, mask=mask))
     out.append(
         Case(
             "decoder_step",

@@ -24,7 +24,7 @@ DESCRIPTION = """\
 Time attnscore against the PyTorch call a user would write instead (SDPA,
 nn.MultiheadAttention, torch.softmax, the plain formulation), side by side in
 one process, over rows x masks x dtypes x {forward, forward+backward}, with the
-peak memory of each; then issue 16's table, tiny calls and the decoder step.
+peak memory of each; then issue 16's table, tiny and mid-size calls and the decoder step.
 
   --device cpu    the CPU run (a few minutes on 2 cores)
   --device cuda   the same cells on a GPU, at larger shapes

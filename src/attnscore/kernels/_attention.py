@@ -54,6 +54,7 @@ __all__ = [
     "small_additive_attention",
     "small_dot_product_attention",
     "unpadded",
+    "unpadded_call",
 ]
 
 
@@ -174,6 +175,39 @@ def projected(
     if out is None:
         return None
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
+
+
+def unpadded_call(
+    q: object, k: object, v: object, *, causal: bool, scale: float, dropout_p: float
+) -> Tensor | None:
+    """An eager call of dot-product attention with nothing padded (no mask, or causal
+    masking alone), taken whole from the caller's arguments before the checks and the
+    mask (at mid sizes those layers cost as much as the work): :func:`unpadded` of them,
+    exactly what the checked path runs. Only well-formed calls are taken: plain floating
+    tensors of one dtype and device, (B, n, d) or (B, H, n, d), k and v alike, one d for
+    q and k, nothing empty; None for every other call, which then takes the checks (and
+    their errors)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    if (
+        not q.is_floating_point()
+        or k.dtype != q.dtype
+        or v.dtype != q.dtype
+        or q.ndim not in (3, 4)
+        or k.ndim != q.ndim
+        or v.ndim != q.ndim
+        or k.device != q.device
+        or v.device != q.device
+        or k.shape[:-2] != q.shape[:-2]
+        or v.shape[:-1] != k.shape[:-1]
+        or k.shape[-1] != q.shape[-1]
+        or min(q.numel(), k.numel(), v.numel()) == 0
+        or in_transform(q, k, v)
+    ):
+        return None
+    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
+    out = unpadded(q4, k4, v4, causal=causal, scale=scale, dropout_p=dropout_p)
+    return out if q.ndim == 4 else out.squeeze(1)
 
 
 def _offered(q: object, k: object, v: object, valid_lens: object) -> bool:

@@ -15,9 +15,10 @@ from a shared counter as it finishes one (:func:`_run_tasks`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -527,6 +528,9 @@ _SMALL_WORK = 1 << 14
 
 
 _SMALL_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+#: The dtypes of calls by key lengths that dot-product attention runs whole from the
+#: caller's tensors: the small pass's and the kernel by lengths'.
+_SMALL_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
 
 
 def _small_pass(
@@ -573,14 +577,16 @@ def _small_attention(
     return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, scale)
 
 
-def _small_layout(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int) -> int | None:
-    """The checks a small call from the caller's tensors passes (both kinds of scores): q
-    (B, n, ·) or (B, H, n, ·), k and v alike, one float32 or float64 dtype, on the CPU, at
-    most ``_SMALL_WORK`` multiply-adds (``features`` per score), lengths (B,) or
-    q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing are
-    SDPA's, as everywhere). Returns how many rows share a length, or None."""
+def _small_layout(
+    q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int, dtypes: Container[Any]
+) -> tuple[int, int] | None:
+    """The checks a call from the caller's tensors passes (both kinds of scores): q (B, n,
+    ·) or (B, H, n, ·), k and v alike, one dtype among ``dtypes``, on the CPU, lengths (B,)
+    or q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing
+    are for attention with nothing padded, as everywhere). Returns how many rows share a
+    length and the call's work (multiply-adds, ``features`` per score), or None."""
     if (
-        q.dtype not in _SMALL_SUFFIX
+        q.dtype not in dtypes
         or k.dtype != q.dtype
         or v.dtype != q.dtype
         or q.ndim not in (3, 4)
@@ -597,14 +603,13 @@ def _small_layout(q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features:
         k.shape[:-2] != q.shape[:-2]
         or v.shape[:-1] != k.shape[:-1]
         or min(n, m, d, dv, features) == 0
-        or rows * m * (features + dv) > _SMALL_WORK
         or load_library() is None
     ):
         return None
     read = _callers_lengths(valid_lens, q.shape[:-1])
-    if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut (SDPA)
+    if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut
         return None
-    return read[0]
+    return read[0], rows * m * (features + dv)
 
 
 def small_dot_product_attention(
@@ -615,18 +620,32 @@ def small_dot_product_attention(
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
 ) -> Tensor | None:
-    """Backend contract (C kernel): a small inference call from the caller's tensors, in
-    the C pass of :func:`_small_pass`, where :func:`_small_layout` takes it; q and k
-    through ``project`` first, once it does (else they share their size d). None for
-    anything else, without the C library, or where the pass meets non-finite scores."""
+    """Backend contract (C kernels): an inference call by key lengths from the caller's
+    tensors, where :func:`_small_layout` takes it, run whole before the layers between (at
+    mid sizes they cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
+    and float64, the C pass of :func:`_small_pass`; above it and in 16 bits, the kernel by
+    lengths (:func:`_by_lengths_forward`) where it runs. q and k go through ``project``
+    first, once the call is taken (else they share their size d). None for anything else,
+    without the C library, or where the small pass meets non-finite scores."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
-    div = _small_layout(q, k, v, valid_lens, k.shape[-1])
-    if div is None:
+    taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
+    if taken is None:
+        return None
+    div, work = taken
+    if work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX:
+        if project is not None:
+            q, k = project(q, k)
+        return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
+    if work < _BY_LENGTHS_WORK or _by_lengths_suffix(q, k, v) is None:
         return None
     if project is not None:
         q, k = project(q, k)
-    return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
+    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
+    B, H, n, _ = q4.shape
+    lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
+    out = _by_lengths_forward(q4, k4, v4, _ByLength.of(lengths, n), scale, logsumexp=False)[0]
+    return out if q.ndim == 4 else out.squeeze(1)
 
 
 def small_additive_attention(
@@ -638,14 +657,16 @@ def small_additive_attention(
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
 ) -> Tensor | None:
     """Backend contract (C kernel): a small inference call of additive attention from the
-    caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score):
+    caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score) and
+    the work is at most ``_SMALL_WORK`` multiply-adds (float32, float64):
     ``project`` (q, k) -> (qh, kh, w) (the projections and w_v, applied once it does), then
     one C pass: each query row's scores ``w . tanh(qh + kh_j)`` over its valid keys only,
     their softmax and the weighted values. None for anything else, without the C library,
     or where the pass meets non-finite scores."""
-    div = _small_layout(q, k, v, valid_lens, hidden)
-    if div is None:
+    taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
+    if taken is None or taken[1] > _SMALL_WORK:
         return None
+    div = taken[0]
     qh, kh, w = (t.contiguous() for t in project(q, k))
     vc = v.contiguous()
     *lead, n, h = qh.shape
@@ -1044,11 +1065,40 @@ class _ByLength:
     strides: tuple[int, int]
 
     @staticmethod
-    def of(lengths: Tensor, n: int) -> _ByLength:
-        """From lengths (B or 1, H or 1, n or 1) (:func:`_sdpa.compact`)."""
-        Bl, Hl = lengths.shape[:2]
-        by_length, order = lengths.expand(Bl, Hl, n).sort(dim=-1)
-        return _ByLength(by_length, order, (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0))
+    def of(lengths: Tensor, n: int, *, ascending: bool = False) -> _ByLength:
+        """From lengths (B or 1, H or 1, n or 1) (:func:`_sdpa.compact`); ``ascending``:
+        each (example, head)'s are in order already (causal masking's). Lengths shared by
+        an (example, head)'s queries, or in order, are not sorted (a sort of a few rows
+        costs more than the kernel's work in a mid-size call)."""
+        Bl, Hl, nl = lengths.shape
+        strides = (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0)
+        if nl == 1 or ascending:
+            order = _ascending(n)
+            if Bl * Hl > 1:
+                order = order.expand(Bl, Hl, n).contiguous()
+            return _ByLength(lengths.expand(Bl, Hl, n).contiguous(), order, strides)
+        by_length, order = lengths.sort(dim=-1)
+        return _ByLength(by_length, order, strides)
+
+
+@functools.lru_cache(maxsize=64)
+def _ascending(n: int) -> Tensor:
+    """0, 1, ..., n - 1 as (1, 1, n) int64: the order of queries already in order (kept:
+    the kernels only read it)."""
+    return torch.arange(n).view(1, 1, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_lengths(n: int, m: int) -> Tensor:
+    """Causal masking's lengths 1, 2, ..., n (at most m) as (1, 1, n) int64 (kept: the
+    kernels only read them)."""
+    return torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
+
+
+def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
+    """``values`` as a C array of int64 (the kernels' strides): a few microseconds less
+    than a tensor's."""
+    return (ctypes.c_int64 * len(values))(*values)
 
 
 def _run_tasks(
@@ -1100,7 +1150,7 @@ def _by_lengths_forward(
     m, dv = k.shape[-2], v.shape[-1]
     out = torch.empty((B, n, H, dv), dtype=q.dtype).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
-    strides = torch.tensor([*_strides(q, k, v, out), *by.strides], dtype=torch.int64)
+    strides = _int64s([*_strides(q, k, v, out), *by.strides])
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
     # those for the threads to share.
     chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
@@ -1112,7 +1162,7 @@ def _by_lengths_forward(
         None if lse is None else lse.data_ptr(),
         by.order.data_ptr(),
         by.lengths.data_ptr(),
-        strides.data_ptr(),
+        strides,
     )
     kernel = f"flash_lengths_{_BY_LENGTHS_SUFFIX[q.dtype]}"
     tail = (H, n, m, d, dv, chunks, scale)
@@ -1142,12 +1192,12 @@ def _by_lengths_backward(
     dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     strides = _strides(q, k, v, out)
     strides += [*by.strides, *_strides(grad, dq, dk, dv_)]
-    st = torch.tensor(strides, dtype=torch.int64)
+    st = _int64s(strides)
     head = (
         *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
         by.order.data_ptr(),
         by.lengths.data_ptr(),
-        st.data_ptr(),
+        st,
     )
     kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
     _run_tasks(_lib(), kernel, head, (H, n, m, d, dv, scale), B * H, 2 * B * H * n * m * (d + dv))
@@ -1160,8 +1210,7 @@ class _ByLengthsAttention(torch.autograd.Function):
     that keeps the inputs, the output, the logsumexps and the queries' order."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float) -> Tensor:
-        by = _ByLength.of(lengths, q.shape[-2])
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, by: _ByLength, scale: float) -> Tensor:
         out, lse = _by_lengths_forward(q, k, v, by, scale, logsumexp=True)
         ctx.scale, ctx.by = scale, by
         ctx.save_for_backward(q, k, v, out, lse)
@@ -1176,48 +1225,60 @@ class _ByLengthsAttention(torch.autograd.Function):
 
 
 def _attention_by_lengths(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float, needs_grad: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lengths: Tensor,
+    scale: float,
+    needs_grad: bool,
+    *,
+    ascending: bool = False,
 ) -> Tensor | None:
     """Attention by lengths (B or 1, H or 1, n or 1) in the C kernel, forward and, where
     gradients are needed, backward (:class:`_ByLengthsAttention`); None where it does not
-    run (:func:`_by_lengths_suffix`)."""
+    run (:func:`_by_lengths_suffix`). ``ascending``: as :meth:`_ByLength.of`'s."""
     if _by_lengths_suffix(q, k, v) is None:
         return None
+    by = _ByLength.of(lengths, q.shape[-2], ascending=ascending)
     if needs_grad:
-        return _ByLengthsAttention.apply(q, k, v, lengths, scale)  # type: ignore[no-any-return,no-untyped-call]
-    by = _ByLength.of(lengths, q.shape[-2])
+        return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
     return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
 
 
-#: Where nothing is skipped (no mask), the kernel by lengths still measured faster than
-#: SDPA on 2 cores (0.7x-0.9x float32 / bfloat16, 0.1x-0.5x float16, forward and training,
-#: ``attnscore bench`` rows dot, heads, general, cosine), but in float32 and bfloat16 not
-#: everywhere: it runs there from this much work (below, SDPA's fixed cost is small and
-#: its own loop fast: (2, 2, 64, 64, 32) 1.1x-1.2x), ...
-_UNMASKED_WORK = 1 << 22
-#: ... with head sizes up to this (d = 256: 1.0x-1.1x), at least a tile of queries (n = 4
-#: row by row: 1.1x-1.3x), and in training one (example, head) per thread at least (the
-#: backward's task: (1, 1, 2048, 2048, 64) on one thread, 1.15x-1.3x). SDPA's float16
-#: kernel is 2x-10x slower than its float32 one here: float16 takes the kernel everywhere.
-#: Projected calls (general, cosine) compare with their plain pipeline instead, whose
-#: bfloat16 products run at twice float32's rate here: in bfloat16 they keep it (the
-#: kernel, computing in float32, measured 1.3x-1.8x it).
-_UNMASKED_HEAD = 128
+#: With nothing padded (no mask, or causal masking alone) the kernel by lengths runs from
+#: this much work on: below it, SDPA's fixed cost is small and its own loop fast, and the
+#: kernel's calls measured slower (2 cores: causal (4, 1, 32, 32, 64) 1.7x, (2, 2, 64, 64,
+#: 32) 1.2x, 2^21 multiply-adds 0.9x-1.1x, 2^22 0.8x-0.9x; no mask (2, 2, 64, 64, 32)
+#: 1.1x-1.2x). SDPA's float16 kernel is 2x-10x slower than its float32 one here: float16
+#: takes the kernel from ``_SMALL_WORK`` on, and so do projected calls (general, cosine)
+#: with causal masking, whose plain pipeline skips nothing (rows general (mid) and cosine
+#: (mid) of ``attnscore bench``, causal: 1.1x-1.9x the plain formulation through the
+#: kernel, 1.7x-2.8x through the plain path, in one process). ...
+_UNPADDED_WORK = 1 << 22
+#: ... Without a mask, where nothing is skipped, the kernel still measured faster than
+#: SDPA (0.7x-0.9x float32 / bfloat16, forward and training, ``attnscore bench`` rows dot,
+#: heads, general, cosine), but not everywhere: it runs with head sizes up to this (d =
+#: 256: 1.0x-1.1x), at least a tile of queries (n = 4 row by row: 1.1x-1.3x), and in
+#: training one (example, head) per thread at least (the backward's task: (1, 1, 2048,
+#: 2048, 64) on one thread, 1.15x-1.3x). Projected calls (general, cosine) compare with
+#: their plain pipeline instead, whose bfloat16 products run at twice float32's rate here:
+#: in bfloat16 they keep it (the kernel, computing in float32, measured 1.3x-1.8x it).
+_UNPADDED_HEAD = 128
 
 
-def _unmasked_pays(
-    q: Tensor, k: Tensor, v: Tensor, work: int, *, training: bool, projected: bool
+def _unpadded_pays(
+    q: Tensor, k: Tensor, v: Tensor, work: int, *, causal: bool, training: bool, projected: bool
 ) -> bool:
-    """Whether the kernel by lengths measured faster without a mask than SDPA (or, for
-    ``projected`` calls, their plain pipeline) on inputs like these."""
-    if q.dtype == torch.float16:
-        return True
+    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or,
+    for ``projected`` calls without a mask, their plain pipeline) on inputs like these."""
+    if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
+        return True  # (projected: their plain pipeline skips nothing under causal masking)
     B, H, n, _ = q.shape
     return (
         not (projected and q.dtype == torch.bfloat16)
-        and work >= _UNMASKED_WORK
+        and work >= _UNPADDED_WORK
         and n >= _FA_ROWS
-        and max(k.shape[-1], v.shape[-1]) <= _UNMASKED_HEAD
+        and max(k.shape[-1], v.shape[-1]) <= _UNPADDED_HEAD
         and not (training and torch.get_num_threads() > B * H)
     )
 
@@ -1235,11 +1296,11 @@ def unpadded_attention(
     lengths (:func:`_attention_by_lengths`), in inference and training. Causal masking
     alone is the lengths 1, 2, ..., n (at most m): the kernel skips the keys beyond each
     query, which PyTorch's CPU flash kernel skips only in whole blocks of 512. No mask is
-    every length m, where the kernel runs only as far as it measured faster than SDPA
-    (:func:`_unmasked_pays`). None elsewhere: below
-    ``_BY_LENGTHS_WORK`` or ``_SMALL_WORK``, and where the kernel does not run (its dtypes,
-    the C library, ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in
-    training it counts as needing gradients: its parameters may)."""
+    every length m. Either runs only where the kernel measured faster than SDPA
+    (:func:`_unpadded_pays`). None elsewhere, below ``_BY_LENGTHS_WORK`` or
+    ``_SMALL_WORK``, and where the kernel does not run (its dtypes, the C library,
+    ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in training it
+    counts as needing gradients: its parameters may)."""
     B, H, n, _ = q.shape
     m, d, dv = k.shape[-2], k.shape[-1], v.shape[-1]
     work = B * H * n * m * (d + dv)
@@ -1247,7 +1308,7 @@ def unpadded_attention(
         return None
     grad, projected = torch.is_grad_enabled(), project is not None
     training = grad and (projected or any(t.requires_grad for t in (q, k, v)))
-    if not causal and not _unmasked_pays(q, k, v, work, training=training, projected=projected):
+    if not _unpadded_pays(q, k, v, work, causal=causal, training=training, projected=projected):
         return None
     if project is not None:
         q, k = project(q, k)
