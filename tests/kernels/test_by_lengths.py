@@ -456,27 +456,33 @@ def test_general_and_cosine_without_a_mask_keep_bfloat16_plain(name, unmasked_ca
 # ---- inference by key lengths from the caller's tensors --------------------------------
 
 
+@pytest.fixture
+def prepared(monkeypatch):
+    """Records each call of the checked path's ``prepare`` in the modules."""
+    import attnscore.modules as modules
+
+    calls = []
+    real = modules.prepare
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(modules, "prepare", recording)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths per head"])
 @pytest.mark.parametrize("name", ["scaled_dot", "general", "cosine"])
 def test_inference_by_key_lengths_skips_the_layers(
-    name, mask_kind, layout, dtype, kernel_calls, monkeypatch
+    name, mask_kind, layout, dtype, kernel_calls, prepared
 ):
     """Inference by key lengths alone above the small pass's size (here: every size) and
     in 16 bits: the kernel by lengths straight from the caller's tensors (strided heads
     too), no checks or mask built first; NaN in padded keys changes nothing; the output
     and the weights asked for afterwards are float64's."""
-    import attnscore.modules as modules
-
-    prepared = []
-    real_prepare = modules.prepare
-
-    def recording(*args, **kwargs):
-        prepared.append(1)
-        return real_prepare(*args, **kwargs)
-
-    monkeypatch.setattr(modules, "prepare", recording)
     (q, k, v), mask, _ = _case(layout, 13, 37, dtype, mask_kind, d=16, dv=24, seed=7)
     lens = mask.key_lengths.expand(q.shape[:-1]).contiguous()  # one per query row
     if mask_kind == "lengths (B,)":
@@ -499,22 +505,6 @@ def test_inference_by_key_lengths_skips_the_layers(
 
 
 # ---- calls with nothing padded, from the caller's tensors ------------------------------
-
-
-@pytest.fixture
-def prepared(monkeypatch):
-    """Records each call of the checked path's ``prepare`` in the modules."""
-    import attnscore.modules as modules
-
-    calls = []
-    real = modules.prepare
-
-    def recording(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(modules, "prepare", recording)
-    return calls
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["no mask", "causal"])
