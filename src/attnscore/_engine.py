@@ -246,7 +246,7 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
         if project is None:
             out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)
             return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
-        if dropout_p != 0.0:
+        if dropout_p != 0.0 or mask.attend is not None:  # never taken: nothing to zero
             return None
         if torch.is_grad_enabled():
             inert = zero_padding(Prepared(q, k, v, mask))

@@ -633,14 +633,13 @@ def small_dot_product_attention(
     if taken is None:
         return None
     div, work = taken
-    if work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX:
-        if project is not None:
-            q, k = project(q, k)
-        return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
-    if work < _BY_LENGTHS_WORK or _by_lengths_suffix(q, k, v) is None:
+    whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
+    if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_suffix(q, k, v) is None):
         return None
     if project is not None:
         q, k = project(q, k)
+    if whole:
+        return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     B, H, n, _ = q4.shape
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
@@ -1312,9 +1311,9 @@ def unpadded_attention(
         return None
     if project is not None:
         q, k = project(q, k)
-    lengths = torch.arange(1, n + 1).clamp_(max=m) if causal else torch.full((1,), m)
+    lengths = _causal_lengths(n, m) if causal else torch.full((1, 1, 1), m)
     needs_grad = grad and any(t.requires_grad for t in (q, k, v))
-    return _attention_by_lengths(q, k, v, lengths.view(1, 1, -1), scale, needs_grad)
+    return _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=causal)
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
