@@ -59,10 +59,10 @@ def in_transform(*tensors: Tensor) -> bool:
         return True
     # Plain tensors (the common case) are told apart by their exact type, without the
     # isinstance walk: a call of a small attention costs a few microseconds per check.
-    return any(
-        (type(t) is not Tensor and isinstance(t, fake_tensor_type())) or _is_wrapped(t)
-        for t in tensors
-    )
+    for t in tensors:
+        if (type(t) is not Tensor and isinstance(t, fake_tensor_type())) or _is_wrapped(t):
+            return True
+    return False
 
 
 @functools.cache

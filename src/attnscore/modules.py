@@ -32,6 +32,7 @@ from ._engine import (
 )
 from .kernels import _ops
 from .kernels._attention import (
+    projected_call,
     small_additive_attention,
     small_dot_product_attention,
     unpadded_call,
@@ -218,11 +219,9 @@ class Attention(nn.Module):
         elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
             # so may a call with nothing padded (causal masking alone, or no mask)
             causal = masks.get("causal", False)
-            output = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
-            if output is not None:
-                self.__dict__["_weights"] = self._weights_later(
-                    queries, keys, values, None, causal=causal
-                )
+            taken = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
+            if taken is not None:
+                output, self.__dict__["_weights"] = taken
                 return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
@@ -246,10 +245,10 @@ class Attention(nn.Module):
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> Tensor | None:
-        """The output of a call with nothing padded (no mask, or causal masking alone), run
-        whole by a fast path that takes the arguments unchecked and declines (None) what it
-        does not take; a scorer without such a path: None."""
+    ) -> tuple[Tensor, WeightsFn] | None:
+        """The output and weights function of a call with nothing padded (no mask, or causal
+        masking alone), run whole by a fast path that takes the arguments unchecked and
+        declines (None) what it does not take; a scorer without such a path: None."""
         return None
 
     def _weights_later(
@@ -626,15 +625,20 @@ class DotProductAttention(ScorerAttention):
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, WeightsFn] | None:
         """Calls with nothing padded, eager: straight to SDPA or the device's kernel, as the
         checked path would run them (see :func:`attnscore.kernels._attention.unpadded_call`),
         with dropout in training as SDPA's."""
         if self.normalizer != "softmax" or type(queries) is not Tensor:
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
-        dropout_p = self.dropout.p if self.training else 0.0
-        return unpadded_call(queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p)
+        dropout_p = _dropout_p(self)
+        output = unpadded_call(
+            queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p
+        )
+        if output is None:
+            return None
+        return output, self._weights_later(queries, keys, values, None, causal=causal)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
@@ -660,6 +664,32 @@ def _may_run_small(
     )
 
 
+def _held(module: nn.Module, name: str) -> Tensor:
+    """``module.<name>``, a tensor it holds (parameter or buffer), read from where
+    ``nn.Module`` keeps it: its attribute lookup costs a microsecond per level, as much as
+    the rest of a mid-size call's checks. Anything else held under that name (a
+    parametrization, a plain attribute) through the lookup."""
+    held: Tensor | None = module._parameters.get(name)
+    if held is None:
+        held = module._buffers.get(name)
+    return held if held is not None else getattr(module, name)
+
+
+def _submodule(module: nn.Module, name: str) -> nn.Module:
+    """``module.<name>``, a submodule, as :func:`_held` reads tensors."""
+    held = module._modules.get(name)
+    return held if held is not None else getattr(module, name)
+
+
+def _dropout_p(module: Attention) -> float:
+    """The dropout probability at work in ``module``'s call: 0 in eval mode."""
+    if not module.training:
+        return 0.0
+    dropout = _submodule(module, "dropout")
+    assert isinstance(dropout, nn.Dropout)
+    return dropout.p
+
+
 def _checked(module: ScorerAttention, project: Projection) -> Projection:
     """``project`` after ``module`` checks the feature sizes against its parameters: the
     fused path's check (the plain path's is in :meth:`ScorerAttention.score`)."""
@@ -671,7 +701,76 @@ def _checked(module: ScorerAttention, project: Projection) -> Projection:
     return checked
 
 
-class MultiplicativeAttention(ScorerAttention):
+class _ProjectedAttention(ScorerAttention):
+    """A scorer whose scores are dot products of projections of the queries and keys
+    (:meth:`_project`: general, cosine), run as dot-product attention of those (scale 1)
+    by the paths that take it: small inference calls by key lengths, calls with nothing
+    padded, and the fused path."""
+
+    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """The vectors (..., n, d'), (..., m, d') whose dot products are the scores."""
+        raise NotImplementedError
+
+    def _projected_by(self) -> Tensor | None:
+        """The parameter the projections read (its device and gradients decide which paths
+        may run), or None while its sizes wait for the first call (which the checked path
+        makes)."""
+        raise NotImplementedError
+
+    def _fits(self, queries: Tensor, keys: Tensor, param: Tensor) -> bool:
+        """Whether queries and keys fit ``param`` (:meth:`_projected_by`'s; no error: the
+        checked path names what does not fit)."""
+        raise NotImplementedError
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> Tensor | None:
+        """Small inference calls: dot-product attention of the projections in one C pass on
+        the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        param = self._projected_by()
+        if param is None or not _may_run_small(self, queries, keys, param):
+            return None
+        if not self._fits(queries, keys, param):
+            return None
+        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
+
+    def _unpadded(
+        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
+    ) -> tuple[Tensor, WeightsFn] | None:
+        """Calls with nothing padded, eager: the device's kernel where it takes them, else
+        without a mask the plain pipeline of the projections, which returns its weights
+        (see :func:`attnscore.kernels._attention.projected_call`)."""
+        param = self._projected_by()
+        if (
+            param is None
+            or self.normalizer != "softmax"
+            or type(queries) is not Tensor
+            or type(keys) is not Tensor
+            or param.device != queries.device
+            or not self._fits(queries, keys, param)
+        ):
+            return None
+        dropout_p = _dropout_p(self)
+        taken = projected_call(
+            queries, keys, values, causal=causal, project=self._project, dropout_p=dropout_p
+        )
+        if taken is None:
+            return None
+        output, weights = taken
+        if weights is None:
+            return output, self._weights_later(queries, keys, values, None, causal=causal)
+        return output, lambda: weights
+
+    def fused_path(self) -> FusedPath | None:
+        """Dot-product attention of the projections where a kernel of the device skips work
+        or measured faster than the plain pipeline
+        (:func:`attnscore._engine.fused_dot_product`)."""
+        if self._projected_by() is None:  # the plain path materialises the parameter
+            return None
+        return fused_dot_product(1.0, _checked(self, self._project))
+
+
+class MultiplicativeAttention(_ProjectedAttention):
     """General (multiplicative, bilinear) attention, ``a(q, k) = qᵀ W_a k``.
 
     Luong et al. 2015, eq. (8) "general": the registry's ``"general"``. Queries and keys
@@ -707,37 +806,25 @@ class MultiplicativeAttention(ScorerAttention):
         _check_size(query_size, "query_size")
         super().__init__(_GENERAL, query_size, key_size, None, dropout, normalizer=normalizer)
 
-    def _small(
-        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
-        """Small inference calls: dot-product attention of q W_a over the keys, in one C
-        pass on the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
-        if _is_lazy(self.W_a):  # sizes not known yet: the first call materialises W_a
-            return None
-        W_a = self.W_a.weight
-        if (
-            not _may_run_small(self, queries, keys, W_a)
-            or queries.dtype != W_a.dtype
-            or queries.shape[-1] != W_a.shape[0]
-            or keys.shape[-1] != W_a.shape[1]
-        ):
-            return None
-        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
-
     def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         """The vectors whose dot products are the scores: (q W_a, k)."""
-        return _ops.matmul(queries, self.W_a.weight), keys
+        return _ops.matmul(queries, _held(_submodule(self, "W_a"), "weight")), keys
 
-    def fused_path(self) -> FusedPath | None:
-        """Dot-product attention of q W_a over the keys where a kernel of the device skips
-        work or measured faster than the plain pipeline
-        (:func:`attnscore._engine.fused_dot_product`)."""
-        if _is_lazy(self.W_a):  # sizes not known yet: the plain path materialises W_a
-            return None
-        return fused_dot_product(1.0, _checked(self, self._project))
+    def _projected_by(self) -> Tensor | None:
+        """``W_a`` (q, k); None while lazy (its key size waits for the first call)."""
+        W_a = _submodule(self, "W_a")
+        return None if _is_lazy(W_a) else _held(W_a, "weight")
+
+    def _fits(self, queries: Tensor, keys: Tensor, W_a: Tensor) -> bool:
+        """``W_a``'s dtype and sizes: queries (..., q), keys (..., k)."""
+        return (
+            queries.dtype == W_a.dtype
+            and queries.shape[-1] == W_a.shape[0]
+            and keys.shape[-1] == W_a.shape[1]
+        )
 
 
-class CosineAttention(ScorerAttention):
+class CosineAttention(_ProjectedAttention):
     """Scaled cosine attention, ``a(q, k) = s · cos(q, k)`` with a fixed or learned s.
 
     Liu et al. 2022 (Swin Transformer V2), eq. (2), with s = 1/τ: the registry's
@@ -778,30 +865,19 @@ class CosineAttention(ScorerAttention):
             del self.log_scale
             self.register_buffer("log_scale", log_scale)
 
-    def _small(
-        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
-        """Small inference calls: dot-product attention of s times the queries' unit
-        vectors over the keys', in one C pass on the CPU (see
-        :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
-        if (
-            not _may_run_small(self, queries, keys, self.log_scale)
-            or queries.shape[-1] != keys.shape[-1]
-        ):
-            return None
-        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
-
     def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         """The vectors whose dot products are the scores: s times the queries' unit rows,
         and the keys'."""
-        scale = self.log_scale.exp().to(queries.dtype)
+        scale = _held(self, "log_scale").exp().to(queries.dtype)
         return unit_rows(queries) * scale, unit_rows(keys)
 
-    def fused_path(self) -> FusedPath | None:
-        """Dot-product attention of s times the queries' unit vectors over the keys' where a
-        kernel of the device skips work or measured faster than the plain pipeline
-        (:func:`attnscore._engine.fused_dot_product`)."""
-        return fused_dot_product(1.0, _checked(self, self._project))
+    def _projected_by(self) -> Tensor:
+        """``log_scale``."""
+        return _held(self, "log_scale")
+
+    def _fits(self, queries: Tensor, keys: Tensor, log_scale: Tensor) -> bool:
+        """One feature size d for queries and keys."""
+        return queries.shape[-1] == keys.shape[-1]
 
 
 def make_scorer(

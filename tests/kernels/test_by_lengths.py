@@ -259,9 +259,9 @@ def test_training_with_a_sums_gradient(training_route):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
 
-def _general_and_cosine_reference(name, module, q, k, v, mask):
-    """float64: q W_a k^T (general) or s cos(q, k) (cosine), masked softmax, @ V."""
-    q, k, v = (t.double() for t in (q, k, v))
+def _general_and_cosine_weights(name, module, q, k, mask):
+    """float64: q W_a k^T (general) or s cos(q, k) (cosine), then the masked softmax."""
+    q, k = q.double(), k.double()
     if name == "general":
         scores = q @ module.W_a.weight.double() @ k.mT
     else:
@@ -270,7 +270,12 @@ def _general_and_cosine_reference(name, module, q, k, v, mask):
     allowed = mask.dense()
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.nan_to_num(torch.softmax(scores, dim=-1)) @ v
+    return torch.nan_to_num(torch.softmax(scores, dim=-1))
+
+
+def _general_and_cosine_reference(name, module, q, k, v, mask):
+    """float64: :func:`_general_and_cosine_weights` @ V."""
+    return _general_and_cosine_weights(name, module, q, k, mask) @ v.double()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -552,3 +557,90 @@ def test_nothing_padded_declines_what_it_does_not_take(prepared):
     module(q[:, :0], k, v)
     attnscore.DotProductAttention(normalizer="sparsemax")(q, k, v)
     assert len(prepared) == 7
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_nothing_padded_skip_the_layers(name, grad, layout, dtype, prepared):
+    """General and cosine attention without a mask, eager, where the kernel does not take
+    them (below its size; bfloat16 always): their plain pipeline on the projections straight
+    from the caller's tensors, no checks or mask built first, and the weights it computed
+    kept; output, weights and gradients (inputs and parameters) as float64's."""
+    (q, k, v), mask, g = _case(layout, 13, 17, torch.float32, "none", d=16, dv=8, seed=3)
+    module = attnscore.make_scorer(name, 16)
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    module = module.to(dtype)
+    ours = [t.detach().to(dtype).clone().requires_grad_(grad) for t in (q, k, v)]
+    theirs = [t.detach().double().requires_grad_(grad) for t in (q, k, v)]
+    with torch.set_grad_enabled(grad):
+        out = module(*ours)
+    weights = module.attention_weights
+    assert prepared == [] and out.dtype == dtype
+    expected_weights = _general_and_cosine_weights(name, reference_module, *theirs[:2], mask)
+    expected = expected_weights @ theirs[2]
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), expected.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(weights.double(), expected_weights.detach(), atol=tol, rtol=tol)
+    assert not weights.requires_grad
+    if grad:
+        upstream = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+        out.backward(upstream.to(dtype))
+        expected.backward(upstream)
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a.grad.double(), b.grad, atol=10 * tol, rtol=10 * tol)
+        parameters = dict(module.named_parameters())
+        for pname, p in reference_module.named_parameters():
+            assert parameters[pname].grad is not None, pname
+            torch.testing.assert_close(
+                parameters[pname].grad.double(), p.grad, atol=10 * tol, rtol=10 * tol
+            )
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_nothing_padded_dropout_and_causal(name, prepared, kernel_calls):
+    """Dropout in training: the plain pipeline's, on the weights (the same draws as
+    dropout of float64's weights). Causal masking, which the kernel takes: straight to it;
+    with dropout it is not taken (the checked path runs)."""
+    (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "none", d=16, dv=8, seed=4)
+    module = attnscore.make_scorer(name, 16, dropout=0.5)
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    torch.manual_seed(5)
+    with torch.no_grad():
+        out = module(q, k, v)
+    weights = _general_and_cosine_weights(name, reference_module, q, k, mask)
+    torch.manual_seed(5)
+    expected = F.dropout(weights.float(), 0.5).double() @ v.double()
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+    assert prepared == [] and kernel_calls == []
+    module(q, k, v, causal=True)  # dropout at work: not taken
+    assert prepared == [1] and kernel_calls == []
+    module.eval()
+    with torch.no_grad():
+        out = module(q, k, v, causal=True)
+    assert prepared == [1] and kernel_calls == [True]
+    (_, _, _), causal_mask, _ = _case("3-D", 13, 17, torch.float32, "causal", d=16, dv=8)
+    expected = _general_and_cosine_reference(name, reference_module, q, k, v, causal_mask)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_general_and_cosine_nothing_padded_declines_what_does_not_fit(prepared):
+    """Feature sizes or a dtype unlike the parameters', a ``W_a`` still lazy, keys of
+    another size for cosine: the checked path (and its errors); once ``W_a`` is made, the
+    lane."""
+    q, k, v = (torch.randn(2, 5, 8) for _ in range(3))
+    general = attnscore.MultiplicativeAttention(query_size=8)  # key_size waits: lazy W_a
+    general(q, k, v)
+    assert len(prepared) == 1
+    general(q, k, v)
+    assert len(prepared) == 1
+    with pytest.raises(ValueError, match="queries"):
+        general(q[..., :4], k, v)
+    with pytest.raises(TypeError, match="dtype"):
+        general(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError):
+        attnscore.CosineAttention()(q, k[..., :4], v)
+    assert len(prepared) == 4

@@ -40,17 +40,19 @@ the caller's tensors; whatever it declines takes the checks and the table above.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import in_transform
 from .._mask import AttentionMask
-from . import _plain, _sdpa
+from . import _ops, _plain, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_function, enabled
 
 __all__ = [
     "causal_alone",
     "dot_product_attention",
     "projected",
+    "projected_call",
     "small_additive_attention",
     "small_dot_product_attention",
     "unpadded",
@@ -136,16 +138,33 @@ def unpadded(
     """Attention with nothing padded (4-D), no mask or causal masking alone: in eager code
     without dropout the backend's ``unpadded_attention`` where it takes the call, else SDPA
     (``is_causal`` when causal) of the inputs, projected first by ``project`` if given."""
-    if dropout_p == 0.0 and enabled() and not in_transform(q, k, v):
-        fn = backend_function(q.device.type, "unpadded_attention")
-        out: Tensor | None = fn(q, k, v, causal=causal, scale=scale, project=project)
-        if out is not None:
-            return out
+    out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, project, in_transform(q, k, v))
+    if out is not None:
+        return out
     if project is not None:
         q, k = project(q, k)
     if causal:
         return _sdpa.causal(q, k, v, scale=scale, dropout_p=dropout_p)
     return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
+
+
+def _unpadded_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    scale: float,
+    dropout_p: float,
+    project: Projection | None,
+    traced: bool,
+) -> Tensor | None:
+    """The backend's ``unpadded_attention`` of (B, H, n, d) or (B, n, d) inputs where it
+    may run (eager code, kernels enabled, no dropout) and takes the call; else None."""
+    if dropout_p != 0.0 or traced or not enabled():
+        return None
+    fn = backend_function(q.device.type, "unpadded_attention")
+    out: Tensor | None = fn(q, k, v, causal=causal, scale=scale, project=project)
+    return out
 
 
 def projected(
@@ -177,37 +196,78 @@ def projected(
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
 
+def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
+    """Whether a call's arguments pass the checked path's input checks as they are, in
+    eager code: plain floating tensors of one dtype and device, (B, n, d) or (B, H, n, d),
+    k and v alike but for their last dimension, q's batch dimensions k's (and with
+    ``same_d`` its d), nothing empty. The unchecked lanes take only such calls."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    ndim, dtype = len(qs), q.dtype
+    return (
+        (ndim == 3 or ndim == 4)
+        and len(ks) == ndim
+        and len(vs) == ndim
+        and ks[:-2] == qs[:-2]
+        and vs[:-1] == ks[:-1]
+        and (not same_d or ks[-1] == qs[-1])
+        and 0 not in qs
+        and 0 not in ks
+        and 0 not in vs
+        and dtype.is_floating_point
+        and k.dtype == dtype
+        and v.dtype == dtype
+        and k.device == q.device
+        and v.device == q.device
+        and not in_transform(q, k, v)
+    )
+
+
 def unpadded_call(
     q: object, k: object, v: object, *, causal: bool, scale: float, dropout_p: float
 ) -> Tensor | None:
     """An eager call of dot-product attention with nothing padded (no mask, or causal
     masking alone), taken whole from the caller's arguments before the checks and the
     mask (at mid sizes those layers cost as much as the work): :func:`unpadded` of them,
-    exactly what the checked path runs. Only well-formed calls are taken: plain floating
-    tensors of one dtype and device, (B, n, d) or (B, H, n, d), k and v alike, one d for
-    q and k, nothing empty; None for every other call, which then takes the checks (and
-    their errors)."""
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+    exactly what the checked path runs. Only well-formed calls are taken
+    (:func:`_well_formed`, one d for q and k); None for every other call, which then takes
+    the checks (and their errors)."""
+    if not _well_formed(q, k, v, same_d=True):
         return None
-    if (
-        not q.is_floating_point()
-        or k.dtype != q.dtype
-        or v.dtype != q.dtype
-        or q.ndim not in (3, 4)
-        or k.ndim != q.ndim
-        or v.ndim != q.ndim
-        or k.device != q.device
-        or v.device != q.device
-        or k.shape[:-2] != q.shape[:-2]
-        or v.shape[:-1] != k.shape[:-1]
-        or k.shape[-1] != q.shape[-1]
-        or min(q.numel(), k.numel(), v.numel()) == 0
-        or in_transform(q, k, v)
-    ):
-        return None
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, None, False)
+    if out is not None:
+        return out
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    out = unpadded(q4, k4, v4, causal=causal, scale=scale, dropout_p=dropout_p)
+    sdpa = _sdpa.causal if causal else _sdpa.unmasked
+    out = sdpa(q4, k4, v4, scale=scale, dropout_p=dropout_p)
     return out if q.ndim == 4 else out.squeeze(1)
+
+
+def projected_call(
+    q: object, k: object, v: object, *, causal: bool, project: Projection, dropout_p: float
+) -> tuple[Tensor, Tensor | None] | None:
+    """:func:`unpadded_call` for scorers whose scores are dot products of projections
+    (general, cosine: ``project`` (q, k) -> (q', k'), scale 1): the backend's
+    ``unpadded_attention`` where it takes the call (output, None: weights not computed);
+    else without a mask their plain pipeline, ``softmax(q' k'ᵀ)`` then dropout and the
+    weighted sum (output, weights), the formulation PyTorch users write (which measured
+    faster than SDPA of the projections in bfloat16). None for causal masking the kernel
+    does not take and for calls that are not well-formed (:func:`_well_formed`): they take
+    the checked path. The caller checks that ``project`` can run on q and k."""
+    if not _well_formed(q, k, v, same_d=False):
+        return None
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    out = _unpadded_kernel(q, k, v, causal, 1.0, dropout_p, project, False)
+    if out is not None:
+        return out, None
+    if causal:
+        return None
+    qp, kp = project(q, k)
+    weights = torch.softmax(_ops.matmul(qp, kp.transpose(-1, -2)), dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
+    return _ops.matmul(dropped, v), weights
 
 
 def _offered(q: object, k: object, v: object, valid_lens: object) -> bool:

@@ -1072,9 +1072,12 @@ class _ByLength:
         Bl, Hl, nl = lengths.shape
         strides = (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0)
         if nl == 1 or ascending:
-            order = _ascending(n)
-            if Bl * Hl > 1:
-                order = order.expand(Bl, Hl, n).contiguous()
+            if Bl * Hl == 1:
+                order = _ascending(n)
+            elif Bl * Hl * n <= _KEPT_ORDER:  # kept: a copy costs microseconds per call
+                order = _ascending_rows(Bl, Hl, n)
+            else:
+                order = _ascending(n).expand(Bl, Hl, n).contiguous()
             return _ByLength(lengths.expand(Bl, Hl, n).contiguous(), order, strides)
         by_length, order = lengths.sort(dim=-1)
         return _ByLength(by_length, order, strides)
@@ -1087,11 +1090,28 @@ def _ascending(n: int) -> Tensor:
     return torch.arange(n).view(1, 1, n)
 
 
+#: :func:`_ascending_rows` are kept up to this many values each (512 KiB).
+_KEPT_ORDER = 1 << 16
+
+
+@functools.lru_cache(maxsize=64)
+def _ascending_rows(B: int, H: int, n: int) -> Tensor:
+    """:func:`_ascending` for each of (B, H) (example, head) pairs, contiguous (B, H, n)."""
+    return _ascending(n).expand(B, H, n).contiguous()
+
+
 @functools.lru_cache(maxsize=64)
 def _causal_lengths(n: int, m: int) -> Tensor:
     """Causal masking's lengths 1, 2, ..., n (at most m) as (1, 1, n) int64 (kept: the
     kernels only read them)."""
     return torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _every_key(n: int, m: int) -> Tensor:
+    """No mask's lengths: m for each of n queries, as (1, 1, n) int64 (in order, so never
+    sorted or copied per call; kept: the kernels only read them)."""
+    return torch.full((1, 1, n), m)
 
 
 def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
@@ -1266,19 +1286,21 @@ _UNPADDED_HEAD = 128
 
 
 def _unpadded_pays(
-    q: Tensor, k: Tensor, v: Tensor, work: int, *, causal: bool, training: bool, projected: bool
+    q: Tensor, k: Tensor, v: Tensor, work: int, heads: int, *, causal: bool, projected: bool
 ) -> bool:
     """Whether the kernel by lengths measured faster with nothing padded than SDPA (or,
-    for ``projected`` calls without a mask, their plain pipeline) on inputs like these."""
+    for ``projected`` calls without a mask, their plain pipeline) on inputs like these,
+    ``heads`` (example, head) pairs in all (cheapest tests first: most calls are decided by
+    their size alone)."""
     if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
-    B, H, n, _ = q.shape
-    return (
-        not (projected and q.dtype == torch.bfloat16)
-        and work >= _UNPADDED_WORK
-        and n >= _FA_ROWS
-        and max(k.shape[-1], v.shape[-1]) <= _UNPADDED_HEAD
-        and not (training and torch.get_num_threads() > B * H)
+    if work < _UNPADDED_WORK or (projected and q.dtype == torch.bfloat16):
+        return False
+    if q.shape[-2] < _FA_ROWS or max(k.shape[-1], v.shape[-1]) > _UNPADDED_HEAD:
+        return False
+    # In training the backward's tasks are (example, head): fewer than threads leave some idle.
+    return heads >= torch.get_num_threads() or not (
+        torch.is_grad_enabled() and (projected or any(t.requires_grad for t in (q, k, v)))
     )
 
 
@@ -1292,28 +1314,33 @@ def unpadded_attention(
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor | None:
     """Backend contract: attention with nothing padded, without dropout, in the C kernel by
-    lengths (:func:`_attention_by_lengths`), in inference and training. Causal masking
-    alone is the lengths 1, 2, ..., n (at most m): the kernel skips the keys beyond each
-    query, which PyTorch's CPU flash kernel skips only in whole blocks of 512. No mask is
-    every length m. Either runs only where the kernel measured faster than SDPA
-    (:func:`_unpadded_pays`). None elsewhere, below ``_BY_LENGTHS_WORK`` or
-    ``_SMALL_WORK``, and where the kernel does not run (its dtypes, the C library,
-    ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in training it
-    counts as needing gradients: its parameters may)."""
-    B, H, n, _ = q.shape
-    m, d, dv = k.shape[-2], k.shape[-1], v.shape[-1]
-    work = B * H * n * m * (d + dv)
-    if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or _by_lengths_suffix(q, k, v) is None:
-        return None
-    grad, projected = torch.is_grad_enabled(), project is not None
-    training = grad and (projected or any(t.requires_grad for t in (q, k, v)))
-    if not _unpadded_pays(q, k, v, work, causal=causal, training=training, projected=projected):
+    lengths (:func:`_attention_by_lengths`), in inference and training; q (B, H, n, d) or
+    (B, n, d), and k, v alike. Causal masking alone is the lengths 1, 2, ..., n (at most
+    m): the kernel skips the keys beyond each query, which PyTorch's CPU flash kernel skips
+    only in whole blocks of 512. No mask is every length m. Either runs only where the
+    kernel measured faster than SDPA (:func:`_unpadded_pays`). None elsewhere, below
+    ``_BY_LENGTHS_WORK`` or ``_SMALL_WORK``, and where the kernel does not run (its dtypes,
+    the C library, ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in
+    training it counts as needing gradients: its parameters may)."""
+    shape = q.shape
+    heads = shape[0] * shape[1] if len(shape) == 4 else shape[0]
+    n, m, d, dv = shape[-2], k.shape[-2], shape[-1], v.shape[-1]
+    work = heads * n * m * (d + dv)
+    if (
+        work < max(_BY_LENGTHS_WORK, _SMALL_WORK)
+        or not _unpadded_pays(q, k, v, work, heads, causal=causal, projected=project is not None)
+        or _by_lengths_suffix(q, k, v) is None
+    ):
         return None
     if project is not None:
         q, k = project(q, k)
-    lengths = _causal_lengths(n, m) if causal else torch.full((1, 1, 1), m)
-    needs_grad = grad and any(t.requires_grad for t in (q, k, v))
-    return _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=causal)
+    three_d = len(shape) == 3
+    if three_d:
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    lengths = _causal_lengths(n, m) if causal else _every_key(n, m)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=True)
+    return out.squeeze(1) if three_d and out is not None else out
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:

@@ -132,10 +132,12 @@ class Backend(Protocol):
     ) -> Tensor | None:
         """Attention with nothing padded, no mask or causal masking alone (query i attends
         keys j <= i, top-left), without dropout: q (B, H, n, d), k (B, H, m, d), v (B, H, m,
-        dv) -> (B, H, n, dv), differentiable, where the backend's kernel measured faster
-        than SDPA (no mask) or SDPA's ``is_causal`` (causal); None otherwise (the caller
-        then runs SDPA). ``project`` as :meth:`small_dot_product_attention`'s, applied only
-        once the call is taken (the projected queries have the keys' size)."""
+        dv) -> (B, H, n, dv), or the same without H, differentiable, where the backend's
+        kernel measured faster than SDPA (no mask) or SDPA's ``is_causal`` (causal); None
+        otherwise (the caller then runs SDPA, or its plain pipeline). ``project`` as
+        :meth:`small_dot_product_attention`'s, applied only once the call is taken (the
+        projected queries have the keys' size). Most calls are declined, so the decision
+        comes first, from the shapes, before any view or projection."""
 
     def small_dot_product_attention(
         self,
