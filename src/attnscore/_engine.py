@@ -232,8 +232,8 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
     of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
     than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
-    mask, no dropout); elsewhere they decline. In training the padding is made inert
-    first (the projections' gradients read it).
+    mask, no dropout); elsewhere they decline. In training the padding is made inert once
+    the call is taken (the projections' gradients read it).
     """
 
     def fused(
@@ -246,12 +246,17 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
         if project is None:
             out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)
             return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
-        if dropout_p != 0.0 or mask.attend is not None:  # never taken: nothing to zero
+        if dropout_p != 0.0 or mask.attend is not None:  # never taken
             return None
-        if torch.is_grad_enabled():
-            inert = zero_padding(Prepared(q, k, v, mask))
-            q, k, v = inert.queries, inert.keys, inert.values
-        projected = _attention.projected(q, k, v, mask, project=project, scale=scale_)
+
+        def inert(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            made = zero_padding(Prepared(q, k, v, mask))
+            return made.queries, made.keys, made.values
+
+        projected = _attention.projected(
+            q, k, v, mask, project=project, scale=scale_,
+            inert=inert if torch.is_grad_enabled() else None,
+        )  # fmt: skip
         if projected is None:
             return None
         return projected, lambda: softmax(dot_product_scores(*project(q, k), scale), mask)

@@ -6,6 +6,8 @@ formulation of test_dot_dispatch."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -644,3 +646,56 @@ def test_general_and_cosine_nothing_padded_declines_what_does_not_fit(prepared):
     with pytest.raises(ValueError):
         attnscore.CosineAttention()(q, k[..., :4], v)
     assert len(prepared) == 4
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_causal_never_read_the_keys_no_query_sees(name, kernel_calls):
+    """Causal masking with fewer queries than keys, in training: the last m - n keys, seen
+    by no query, are cut off before the projections, so whatever they hold (NaN here)
+    leaves outputs and every gradient as float64's, theirs exactly zero."""
+    (q, k, v), mask, g = _case("3-D", 9, 17, torch.float32, "causal", d=16, dv=8, seed=6)
+    k_dirty, v_dirty = k.clone(), v.clone()
+    k_dirty[:, 9:], v_dirty[:, 9:] = float("nan"), float("inf")
+    module = attnscore.make_scorer(name, 16)
+    reference_module = attnscore.make_scorer(name, 16).double()
+    reference_module.load_state_dict(module.state_dict())
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k_dirty, v_dirty)]
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out = module(*ours, causal=True)
+    assert kernel_calls == [True]
+    expected = _general_and_cosine_reference(name, reference_module, *theirs, mask)
+    torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
+    upstream = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(upstream.float())
+    expected.backward(upstream)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+    assert torch.all(ours[1].grad[:, 9:] == 0) and torch.all(ours[2].grad[:, 9:] == 0)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernel", "kernels disabled"])
+@pytest.mark.parametrize("name", ["general", "cosine"])
+def test_general_and_cosine_zero_padding_once(name, kernels, kernel_calls, monkeypatch):
+    """Training by key lengths: the padding is zeroed once, by the fused path once it has
+    taken the call or else by the plain path (not first by a fused path that then
+    declines); NaN in padded keys and values leaves the gradients finite."""
+    import attnscore._engine as engine
+
+    zeroings = []
+    real = engine.zero_padding
+
+    def recording(*args, **kwargs):
+        zeroings.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "zero_padding", recording)
+    (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B,)", d=16, dv=8)
+    padded = mask.padded_keys().unsqueeze(-1)
+    k, v = k.masked_fill(padded, float("nan")), v.masked_fill(padded, float("nan"))
+    lens = mask.key_lengths.reshape(len(q), -1)[:, 0].contiguous()
+    module = attnscore.make_scorer(name, 16)
+    ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    with K.disabled() if not kernels else contextlib.nullcontext():
+        module(*ours, lens).sum().backward()
+    assert zeroings == [1] and kernel_calls == ([True] if kernels else [])
+    assert all(torch.isfinite(t.grad).all() for t in ours)

@@ -39,6 +39,8 @@ the caller's tensors; whatever it declines takes the checks and the table above.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,6 +49,9 @@ from .._checks import in_transform
 from .._mask import AttentionMask
 from . import _ops, _plain, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_function, enabled
+
+Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+"""(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
 
 __all__ = [
     "causal_alone",
@@ -168,22 +173,37 @@ def _unpadded_kernel(
 
 
 def projected(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, project: Projection, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    project: Projection,
+    scale: float,
+    inert: Inert | None = None,
 ) -> Tensor | None:
     """Dot-product attention of ``project(q, k)`` (scorers whose scores are dot products of
     other vectors: general, cosine) where a kernel of the device skips work or measured
     faster than SDPA, without dropout: no mask or causal alone where the backend's
     ``unpadded_attention`` takes the call, lengths on the CPU (its kernel by lengths). None
     elsewhere (boolean masks; SDPA of the projections measured slower than the plain
-    pipeline, 1.4x-2x in bfloat16): the caller then runs its plain pipeline."""
+    pipeline, 1.4x-2x in bfloat16): the caller then runs its plain pipeline. ``inert`` (q,
+    k, v) -> (q, k, v): the caller's zeroing of padding (in training the projections'
+    gradients read it), applied only once lengths are taken; with nothing padded, keys no
+    query sees (causal, n < m) are cut off, never projected or read."""
     if mask.attend is not None or not enabled() or in_transform(q, k, v):
         return None
     batch = q.shape[:-2]
-    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     if mask.unmasked or causal_alone(mask):
+        k, v = _seen(q, k, v, mask.causal)
+        if q.ndim > 4:  # the contract takes (B, n, d) and (B, H, n, d)
+            q, k, v = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
         fn = backend_function(q.device.type, "unpadded_attention")
-        out: Tensor | None = fn(q4, k4, v4, causal=mask.causal, scale=scale, project=project)
+        out: Tensor | None = fn(q, k, v, causal=mask.causal, scale=scale, project=project)
     elif q.device.type == "cpu":
+        if inert is not None:
+            q, k, v = inert(q, k, v)
+        q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
         mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
         q4, k4 = project(q4, k4)
         out = backend_function("cpu", "dot_product_attention")(
@@ -191,9 +211,19 @@ def projected(
         )
     else:
         return None
-    if out is None:
-        return None
-    return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
+    if out is None or out.ndim == len(batch) + 2:
+        return out
+    return out.reshape(*batch, *out.shape[-2:])
+
+
+def _seen(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """Keys and values that some query sees with nothing padded: under causal masking with
+    fewer queries than keys, the first n (the rest are cut off, as SDPA's ``is_causal``
+    path does: never read, zero gradients whatever they hold)."""
+    n = q.shape[-2]
+    if causal and n < k.shape[-2]:
+        return k[..., :n, :], v[..., :n, :]
+    return k, v
 
 
 def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
@@ -259,11 +289,13 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if causal:
+        seen_k, seen_v = _seen(q, k, v, causal)
+        out = _unpadded_kernel(q, seen_k, seen_v, causal, 1.0, dropout_p, project, False)
+        return None if out is None else (out, None)
     out = _unpadded_kernel(q, k, v, causal, 1.0, dropout_p, project, False)
     if out is not None:
         return out, None
-    if causal:
-        return None
     qp, kp = project(q, k)
     weights = torch.softmax(_ops.matmul(qp, kp.transpose(-1, -2)), dim=-1)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
