@@ -36,6 +36,7 @@ def kernel_calls(monkeypatch):
     records the forward's calls."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
+    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 0)
     calls = []
     real = _cpu._by_lengths_forward
 
@@ -151,6 +152,7 @@ def training_route(monkeypatch):
     the lengths each call gets."""
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
+    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 0)
     seen = []
     real = _cpu._ByLengthsAttention
 
@@ -323,6 +325,7 @@ def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls, 
     """No mask at a size where the kernel did not measure faster than SDPA, a boolean mask,
     dropout, or the weights asked for: the plain pipeline (no kernel call)."""
     monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
+    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 1 << 17)
     (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B, n)", d=16, dv=8)
     module = attnscore.make_scorer(name, 16, dropout=0.5)
     lengths = mask.lengths
@@ -377,13 +380,15 @@ def test_no_mask_matches_the_reference(dtype, layout, shape, unmasked_calls):
 
 def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
     """Without a mask or with causal masking alone, the kernel runs only where it measured
-    faster than SDPA: float32 and bfloat16 from ``_UNPADDED_WORK`` on, and without a mask
-    only with a tile of queries, heads up to 128 and, in training, an (example, head) per
-    thread; float16 from the small calls' size on. Never with dropout, in float64, or with
+    faster than SDPA: float32 and bfloat16 in inference from ``_UNPADDED_INFERENCE`` on,
+    in training from ``_UNPADDED_WORK`` on with an (example, head) per thread, either with
+    a tile of queries and heads up to 128 (causal masking from ``_UNPADDED_WORK`` on at any
+    shape); float16 from the small calls' size on. Never with dropout, in float64, or with
     kernels disabled."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(_cpu, "_SMALL_WORK", 1 << 14)
     monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
+    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 1 << 17)
     g = torch.Generator().manual_seed(5)
 
     def runs(B, H, n, m, d, dtype=torch.float32, grad=False, causal=False, **kwargs):
@@ -394,11 +399,15 @@ def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
             K.dot_product_attention(q.requires_grad_(grad), k, v, mask, scale=0.1, **kwargs)
         return any(kernel_calls)
 
-    big = (2, 4, 64, 128, 32)  # B H n m d: 2^22 multiply-adds, the threshold
+    big = (2, 4, 64, 128, 32)  # B H n m d: 2^22 multiply-adds, the training threshold
     small = (2, 4, 64, 127, 32)  # just below
+    mid = (1, 1, 32, 32, 64)  # 2^17, the inference threshold
+    below = (1, 1, 32, 31, 64)
     for causal in (False, True):
         assert runs(*big, causal=causal) and runs(*big, dtype=torch.bfloat16, causal=causal)
-        assert runs(*big, grad=True, causal=causal) and not runs(*small, causal=causal)
+        assert runs(*big, grad=True, causal=causal) and not runs(*small, grad=True, causal=causal)
+        assert runs(*small, causal=causal) and runs(*mid, causal=causal)
+        assert runs(*mid, dtype=torch.bfloat16, causal=causal) and not runs(*below, causal=causal)
         assert not runs(*big, causal=causal, dropout_p=0.5)
         assert not runs(*big, dtype=torch.float64, causal=causal)
         assert runs(1, 1, 4, 32, 64, dtype=torch.float16, causal=causal)  # 2^14 multiply-adds
@@ -406,13 +415,15 @@ def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
     # general and cosine with causal masking (their plain pipeline skips nothing): any size
     fn = _cpu.unpadded_attention
     q, k, v = (torch.randn(2, 4, 64, 32) for _ in range(3))
-    assert fn(q, k, v, causal=True, scale=0.1) is None  # 2^20 multiply-adds
+    q.requires_grad_(True)  # training: 2^20 multiply-adds are below its threshold
+    assert fn(q, k, v, causal=True, scale=0.1) is None
     kernel_calls.clear()
     assert fn(q, k, v, causal=True, scale=0.1, project=lambda a, b: (a, b)) is not None
     assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
     assert kernel_calls == [True]
-    # without a mask only
+    # a tile of queries and heads up to 128, except causal masking from the training threshold
     assert not runs(4, 8, 4, 4096, 32) and runs(4, 8, 4, 4096, 32, causal=True)  # n < 8
+    assert not runs(8, 1, 4, 1024, 32, causal=True)  # n < 8, 2^21
     assert not runs(1, 2, 64, 128, 160) and runs(1, 2, 64, 128, 160, causal=True)  # d > 128
     assert runs(1, 2, 64, 128, 128) and not runs(1, 1, 128, 128, 128, grad=True)
     assert runs(1, 1, 128, 128, 128) and runs(1, 1, 128, 128, 128, grad=True, causal=True)
@@ -514,13 +525,16 @@ def test_inference_by_key_lengths_skips_the_layers(
 # ---- calls with nothing padded, from the caller's tensors ------------------------------
 
 
+@pytest.mark.parametrize("route", ["sdpa", "kernel"])
 @pytest.mark.parametrize("causal", [False, True], ids=["no mask", "causal"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_nothing_padded_skips_the_layers(grad, layout, causal, prepared):
+def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, request):
     """DotProductAttention without a mask or with causal masking alone, eager: straight to
-    SDPA or the kernel, no checks or mask built first; output and gradients as float64's,
-    and the weights asked for afterwards computed through the checked path."""
+    SDPA or the kernel (which takes (B, n, d) as it is in inference), no checks or mask
+    built first; output and gradients as float64's, and the weights asked for afterwards
+    computed through the checked path."""
+    calls = request.getfixturevalue("kernel_calls") if route == "kernel" else None
     (q, k, v), mask, _ = _case(layout, 13, 17, torch.float32, "causal" if causal else "none")
     module = attnscore.DotProductAttention()
     ours = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
@@ -529,7 +543,8 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, prepared):
     with torch.set_grad_enabled(grad):
         out = module(*ours, **kwargs)
     expected = reference(*theirs, mask, 24**-0.5)
-    assert prepared == []
+    assert prepared == [] and calls in (None, [True])
+    assert out.shape == (*q.shape[:-1], 40)
     torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
     if grad:
         out.backward(torch.ones_like(out))

@@ -640,11 +640,10 @@ def small_dot_product_attention(
         q, k = project(q, k)
     if whole:
         return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
-    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    B, H, n, _ = q4.shape
+    B, n = q.shape[0], q.shape[-2]
+    H = q.shape[1] if q.ndim == 4 else 1
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
-    out = _by_lengths_forward(q4, k4, v4, _ByLength.of(lengths, n), scale, logsumexp=False)[0]
-    return out if q.ndim == 4 else out.squeeze(1)
+    return _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0]
 
 
 def small_additive_attention(
@@ -1027,6 +1026,7 @@ class _GroupedAttention(torch.autograd.Function):
 #: dtypes of the C kernel by lengths (:func:`_by_lengths_forward`), which computes in
 #: float32.
 _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_FLASH_LENGTHS = {dtype: f"flash_lengths_{suffix}" for dtype, suffix in _BY_LENGTHS_SUFFIX.items()}
 #: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats (the
 #: backward's: about 11 MiB at 8192 keys with d = dv = 64).
 _BY_LENGTHS_KEYS = 8192
@@ -1072,13 +1072,17 @@ class _ByLength:
         Bl, Hl, nl = lengths.shape
         strides = (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0)
         if nl == 1 or ascending:
+            if nl == n and lengths.is_contiguous():
+                pass  # as the kernels read them already
+            else:
+                lengths = lengths.expand(Bl, Hl, n).contiguous()
             if Bl * Hl == 1:
                 order = _ascending(n)
             elif Bl * Hl * n <= _KEPT_ORDER:  # kept: a copy costs microseconds per call
                 order = _ascending_rows(Bl, Hl, n)
             else:
                 order = _ascending(n).expand(Bl, Hl, n).contiguous()
-            return _ByLength(lengths.expand(Bl, Hl, n).contiguous(), order, strides)
+            return _ByLength(lengths, order, strides)
         by_length, order = lengths.sort(dim=-1)
         return _ByLength(by_length, order, strides)
 
@@ -1116,7 +1120,13 @@ def _every_key(n: int, m: int) -> Tensor:
 
 def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
     """``values`` as a C array of int64 (the kernels' strides): a few microseconds less
-    than a tensor's."""
+    than a tensor's; the same values give the same array (kept: the kernels only read
+    it), a microsecond less again."""
+    return _kept_int64s(tuple(values))
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_int64s(values: tuple[int, ...]) -> ctypes.Array[ctypes.c_int64]:
     return (ctypes.c_int64 * len(values))(*values)
 
 
@@ -1129,20 +1139,31 @@ def _run_tasks(
     (the C driver ``<op>_par_<suffix>(*head, tasks, threads, *tail)`` on OpenMP threads, or
     the kernel on Python threads)."""
     threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
-    fn = _function(lib, kernel)
     if threads <= 1:
-        fn(*head, None, tasks, *tail)
+        _function(lib, kernel)(*head, None, tasks, *tail)
     elif parallel_in_c():
-        op, suffix = kernel.rsplit("_", 1)
-        _function(lib, f"{op}_par_{suffix}")(*head, tasks, threads, *tail)
+        _function(lib, _driver(kernel))(*head, tasks, threads, *tail)
     else:  # Python threads sharing one task counter
         counter = torch.zeros(1, dtype=torch.int64)
+        fn = _function(lib, kernel)
         _run_threads(fn, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
 
 
+@functools.cache
+def _driver(kernel: str) -> str:
+    """The C driver of ``kernel`` (``<op>_<suffix>``): ``<op>_par_<suffix>``."""
+    op, suffix = kernel.rsplit("_", 1)
+    return f"{op}_par_{suffix}"
+
+
 def _strides(*tensors: Tensor) -> list[int]:
-    """The first three strides of each 4-D tensor (example, head, row): the C kernels'."""
-    return [x for t in tensors for x in t.stride()[:3]]
+    """The strides (example, head, row) of each 4-D tensor, or of each 3-D one as one head
+    (its head stride 0): the C kernels'."""
+    out: list[int] = []
+    for t in tensors:
+        s = t.stride()
+        out += s[:3] if len(s) == 4 else (s[0], 0, s[1])
+    return out
 
 
 def _last_contiguous(*tensors: Tensor) -> list[Tensor]:
@@ -1160,14 +1181,22 @@ def _by_lengths_forward(
     are zeros. Computes in float32 for every dtype; inputs it takes
     (:func:`_by_lengths_suffix`).
 
-    q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv). Returns the output (B, H, n, dv) in
-    the layout PyTorch's flash op writes (memory (B, n, H, dv)) and, with ``logsumexp``,
+    q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv), or all three without H. Returns the
+    output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
+    n, dv) without H) and, with ``logsumexp``,
     each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
     rows of length 0)."""
     q, k, v = _last_contiguous(q, k, v)
-    B, H, n, d = q.shape
+    if q.ndim == 3:  # (B, n, d): one head, and the output (B, n, dv)
+        B, n, d = q.shape
+        H = 1
+    else:
+        B, H, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
-    out = torch.empty((B, n, H, dv), dtype=q.dtype).transpose(1, 2)
+    if H == 1:  # the same memory as (B, n, H, dv), allocated in one op
+        out = torch.empty(*q.shape[:-1], dv, dtype=q.dtype)
+    else:
+        out = torch.empty(B, n, H, dv, dtype=q.dtype).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
     strides = _int64s([*_strides(q, k, v, out), *by.strides])
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
@@ -1183,7 +1212,7 @@ def _by_lengths_forward(
         by.lengths.data_ptr(),
         strides,
     )
-    kernel = f"flash_lengths_{_BY_LENGTHS_SUFFIX[q.dtype]}"
+    kernel = _FLASH_LENGTHS[q.dtype]
     tail = (H, n, m, d, dv, chunks, scale)
     _run_tasks(_lib(), kernel, head, tail, B * H * chunks, B * H * n * m * (d + dv))
     return out, lse
@@ -1283,6 +1312,12 @@ _UNPADDED_WORK = 1 << 22
 #: their plain pipeline instead, whose bfloat16 products run at twice float32's rate here:
 #: in bfloat16 they keep it (the kernel, computing in float32, measured 1.3x-1.8x it).
 _UNPADDED_HEAD = 128
+#: ... In inference (no gradients) it runs from this much work on, with or without causal
+#: masking: its calls cost 10 us less than they did when ``_UNPADDED_WORK`` was measured,
+#: and it measured faster than SDPA from 2^17 multiply-adds (0.45x-0.85x float32 and
+#: bfloat16, 14 shapes from (32, 1, 8, 8, 32) to (2, 2, 256, 256, 64); 1.0x-1.06x at
+#: (2, 1, 16, 16, 32), 2^15; /tmp/s34/sweep.py, not in the repo).
+_UNPADDED_INFERENCE = 1 << 17
 
 
 def _unpadded_pays(
@@ -1294,14 +1329,16 @@ def _unpadded_pays(
     their size alone)."""
     if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
-    if work < _UNPADDED_WORK or (projected and q.dtype == torch.bfloat16):
+    if work < (_UNPADDED_WORK if projected else _UNPADDED_INFERENCE):
+        return False  # (projected without a mask: their plain pipeline measured faster)
+    if projected and q.dtype == torch.bfloat16:
         return False
     if q.shape[-2] < _FA_ROWS or max(k.shape[-1], v.shape[-1]) > _UNPADDED_HEAD:
         return False
+    if not (torch.is_grad_enabled() and (projected or any(t.requires_grad for t in (q, k, v)))):
+        return True  # inference
     # In training the backward's tasks are (example, head): fewer than threads leave some idle.
-    return heads >= torch.get_num_threads() or not (
-        torch.is_grad_enabled() and (projected or any(t.requires_grad for t in (q, k, v)))
-    )
+    return work >= _UNPADDED_WORK and heads >= torch.get_num_threads()
 
 
 def unpadded_attention(
@@ -1334,13 +1371,15 @@ def unpadded_attention(
         return None
     if project is not None:
         q, k = project(q, k)
-    three_d = len(shape) == 3
-    if three_d:
-        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     lengths = _causal_lengths(n, m) if causal else _every_key(n, m)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=True)
-    return out.squeeze(1) if three_d and out is not None else out
+    by = _ByLength.of(lengths, n, ascending=True)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]  # 3-D as it is
+    if len(shape) == 3:  # the backward takes heads
+        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        out = _ByLengthsAttention.apply(q4, k4, v4, by, scale)  # type: ignore[no-untyped-call]
+        return out.squeeze(1)  # type: ignore[no-any-return]
+    return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
 
 
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
