@@ -421,6 +421,10 @@ def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
     assert fn(q, k, v, causal=True, scale=0.1, project=lambda a, b: (a, b)) is not None
     assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
     assert kernel_calls == [True]
+    with torch.no_grad():  # without a mask in inference: float32 from its threshold
+        assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is not None
+        q16, k16, v16 = (t.bfloat16() for t in (q, k, v))
+        assert fn(q16, k16, v16, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
     # a tile of queries and heads up to 128, except causal masking from the training threshold
     assert not runs(4, 8, 4, 4096, 32) and runs(4, 8, 4, 4096, 32, causal=True)  # n < 8
     assert not runs(8, 1, 4, 1024, 32, causal=True)  # n < 8, 2^21

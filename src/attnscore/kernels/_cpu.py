@@ -1316,7 +1316,10 @@ _UNPADDED_HEAD = 128
 #: masking: its calls cost 10 us less than they did when ``_UNPADDED_WORK`` was measured,
 #: and it measured faster than SDPA from 2^17 multiply-adds (0.45x-0.85x float32 and
 #: bfloat16, 14 shapes from (32, 1, 8, 8, 32) to (2, 2, 256, 256, 64); 1.0x-1.06x at
-#: (2, 1, 16, 16, 32), 2^15; /tmp/s34/sweep.py, not in the repo).
+#: (2, 1, 16, 16, 32), 2^15; /tmp/s34/sweep.py, not in the repo). So do general and cosine
+#: without a mask in float32 (``attnscore bench`` rows general (mid), cosine (mid): 1.19x /
+#: 1.10x the plain formulation through the kernel, 1.31x / 1.32x through their plain
+#: pipeline; what is left is the layers' Python).
 _UNPADDED_INFERENCE = 1 << 17
 
 
@@ -1329,9 +1332,7 @@ def _unpadded_pays(
     their size alone)."""
     if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
-    if work < (_UNPADDED_WORK if projected else _UNPADDED_INFERENCE):
-        return False  # (projected without a mask: their plain pipeline measured faster)
-    if projected and q.dtype == torch.bfloat16:
+    if work < _UNPADDED_INFERENCE or (projected and q.dtype == torch.bfloat16):
         return False
     if q.shape[-2] < _FA_ROWS or max(k.shape[-1], v.shape[-1]) > _UNPADDED_HEAD:
         return False
