@@ -1314,8 +1314,8 @@ _UNPADDED_WORK = 1 << 22
 _UNPADDED_HEAD = 128
 #: ... In inference (no gradients) it runs from this much work on, with or without causal
 #: masking: its calls cost 10 us less than they did when ``_UNPADDED_WORK`` was measured,
-#: and it measured faster than SDPA from 2^17 multiply-adds (0.45x-0.85x float32 and
-#: bfloat16, 14 shapes from (32, 1, 8, 8, 32) to (2, 2, 256, 256, 64); 1.0x-1.06x at
+#: and it measured faster than SDPA from 2^17 multiply-adds (0.39x-0.85x float32 and
+#: bfloat16, 13 shapes from (32, 1, 8, 8, 32) to (2, 2, 256, 256, 64); 1.0x-1.06x at
 #: (2, 1, 16, 16, 32), 2^15; /tmp/s34/sweep.py, not in the repo). So do general and cosine
 #: without a mask in float32 (``attnscore bench`` rows general (mid), cosine (mid): 1.19x /
 #: 1.10x the plain formulation through the kernel, 1.31x / 1.32x through their plain
