@@ -37,14 +37,19 @@ def kernel_calls(monkeypatch):
     monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
     monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
     monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 0)
+    return _record(monkeypatch, _cpu, "_by_lengths_forward", True)
+
+
+def _record(monkeypatch, owner, name, mark):
+    """A list that gets ``mark`` at each call of ``owner.<name>`` (which still runs)."""
     calls = []
-    real = _cpu._by_lengths_forward
+    real = getattr(owner, name)
 
     def recording(*args, **kwargs):
-        calls.append(True)
+        calls.append(mark)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_cpu, "_by_lengths_forward", recording)
+    monkeypatch.setattr(owner, name, recording)
     return calls
 
 
@@ -483,15 +488,7 @@ def prepared(monkeypatch):
     """Records each call of the checked path's ``prepare`` in the modules."""
     import attnscore.modules as modules
 
-    calls = []
-    real = modules.prepare
-
-    def recording(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(modules, "prepare", recording)
-    return calls
+    return _record(monkeypatch, modules, "prepare", 1)
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
@@ -700,14 +697,7 @@ def test_general_and_cosine_zero_padding_once(name, kernels, kernel_calls, monke
     declines); NaN in padded keys and values leaves the gradients finite."""
     import attnscore._engine as engine
 
-    zeroings = []
-    real = engine.zero_padding
-
-    def recording(*args, **kwargs):
-        zeroings.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "zero_padding", recording)
+    zeroings = _record(monkeypatch, engine, "zero_padding", 1)
     (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B,)", d=16, dv=8)
     padded = mask.padded_keys().unsqueeze(-1)
     k, v = k.masked_fill(padded, float("nan")), v.masked_fill(padded, float("nan"))
