@@ -73,6 +73,7 @@ def _case(layout, n, m, dtype, mask_kind, *, d=24, dv=40, seed=0):
         "lengths per head",
         "causal",
         "causal + lengths",
+        "causal + lengths (B, n)",
         "query lengths",
         "all",
     ],
@@ -177,6 +178,7 @@ TRAINING_MASKS = [
     "lengths per head",
     "causal",
     "causal + lengths",
+    "causal + lengths (B, n)",
     "all",
 ]
 

@@ -30,6 +30,10 @@ MASKS = {
     "bool": lambda b, n, m, g: {"attend_mask": torch.rand(*b, n, m, generator=g) < 0.6},
     "causal": lambda b, n, m, g: {"causal": True},
     "causal + lengths": lambda b, n, m, g: {"causal": True, "valid_lens": _lengths((b[0],), m, g)},
+    "causal + lengths (B, n)": lambda b, n, m, g: {
+        "causal": True,
+        "valid_lens": _lengths((b[0], n), m, g),
+    },
     "query lengths": lambda b, n, m, g: {"query_valid_lens": _lengths((b[0],), n, g)},
     "all": lambda b, n, m, g: {
         "valid_lens": _lengths((b[0],), m, g),

@@ -1383,6 +1383,17 @@ def unpadded_attention(
     return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
 
 
+def _in_order(mask: AttentionMask) -> bool:
+    """Whether each (example, head)'s lengths rise with the query: causal masking with key
+    lengths shared by its queries (min(i + 1, L)) and no query lengths (no sort needed)."""
+    key_lengths = mask.key_lengths
+    return (
+        mask.causal
+        and mask.query_lengths is None
+        and (key_lengths is None or key_lengths.stride(-1) == 0 or key_lengths.shape[-1] == 1)
+    )
+
+
 def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> list[_Cut]:
     """The loop's pieces, one per example: its longest key length (``key_len``, from
     ``lengths``), its queries up to the last one that attends anything, and what masking is
@@ -1449,7 +1460,7 @@ def dot_product_attention(
         if out is not None:
             return out
     if dropout_p == 0.0 and B * n * m * work >= _BY_LENGTHS_WORK:
-        out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad)
+        out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=_in_order(mask))
         if out is not None:
             return out
     # Elsewhere (dropout, float64, more keys than the kernel takes, no C library): PyTorch's
