@@ -295,7 +295,7 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
     """
     X = check_floating(X, "X", min_ndim=3)
     if valid_lens is None:
-        return torch.softmax(X, dim=-1)  # 16-bit: PyTorch reduces in float32 too
+        return _ops.softmax(X)  # 16-bit: reduced in float32 too
     # Small calls: one backend step, where the lengths pass its checks (else those below).
     small = _ops.small_masked_softmax(X, valid_lens)
     if small is not None:

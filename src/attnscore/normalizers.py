@@ -39,7 +39,7 @@ def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     tensor([[[0.5000, 0.5000, 0.0000]]])
     """
     if mask is None or mask.unmasked:
-        return torch.softmax(scores, dim=-1)  # 16-bit: PyTorch reduces in float32 too
+        return _ops.softmax(scores)  # 16-bit: reduced in float32 too
     if mask.attend is None:
         assert mask.lengths is not None
         return _ops.masked_softmax(scores, mask.lengths)

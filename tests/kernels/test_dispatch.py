@@ -195,6 +195,106 @@ def test_disabled_runs_the_plain_twin(counted):
     torch.testing.assert_close(y.double(), ref_softmax(x, lengths))
 
 
+# ---- a softmax without a mask ----------------------------------------------------------------
+
+# 2^17 elements (torch.softmax's), 2^18 (the kernel's in inference), 2^19 (training).
+_BELOW, _INFERENCE, _TRAINING = (2, 256, 256), (4, 256, 256), (8, 256, 256)
+
+
+def _unmasked_reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.double(), dim=-1)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", [_BELOW, _INFERENCE], ids=["below", "kernel"])
+def test_unmasked_softmax_in_inference(counted, dtype, shape):
+    """masked_softmax without lengths (and the softmax normalizer without a mask) runs the C
+    kernel with every length m where it measured faster than torch.softmax, with the same
+    result; below that size torch.softmax."""
+    if dtype == torch.float16 and _cpu._softmax_dtype(dtype) != dtype:
+        pytest.skip("no _Float16 in this compiler: float16 keeps torch.softmax")
+    x = (torch.randn(shape) * 4).to(dtype)
+    tol = {2: {"atol": 2e-3, "rtol": 1e-2}, 4: {"atol": 1e-6, "rtol": 1e-5}}.get(dtype.itemsize, {})
+    for y in (attnscore.masked_softmax(x), attnscore.normalizers.softmax(x, None)):
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.double(), _unmasked_reference(x), **tol)
+    assert counted["masked_softmax"] == (2 if shape == _INFERENCE else 0)
+
+
+@needs_c
+def test_unmasked_softmax_keeps_torch_nan_and_inf_rows(counted):
+    """Rows holding NaN, +inf or only -inf come out as torch.softmax's (NaN); -inf entries
+    among finite ones are exact zeros."""
+    x = torch.randn(_INFERENCE, dtype=torch.float64)
+    x[0, 0, 3], x[0, 1], x[0, 2, 5], x[0, 3, :5] = torch.nan, -torch.inf, torch.inf, -torch.inf
+    y, expected = attnscore.masked_softmax(x), _unmasked_reference(x)
+    assert counted["masked_softmax"] == 1
+    assert torch.equal(y.isnan(), expected.isnan()) and y[0, :3].isnan().all()
+    assert (y[0, 3, :5] == 0).all()
+    torch.testing.assert_close(y.nan_to_num(), expected.nan_to_num())
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("dtype", "shape", "kernel"),
+    [
+        (torch.float32, _TRAINING, True),
+        (torch.bfloat16, _TRAINING, True),
+        (torch.float32, _INFERENCE, False),
+        (torch.float64, _TRAINING, False),
+    ],
+    ids=["fp32", "bf16", "fp32-below", "fp64"],
+)
+def test_unmasked_softmax_in_training(counted, dtype, shape, kernel):
+    """In training the kernel runs the forward from 2^19 elements (float32, bfloat16,
+    float16), PyTorch's softmax backward the backward; elsewhere torch.softmax. Gradients
+    against float64's."""
+    x = torch.randn(shape).to(dtype).requires_grad_(True)
+    g = torch.randn(shape).to(dtype)
+    y = attnscore.masked_softmax(x)
+    (y * g).sum().backward()
+    assert counted["masked_softmax"] == int(kernel)
+    assert counted["masked_softmax_backward"] == 0
+    xd = x.detach().double().requires_grad_(True)
+    expected = _unmasked_reference(xd)
+    (expected * g.double()).sum().backward()
+    assert x.grad is not None
+    tol = {"atol": 2e-3, "rtol": 2e-2} if dtype.itemsize == 2 else {"atol": 1e-6, "rtol": 1e-5}
+    torch.testing.assert_close(y.double(), expected.detach(), **tol)
+    torch.testing.assert_close(x.grad.double(), xd.grad, **tol)
+
+
+@needs_c
+def test_unmasked_softmax_double_backward(monkeypatch):
+    """The kernel's softmax in training keeps double backward exact (float64, the kernel
+    allowed at this size)."""
+    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING", 1)
+    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING_DTYPES", frozenset({torch.float64}))
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(attnscore.masked_softmax, (x,))
+
+
+@needs_c
+def test_unmasked_softmax_of_strided_scores_is_torch_softmax(counted):
+    """Scores that are not contiguous (a transposed view) take torch.softmax: a copy for
+    the kernel would cost what it saves."""
+    x = torch.randn(_INFERENCE, dtype=torch.float64).transpose(1, 2)
+    torch.testing.assert_close(attnscore.masked_softmax(x), _unmasked_reference(x))
+    assert counted["masked_softmax"] == 0
+
+
+def test_unmasked_softmax_runs_torch_off_the_cpu_backend(counted):
+    """The plain backend (other devices, and the CUDA backend) never takes the call, nor
+    does any backend with kernels disabled."""
+    x = torch.randn(_INFERENCE, dtype=torch.float64)
+    assert not _plain.softmax_pays(x, False) and not _backends()["cuda"].softmax_pays(x, False)
+    with K.disabled():
+        y = attnscore.masked_softmax(x)
+    torch.testing.assert_close(y, _unmasked_reference(x))
+    assert counted["masked_softmax"] == 0
+
+
 # ---- double backward ------------------------------------------------------------------------
 
 

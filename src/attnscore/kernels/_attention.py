@@ -297,7 +297,7 @@ def projected_call(
     if out is not None:
         return out, None
     qp, kp = project(q, k)
-    weights = torch.softmax(_ops.matmul(qp, kp.transpose(-1, -2)), dim=-1)
+    weights = _ops.softmax(_ops.matmul(qp, kp.transpose(-1, -2)))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return _ops.matmul(dropped, v), weights
 

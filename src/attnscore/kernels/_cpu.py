@@ -45,6 +45,7 @@ __all__ = [
     "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
+    "softmax_pays",
     "unpadded_attention",
 ]
 
@@ -114,7 +115,9 @@ def _lengths_split(shared: Tensor, div: int, R: int, m: int, threads: int) -> li
     """Row ranges of equal work for a masked softmax by lengths in :func:`_shared_lengths`'
     form: the exps cost per valid entry, writing zeros a little per padded one. Rows that
     share a length are cut together (no per-row tensor), unless there are too few groups
-    to give every thread some."""
+    to give every thread some. One length for every row: ranges of equal count."""
+    if shared.numel() == 1:
+        return _even(R, threads, R * (m + m // 8))
     if shared.numel() < threads:
         return _split(
             R, lambda: _row_lengths(shared, div).clamp(0, m) + m // 8, threads, R * (m + m // 8)
@@ -252,6 +255,33 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
         head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
         _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
+
+
+#: A softmax without a mask runs the C masked softmax with every length m in inference
+#: from this many elements on: it measured 0.61x-0.91x ``torch.softmax`` there (float32,
+#: bfloat16, float16, float64; (8, 128, 256), (4, 256, 256), (2, 8, 128, 128), (2, 64,
+#: 2048); 0.3x-0.6x at (32, 256, 1024), where PyTorch's float32 output faults in fresh
+#: pages), against 0.72x-1.09x at 2^17 and 1.4x-3x below (its per-call cost). ...
+_SOFTMAX_INFERENCE = 1 << 18
+#: ... In training from this many on (float32, bfloat16, float16), with PyTorch's backward
+#: of its output: forward and backward measured 0.81x-0.96x ``torch.softmax``'s ((8, 256,
+#: 256), (2, 4, 256, 256), (32, 256, 1024), (1, 1, 1024, 4096); 0.91x-0.97x at 2^18). Our
+#: backward kernel did not pay there (0.83x-1.13x alone, slower inside general attention's
+#: bfloat16 training step).
+_SOFTMAX_TRAINING = 1 << 19
+_SOFTMAX_TRAINING_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+
+def softmax_pays(x: Tensor, training: bool) -> bool:
+    """Backend contract: whether the C masked softmax with every length m measured faster
+    than ``torch.softmax`` on x (see ``_SOFTMAX_INFERENCE``, ``_SOFTMAX_TRAINING``):
+    contiguous inputs in a dtype the kernel reads as it is, from a size on."""
+    if training:
+        if x.numel() < _SOFTMAX_TRAINING or x.dtype not in _SOFTMAX_TRAINING_DTYPES:
+            return False
+    elif x.numel() < _SOFTMAX_INFERENCE:
+        return False
+    return _softmax_dtype(x.dtype) == x.dtype and x.is_contiguous() and load_library() is not None
 
 
 def _callers_lengths(valid_lens: Tensor, rows_shape: Sequence[int]) -> tuple[int, int] | None:
@@ -1104,18 +1134,13 @@ def _ascending_rows(B: int, H: int, n: int) -> Tensor:
     return _ascending(n).expand(B, H, n).contiguous()
 
 
-@functools.lru_cache(maxsize=64)
-def _causal_lengths(n: int, m: int) -> Tensor:
-    """Causal masking's lengths 1, 2, ..., n (at most m) as (1, 1, n) int64 (kept: the
-    kernels only read them)."""
-    return torch.arange(1, n + 1).clamp_(max=m).view(1, 1, n)
-
-
-@functools.lru_cache(maxsize=64)
-def _every_key(n: int, m: int) -> Tensor:
-    """No mask's lengths: m for each of n queries, as (1, 1, n) int64 (in order, so never
-    sorted or copied per call; kept: the kernels only read them)."""
-    return torch.full((1, 1, n), m)
+@functools.lru_cache(maxsize=128)
+def _unpadded_by(n: int, m: int, causal: bool) -> _ByLength:
+    """The queries by length with nothing padded, as (1, 1, n) int64, in order (never
+    sorted or copied per call; kept: the kernels only read them): causal masking's lengths
+    1, 2, ..., n (at most m), or m for each query without a mask."""
+    lengths = torch.arange(1, n + 1).clamp_(max=m) if causal else torch.full((n,), m)
+    return _ByLength.of(lengths.view(1, 1, n), n, ascending=True)
 
 
 def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
@@ -1186,17 +1211,17 @@ def _by_lengths_forward(
     n, dv) without H) and, with ``logsumexp``,
     each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
     rows of length 0)."""
-    q, k, v = _last_contiguous(q, k, v)
-    if q.ndim == 3:  # (B, n, d): one head, and the output (B, n, dv)
-        B, n, d = q.shape
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = _last_contiguous(q, k, v)
+    shape = q.shape
+    if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
+        B, n, d = shape
         H = 1
     else:
-        B, H, n, d = q.shape
+        B, H, n, d = shape
     m, dv = k.shape[-2], v.shape[-1]
-    if H == 1:  # the same memory as (B, n, H, dv), allocated in one op
-        out = torch.empty(*q.shape[:-1], dv, dtype=q.dtype)
-    else:
-        out = torch.empty(B, n, H, dv, dtype=q.dtype).transpose(1, 2)
+    # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
+    out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
     strides = _int64s([*_strides(q, k, v, out), *by.strides])
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
@@ -1372,8 +1397,7 @@ def unpadded_attention(
         return None
     if project is not None:
         q, k = project(q, k)
-    lengths = _causal_lengths(n, m) if causal else _every_key(n, m)
-    by = _ByLength.of(lengths, n, ascending=True)
+    by = _unpadded_by(n, m, causal)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]  # 3-D as it is
     if len(shape) == 3:  # the backward takes heads

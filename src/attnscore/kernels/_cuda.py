@@ -80,6 +80,7 @@ from ._plain import matmul as matmul
 from ._plain import small_additive_attention as small_additive_attention
 from ._plain import small_dot_product_attention as small_dot_product_attention
 from ._plain import small_masked_softmax as small_masked_softmax
+from ._plain import softmax_pays as softmax_pays
 from ._plain import unpadded_attention as unpadded_attention
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh

@@ -72,6 +72,12 @@ class Backend(Protocol):
         ``grad_y`` comes as autograd hands it: any strides (a sum's gradient is one value
         broadcast to y's shape)."""
 
+    def softmax_pays(self, x: Tensor, training: bool) -> bool:
+        """Whether this backend's :meth:`masked_softmax` with every length m (and, in
+        ``training``, its backward) measured faster than ``torch.softmax`` over the last
+        axis of inputs like x (..., m); the caller then runs it instead, else PyTorch's.
+        Decided from the shape and dtype alone."""
+
     def small_masked_softmax(self, x: Tensor, valid_lens: Tensor) -> Tensor | None:
         """A small call without gradients, x (B, ..., n, m), int64 ``valid_lens`` as the
         caller got them (unchecked): the masked softmax in one step where the backend runs
@@ -179,6 +185,7 @@ class Backend(Protocol):
 FUNCTIONS = (
     "masked_softmax",
     "masked_softmax_backward",
+    "softmax_pays",
     "small_masked_softmax",
     "masked_softmax_dense",
     "mask_summary",

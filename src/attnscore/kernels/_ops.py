@@ -49,6 +49,7 @@ __all__ = [
     "masked_softmax_op",
     "matmul",
     "small_masked_softmax",
+    "softmax",
 ]
 
 
@@ -100,6 +101,45 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     if _needs_grad(x):
         return _MaskedSoftmax.apply(x, lengths)  # type: ignore[no-any-return,no-untyped-call]
     return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+
+
+def softmax(x: Tensor) -> Tensor:
+    """``torch.softmax(x, dim=-1)``, or in eager code the device's masked softmax with every
+    length m where it measured faster (the backend contract's ``softmax_pays``; on the CPU
+    from a size on), with PyTorch's softmax backward in training. 16-bit inputs are reduced
+    in float32 either way."""
+    if not _eager_backend() or in_functorch(x) or _is_fake(x):
+        return torch.softmax(x, dim=-1)
+    training = _needs_grad(x)
+    if not backend_function(x.device.type, "softmax_pays")(x, training):
+        return torch.softmax(x, dim=-1)
+    if training:
+        return _Softmax.apply(x)  # type: ignore[no-any-return,no-untyped-call]
+    return _every_key_softmax(x)
+
+
+def _every_key_softmax(x: Tensor) -> Tensor:
+    """The backend's masked softmax of x with every length m."""
+    every_key = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
+    lengths = every_key.expand(x.shape[:-1])  # not materialised
+    return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+
+
+class _Softmax(torch.autograd.Function):
+    """A softmax without a mask on the device's backend, with PyTorch's softmax backward
+    of its output (differentiable: double backward stays exact)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        y = _every_key_softmax(x)
+        ctx.save_for_backward(y)
+        ctx.input_dtype = x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch._softmax_backward_data(grad, y, -1, ctx.input_dtype)
 
 
 def small_masked_softmax(x: Tensor, valid_lens: object) -> Tensor | None:

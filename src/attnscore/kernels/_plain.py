@@ -38,6 +38,7 @@ __all__ = [
     "small_additive_attention",
     "small_dot_product_attention",
     "small_masked_softmax",
+    "softmax_pays",
     "unpadded_attention",
 ]
 
@@ -76,6 +77,11 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
     g = torch.where(valid, grad_y.to(yf.dtype), 0.0)
     dx = yf * (g - (g * yf).sum(-1, keepdim=True))
     return torch.where(valid, dx, 0.0).to(y.dtype)
+
+
+def softmax_pays(x: Tensor, training: bool) -> bool:
+    """No kernel of its own for a softmax without a mask: False (``torch.softmax`` runs)."""
+    return False
 
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
