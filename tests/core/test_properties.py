@@ -254,6 +254,9 @@ def _low_precision_errors(path: Path, dtype: torch.dtype, case, seed: int, scale
     seed=2265,
     scale=8.0,
 )
+# Found by hypothesis: float16 q·k that cancels (terms near 64, sums near 5); scaling q by
+# 1/sqrt(3) before the products rounded it first and put the output at 5x the plain error.
+@example(case=((2,), 1, 4, torch.tensor([0, 4])), seed=12211, scale=8.0)
 def test_low_precision_within_budget(path, dtype, case, seed, scale):
     """Finite, and within 3x the naive error (+ a few ulps of the output) of float64."""
     ours, theirs, ref = _low_precision_errors(path, dtype, case, seed, scale)
