@@ -83,7 +83,7 @@ def value_range(t: Tensor) -> tuple[int, int]:
     """(smallest, largest) value of a non-empty integer CPU tensor, in one read: a
     ``.tolist()`` of up to :data:`SMALL_VALUES` values, else one ``aminmax``."""
     if t.numel() <= SMALL_VALUES:
-        values = t.flatten().tolist()
+        values = (t if t.ndim == 1 else t.flatten()).tolist()
         return int(min(values)), int(max(values))
     low, high = torch.aminmax(t)
     return int(low), int(high)

@@ -48,7 +48,7 @@ from torch import Tensor
 from .._checks import in_transform
 from .._mask import AttentionMask
 from . import _ops, _plain, _sdpa
-from ._dispatch import AdditiveProjection, Projection, backend_function, enabled
+from ._dispatch import AdditiveProjection, Projection, backend_for, backend_function, enabled
 
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
@@ -115,7 +115,7 @@ def dot_product_attention(
         if mask.attend is not None or not enabled() or in_transform(q, k, v):
             fn = _plain.dot_product_attention
         else:
-            fn = backend_function(q.device.type, "dot_product_attention")
+            fn = backend_for(q, "dot_product_attention")
         out = fn(q4, k4, v4, mask4, scale=scale, dropout_p=dropout_p)
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
@@ -167,7 +167,7 @@ def _unpadded_kernel(
     may run (eager code, kernels enabled, no dropout) and takes the call; else None."""
     if dropout_p != 0.0 or traced or not enabled():
         return None
-    fn = backend_function(q.device.type, "unpadded_attention")
+    fn = backend_for(q, "unpadded_attention")
     out: Tensor | None = fn(q, k, v, causal=causal, scale=scale, project=project)
     return out
 
@@ -198,9 +198,9 @@ def projected(
         k, v = _seen(q, k, v, mask.causal)
         if q.ndim > 4:  # the contract takes (B, n, d) and (B, H, n, d)
             q, k, v = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-        fn = backend_function(q.device.type, "unpadded_attention")
+        fn = backend_for(q, "unpadded_attention")
         out: Tensor | None = fn(q, k, v, causal=mask.causal, scale=scale, project=project)
-    elif q.device.type == "cpu":
+    elif q.is_cpu:
         if inert is not None:
             q, k, v = inert(q, k, v)
         q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
@@ -337,7 +337,7 @@ def small_dot_product_attention(
     if not _offered(q, k, v, valid_lens):
         return None
     assert isinstance(q, Tensor)
-    fn = backend_function(q.device.type, "small_dot_product_attention")
+    fn = backend_for(q, "small_dot_product_attention")
     return fn(q, k, v, valid_lens, scale, project)  # type: ignore[no-any-return]
 
 
@@ -349,5 +349,5 @@ def small_additive_attention(
     if not _offered(q, k, v, valid_lens):
         return None
     assert isinstance(q, Tensor)
-    fn = backend_function(q.device.type, "small_additive_attention")
+    fn = backend_for(q, "small_additive_attention")
     return fn(q, k, v, valid_lens, hidden, project)  # type: ignore[no-any-return]

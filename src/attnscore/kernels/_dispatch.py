@@ -29,6 +29,7 @@ __all__ = [
     "AdditiveProjection",
     "Backend",
     "Projection",
+    "backend_for",
     "backend_function",
     "backend_name",
     "disabled",
@@ -301,6 +302,12 @@ def backend_function(device_type: str, function: str) -> Callable[..., Any]:
     if fn is None:
         fn = getattr(_plain, function)
     return fn  # type: ignore[no-any-return]
+
+
+def backend_for(tensor: Tensor, function: str) -> Callable[..., Any]:
+    """:func:`backend_function` of ``tensor``'s device type (a CPU tensor's told apart
+    without building its ``torch.device``: a fifth of a microsecond per call)."""
+    return backend_function("cpu" if tensor.is_cpu else tensor.device.type, function)
 
 
 def backend_name(device_type: str, function: str) -> str:

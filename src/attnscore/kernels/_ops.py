@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .._checks import fake_tensor_type, in_functorch
 from . import _plain
-from ._dispatch import backend_function, enabled
+from ._dispatch import backend_for, enabled
 
 __all__ = [
     "additive_scores",
@@ -100,7 +100,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
         return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
     if _needs_grad(x):
         return _MaskedSoftmax.apply(x, lengths)  # type: ignore[no-any-return,no-untyped-call]
-    return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+    return backend_for(x, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
 
 
 def softmax(x: Tensor) -> Tensor:
@@ -111,7 +111,7 @@ def softmax(x: Tensor) -> Tensor:
     if not _eager_backend() or in_functorch(x) or _is_fake(x):
         return torch.softmax(x, dim=-1)
     training = _needs_grad(x)
-    if not backend_function(x.device.type, "softmax_pays")(x, training):
+    if not backend_for(x, "softmax_pays")(x, training):
         return torch.softmax(x, dim=-1)
     if training:
         return _Softmax.apply(x)  # type: ignore[no-any-return,no-untyped-call]
@@ -122,7 +122,7 @@ def _every_key_softmax(x: Tensor) -> Tensor:
     """The backend's masked softmax of x with every length m."""
     every_key = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
     lengths = every_key.expand(x.shape[:-1])  # not materialised
-    return backend_function(x.device.type, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+    return backend_for(x, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
 
 
 class _Softmax(torch.autograd.Function):
@@ -156,13 +156,13 @@ def small_masked_softmax(x: Tensor, valid_lens: object) -> Tensor | None:
         or _is_fake(x)
     ):
         return None
-    return backend_function(x.device.type, "small_masked_softmax")(x, valid_lens)  # type: ignore[no-any-return]
+    return backend_for(x, "small_masked_softmax")(x, valid_lens)  # type: ignore[no-any-return]
 
 
 def _masked_softmax_backward(grad: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
         return _plain.masked_softmax_backward(grad, y, lengths)
-    fn = backend_function(y.device.type, "masked_softmax_backward")
+    fn = backend_for(y, "masked_softmax_backward")
     return fn(grad, y, lengths)  # type: ignore[no-any-return]
 
 
@@ -171,7 +171,7 @@ class _MaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, lengths: Tensor) -> Tensor:
-        y: Tensor = backend_function(x.device.type, "masked_softmax")(x, lengths)
+        y: Tensor = backend_for(x, "masked_softmax")(x, lengths)
         ctx.save_for_backward(y, lengths)
         return y
 
@@ -184,7 +184,7 @@ class _MaskedSoftmax(torch.autograd.Function):
 @torch.library.custom_op("attnscore::masked_softmax", mutates_args=())
 def masked_softmax_op(x: Tensor, lengths: Tensor) -> Tensor:
     """Softmax of x (..., m) over its first lengths[...] positions, exact zeros beyond."""
-    return _fresh(backend_function(x.device.type, "masked_softmax")(x, lengths), x)
+    return _fresh(backend_for(x, "masked_softmax")(x, lengths), x)
 
 
 @masked_softmax_op.register_fake
@@ -195,7 +195,7 @@ def _(x: Tensor, lengths: Tensor) -> Tensor:
 @torch.library.custom_op("attnscore::masked_softmax_backward", mutates_args=())
 def masked_softmax_backward_op(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     """Input gradient of ``attnscore::masked_softmax`` from its output y."""
-    fn = backend_function(y.device.type, "masked_softmax_backward")
+    fn = backend_for(y, "masked_softmax_backward")
     return _fresh(fn(grad_y, y, lengths), grad_y, y)
 
 
@@ -237,7 +237,7 @@ def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
         return _plain.masked_softmax_dense(x, allowed)
     if _needs_grad(x):
         return _MaskedSoftmaxDense.apply(x, allowed)  # type: ignore[no-any-return,no-untyped-call]
-    return backend_function(x.device.type, "masked_softmax_dense")(x, allowed)  # type: ignore[no-any-return]
+    return backend_for(x, "masked_softmax_dense")(x, allowed)  # type: ignore[no-any-return]
 
 
 class _MaskedSoftmaxDense(torch.autograd.Function):
@@ -247,7 +247,7 @@ class _MaskedSoftmaxDense(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, allowed: Tensor) -> Tensor:
-        y: Tensor = backend_function(x.device.type, "masked_softmax_dense")(x, allowed)
+        y: Tensor = backend_for(x, "masked_softmax_dense")(x, allowed)
         ctx.save_for_backward(y)
         return y
 
@@ -267,7 +267,7 @@ def mask_summary(
     keys some row allows (..., m) (the backend contract's ``mask_summary``)."""
     if not _eager_backend() or in_functorch(allowed):
         return _plain.mask_summary(allowed, dtype)
-    return backend_function(allowed.device.type, "mask_summary")(allowed, dtype)  # type: ignore[no-any-return]
+    return backend_for(allowed, "mask_summary")(allowed, dtype)  # type: ignore[no-any-return]
 
 
 def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
@@ -275,7 +275,7 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
     -inf beyond (the backend contract's ``lengths_mask``)."""
     if not _eager_backend() or in_functorch(lengths):
         return _plain.lengths_mask(lengths, m, dtype)
-    return backend_function(lengths.device.type, "lengths_mask")(lengths, m, dtype)  # type: ignore[no-any-return]
+    return backend_for(lengths, "lengths_mask")(lengths, m, dtype)  # type: ignore[no-any-return]
 
 
 # ---- matrix products -----------------------------------------------------------------------
@@ -299,7 +299,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return torch.matmul(a, b)
     if _needs_grad(a, b):
         return _Matmul.apply(a, b)  # type: ignore[no-any-return,no-untyped-call]
-    return backend_function(a.device.type, "matmul")(a, b)  # type: ignore[no-any-return]
+    return backend_for(a, "matmul")(a, b)  # type: ignore[no-any-return]
 
 
 class _Matmul(torch.autograd.Function):
@@ -309,7 +309,7 @@ class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
         ctx.save_for_backward(a, b)
-        return backend_function(a.device.type, "matmul")(a, b)  # type: ignore[no-any-return]
+        return backend_for(a, "matmul")(a, b)  # type: ignore[no-any-return]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -342,7 +342,7 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
         return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
     if _needs_grad(qh, kh, w_v):
         return _AdditiveScores.apply(qh, kh, w_v, lengths)  # type: ignore[no-any-return,no-untyped-call]
-    return backend_function(qh.device.type, "additive_scores")(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
+    return backend_for(qh, "additive_scores")(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
 
 
 def _additive_backward(
@@ -350,7 +350,7 @@ def _additive_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
         return _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
-    fn = backend_function(qh.device.type, "additive_scores_backward")
+    fn = backend_for(qh, "additive_scores_backward")
     return fn(grad.contiguous(), qh, kh, w_v, lengths)  # type: ignore[no-any-return]
 
 
@@ -360,7 +360,7 @@ class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
         ctx.save_for_backward(qh, kh, w_v, lengths)
-        out: Tensor = backend_function(qh.device.type, "additive_scores")(qh, kh, w_v, lengths)
+        out: Tensor = backend_for(qh, "additive_scores")(qh, kh, w_v, lengths)
         return out
 
     @staticmethod
@@ -372,7 +372,7 @@ class _AdditiveScores(torch.autograd.Function):
 @torch.library.custom_op("attnscore::additive_scores", mutates_args=())
 def additive_scores_op(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Additive scores (B, n, m) for j < lengths (B, n), exact zeros elsewhere."""
-    fn = backend_function(qh.device.type, "additive_scores")
+    fn = backend_for(qh, "additive_scores")
     return _fresh(fn(qh, kh, w_v, lengths), qh, kh)
 
 
@@ -386,7 +386,7 @@ def additive_scores_backward_op(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (qh, kh, w_v) of ``attnscore::additive_scores``, tanh recomputed."""
-    fn = backend_function(qh.device.type, "additive_scores_backward")
+    fn = backend_for(qh, "additive_scores_backward")
     dq, dk, dw = fn(grad_scores, qh, kh, w_v, lengths)
     return _fresh(dq, qh, kh, w_v), _fresh(dk, qh, kh, w_v), _fresh(dw, qh, kh, w_v)
 
