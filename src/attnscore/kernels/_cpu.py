@@ -258,10 +258,11 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
 
 
 #: A softmax without a mask runs the C masked softmax with every length m in inference
-#: from this many elements on: it measured 0.61x-0.91x ``torch.softmax`` there (float32,
-#: bfloat16, float16, float64; (8, 128, 256), (4, 256, 256), (2, 8, 128, 128), (2, 64,
-#: 2048); 0.3x-0.6x at (32, 256, 1024), where PyTorch's float32 output faults in fresh
-#: pages), against 0.72x-1.09x at 2^17 and 1.4x-3x below (its per-call cost). ...
+#: from this many elements on: it measured 0.61x-0.91x ``torch.softmax`` there (Zen 5, 2
+#: threads; float32, bfloat16, float16, float64; (8, 128, 256), (4, 256, 256), (2, 8, 128,
+#: 128), (2, 64, 2048); 0.3x-0.6x at (32, 256, 1024), where PyTorch's float32 output
+#: faults in fresh pages), against 0.72x-1.09x at 2^17 and 1.4x-3x below (its per-call
+#: cost). ...
 _SOFTMAX_INFERENCE = 1 << 18
 #: ... In training from this many on (float32, bfloat16, float16), with PyTorch's backward
 #: of its output: forward and backward measured 0.81x-0.96x ``torch.softmax``'s ((8, 256,
