@@ -175,9 +175,9 @@ def render(result: dict[str, Any]) -> str:
             "Allocator: glibc keeps freed blocks of up to 32 MiB for reuse (mallopt), for "
             "every implementation alike, so no timing below that depends on faulting in fresh "
             "pages. Blocks of 32 MiB and more (glibc's limit) are fresh pages on every call: "
-            "the float32 (32, 256, 1024) tensors of the masked_softmax rows, whose baselines "
-            "swing between runs with how those faults land (torch.softmax 1.8 ms to 10 ms, "
-            "the textbook 6 ms to 19 ms); the C kernels hint huge pages for large outputs.",
+            "the float32 (32, 256, 1024) tensors of the masked_softmax rows, whose baselines' "
+            "times vary between runs with how those faults land; the C kernels hint huge "
+            "pages for large outputs.",
         ]
     notes = sorted({note for row in result["rows"] for note in row["notes"]})
     lines += ["", *(f"- {note}" for note in notes)] if notes else []

@@ -1213,8 +1213,7 @@ def _by_lengths_forward(
     n, dv) without H) and, with ``logsumexp``,
     each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
     rows of length 0)."""
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        q, k, v = _last_contiguous(q, k, v)
+    q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
     if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
         B, n, d = shape

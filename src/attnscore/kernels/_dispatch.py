@@ -74,10 +74,11 @@ class Backend(Protocol):
         broadcast to y's shape)."""
 
     def softmax_pays(self, x: Tensor, training: bool) -> bool:
-        """Whether this backend's :meth:`masked_softmax` with every length m (and, in
-        ``training``, its backward) measured faster than ``torch.softmax`` over the last
-        axis of inputs like x (..., m); the caller then runs it instead, else PyTorch's.
-        Decided from the shape and dtype alone."""
+        """Whether this backend's :meth:`masked_softmax` with every length m measured
+        faster than ``torch.softmax`` over the last axis of inputs like x (..., m) (in
+        ``training``: as the forward of a step whose backward is PyTorch's softmax
+        backward); the caller then runs it instead, else PyTorch's. Decided from the shape
+        and dtype alone."""
 
     def small_masked_softmax(self, x: Tensor, valid_lens: Tensor) -> Tensor | None:
         """A small call without gradients, x (B, ..., n, m), int64 ``valid_lens`` as the

@@ -118,11 +118,16 @@ def softmax(x: Tensor) -> Tensor:
     return _every_key_softmax(x)
 
 
+def _every_key(x: Tensor) -> Tensor:
+    """Lengths x.shape[:-1] that are all m = x.shape[-1] (an expanded scalar, not
+    materialised): a masked softmax by them is the plain softmax."""
+    m = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
+    return m.expand(x.shape[:-1])
+
+
 def _every_key_softmax(x: Tensor) -> Tensor:
     """The backend's masked softmax of x with every length m."""
-    every_key = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
-    lengths = every_key.expand(x.shape[:-1])  # not materialised
-    return backend_for(x, "masked_softmax")(x, lengths)  # type: ignore[no-any-return]
+    return backend_for(x, "masked_softmax")(x, _every_key(x))  # type: ignore[no-any-return]
 
 
 class _Softmax(torch.autograd.Function):
@@ -254,9 +259,7 @@ class _MaskedSoftmaxDense(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (y,) = ctx.saved_tensors
-        m = torch.full((), y.shape[-1], dtype=torch.int64, device=y.device)
-        full = m.expand(y.shape[:-1])  # every length m, not materialised
-        return _masked_softmax_backward(grad, y, full), None
+        return _masked_softmax_backward(grad, y, _every_key(y)), None
 
 
 def mask_summary(
