@@ -14,16 +14,45 @@ import attnscore
 SRC = str(Path(attnscore.__file__).parents[1])
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+
+
 def python_m(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m attnscore ARGS`` on this checkout's package, in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-m", "attnscore", *map(str, args)],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(),
         cwd=cwd,
     )
+
+
+def python_m_stdout_closed(*args: object, cwd: Path | None = None) -> tuple[int, str]:
+    """``python -m attnscore ARGS | head -0``: the reader of its stdout pipe closes it before
+    anything is written (so every write fails). Returns the exit code and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnscore", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        cwd=cwd,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    return proc.wait(timeout=120), err
+
+
+def snapshot(*folders: Path) -> dict[Path, tuple[bytes, int] | None]:
+    """Everything under ``folders``: each file's bytes and mtime (None for a folder), to
+    check that a command changed nothing and left nothing behind."""
+    return {
+        path: None if path.is_dir() else (path.read_bytes(), path.stat().st_mtime_ns)
+        for folder in folders
+        for path in sorted(folder.rglob("*"))
+    }
 
 
 def one_error_line(err: str) -> str:

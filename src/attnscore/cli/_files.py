@@ -2,7 +2,11 @@
 
 - The format follows the extension: figures are ``.png``, ``.pdf`` or ``.svg`` (drawn by
   matplotlib in that format); anything else is refused before any work.
-- A missing folder is refused, naming the path; it is never created silently.
+- A missing folder is refused, naming the path; it is never created silently (``g2p
+  train --out``, whose default ``runs/g2p`` is made with its parents, aside).
+- An existing file is never replaced unless the command's ``--overwrite`` says so: it is
+  refused before any work (:func:`check_output`, :func:`check_folder`), and once more when
+  the file is put in place, should it have appeared meanwhile (:func:`write_atomic`).
 - Files are written through a temporary file in the same folder and renamed into place,
   so a failure leaves no partial file; the mode follows the umask, as ``open()`` would.
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIGURE_FORMATS",
+    "check_folder",
     "check_output",
     "save_figure",
     "write_atomic",
@@ -32,20 +37,52 @@ __all__ = [
 FIGURE_FORMATS = (".png", ".pdf", ".svg")
 
 
-def check_output(path: Path, option: str, suffixes: Sequence[str]) -> Path:
+def _exists(path: Path, option: str) -> UsageError:
+    return UsageError(f"{option}: {path} exists; pass --overwrite to replace it")
+
+
+def _check_ancestors(folder: Path, option: str, *, create: bool) -> None:
+    """Refuse a ``folder`` to write into that is a file, lies under a file, or (unless
+    ``create``) does not exist."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise UsageError(f"{option}: {existing} is a file, not a folder")
+    if not create and not folder.is_dir():
+        raise UsageError(f"{option}: folder {folder} does not exist; create it first")
+
+
+def _check_replaceable(path: Path, option: str, overwrite: bool) -> None:
+    """Refuse an existing ``path``: a folder or a special file always, a file unless
+    ``overwrite``."""
+    if path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder; expected a file name")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{option}: {path} is not a regular file; expected a file name")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise _exists(path, option)
+
+
+def check_output(
+    path: Path, option: str, suffixes: Sequence[str], *, overwrite: bool = False
+) -> Path:
     """Refuse an output path that cannot be written as asked, before any work is done.
 
     Args:
         path: the file the command will write.
         option: the option that named it (``"--heatmap"``), for the message.
         suffixes: the accepted extensions, lower case with the dot (``(".png", ".pdf")``).
+        overwrite: whether an existing file may be replaced (the command's
+            ``--overwrite``).
 
     Returns:
         ``path`` unchanged.
 
     Raises:
-        UsageError: ``path`` is a folder, its folder does not exist, or its extension is
-            not one of ``suffixes``.
+        UsageError: ``path`` is a folder or a special file, its extension is not one of
+            ``suffixes``, its folder does not exist or is a file, or it exists and
+            ``overwrite`` is false (``"--out: X exists; pass --overwrite to replace it"``).
 
     >>> check_output(Path("w.txt"), "--out", (".png", ".svg"))
     Traceback (most recent call last):
@@ -60,9 +97,49 @@ def check_output(path: Path, option: str, suffixes: Sequence[str]) -> Path:
             ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
         )
         raise UsageError(f"{option}: expected a file ending in {allowed}, but got {path.name}")
-    parent = path.parent
-    if not parent.is_dir():
-        raise UsageError(f"{option}: folder {parent} does not exist; create it first")
+    _check_ancestors(path.parent, option, create=False)
+    _check_replaceable(path, option, overwrite)
+    return path
+
+
+def check_folder(
+    path: Path,
+    option: str,
+    *,
+    files: Iterable[str] = (),
+    overwrite: bool = False,
+    parents: bool = False,
+) -> Path:
+    """Refuse an output folder that cannot be used as asked, before any work is done.
+
+    Args:
+        path: the folder the command writes into (created by the command if missing).
+        option: the option that named it (``"--out"``), for the message.
+        files: the names of the files the command will write in it.
+        overwrite: whether those files may be replaced where they exist (the command's
+            ``--overwrite``).
+        parents: whether the command creates missing parent folders too.
+
+    Returns:
+        ``path`` unchanged.
+
+    Raises:
+        UsageError: ``path`` (or a folder above it) is a file; its parent does not exist
+            (unless ``parents``); one of ``files`` is a folder or a special file in it, or
+            exists while ``overwrite`` is false.
+
+    >>> check_folder(Path("no/such/folder"), "--out")
+    Traceback (most recent call last):
+    ...
+    attnscore.cli._usage.UsageError: --out: folder no/such does not exist; create it first
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option}: {path} is a file; expected a folder")
+    _check_ancestors(path.parent, option, create=parents)
+    if path.is_dir():
+        for name in files:
+            _check_replaceable(path / name, option, overwrite)
     return path
 
 
@@ -72,19 +149,38 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str) -> None:
+def _place_new(tmp: str, path: Path, option: str) -> None:
+    """Move ``tmp`` to ``path`` unless a file appeared there: a hard link fails where
+    ``path`` exists, so a file made since :func:`check_output` is never replaced."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise _exists(path, option) from None
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(path):
+            raise _exists(path, option) from None
+        os.replace(tmp, path)
+
+
+def write_atomic(
+    path: Path, write: Callable[[BinaryIO], object], option: str, *, overwrite: bool = False
+) -> None:
     """Write ``path`` through a temporary file in its folder, then rename it into place.
 
     The file gets mode ``0o666 & ~umask`` (as ``open(path, "w")`` would); on any failure,
-    including one raised by ``write``, no file is left at ``path`` or beside it.
+    including one raised by ``write``, no file is left at ``path`` or beside it, and a file
+    already at ``path`` is unchanged.
 
     Args:
         path: the file to write.
         write: writes the content into the binary file it is given.
         option: the option that named ``path``, for the message.
+        overwrite: replace a file at ``path``; when false, a file found there (one made
+            after :func:`check_output` looked) is kept and refused.
 
     Raises:
-        UsageError: the folder does not exist or cannot be written.
+        UsageError: the folder does not exist or cannot be written, or ``path`` exists
+            and ``overwrite`` is false.
     """
     path = Path(path)
     try:
@@ -95,7 +191,10 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str) -
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _place_new(tmp, path, option)
     except OSError as err:
         raise UsageError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     finally:
@@ -103,7 +202,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], option: str) -
             os.unlink(tmp)
 
 
-def save_figure(fig: Figure, path: Path, option: str, *, dpi: int = 120) -> None:
+def save_figure(
+    fig: Figure, path: Path, option: str, *, dpi: int = 120, overwrite: bool = False
+) -> None:
     """Save ``fig`` in the format its extension names (png, pdf or svg), whole and atomically.
 
     The bounding box is fitted to what is drawn, so axis labels and titles are never cut.
@@ -113,10 +214,16 @@ def save_figure(fig: Figure, path: Path, option: str, *, dpi: int = 120) -> None
         path: the file, ``.png``, ``.pdf`` or ``.svg``.
         option: the option that named ``path``, for the message.
         dpi: resolution of the png.
+        overwrite: replace a file at ``path`` (the command's ``--overwrite``).
 
     Raises:
         UsageError: as :func:`check_output` and :func:`write_atomic`.
     """
-    path = check_output(Path(path), option, FIGURE_FORMATS)
+    path = check_output(Path(path), option, FIGURE_FORMATS, overwrite=overwrite)
     fmt = path.suffix.lower().lstrip(".")
-    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"), option)
+    write_atomic(
+        path,
+        lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"),
+        option,
+        overwrite=overwrite,
+    )

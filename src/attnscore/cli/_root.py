@@ -2,8 +2,10 @@
 
 ``attnscore demo | run | bench | g2p ...``: each command's module adds its parser through
 ``add_parser(subparsers)``, which sets ``handler(args) -> int`` as a default. :func:`main`
-parses, calls the handler, and turns every :class:`~attnscore.cli._usage.UsageError`
-(from parsing or from running) into one line on stderr and exit code 2.
+parses and calls the handler under :func:`~attnscore.cli._usage.run_main`, which turns every
+:class:`~attnscore.cli._usage.UsageError` (from parsing or from running) and every missing
+optional extra into one line on stderr and exit code 2, and a closed standard output into
+a quiet exit 141.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ._usage import ArgumentParser, UsageError
+from ._usage import ArgumentParser, run_main
 
 __all__ = ["build_parser", "main"]
 
@@ -45,35 +47,35 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnscore`` command; returns the exit code.
 
-    Bad input anywhere (options, missing or corrupt files, wrong arrays, bad shapes) gives
-    one line on stderr, ``attnscore: error: ...``, and exit code 2, and leaves no output
-    file behind.
+    Bad input anywhere (options, missing or corrupt files, wrong arrays, bad shapes, an
+    existing output file without ``--overwrite``, a missing optional extra) gives one line
+    on stderr, ``attnscore: error: ...``, and exit code 2, and leaves no output file behind.
+    Standard output closed early (``attnscore run ... | head -1``) ends the command quietly
+    with exit code 141. No traceback is printed for any of these.
 
     Args:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
         0 on success, 1 when a command fails in its own terms (``bench`` missing a target,
-        a handler exiting with a message), 2 on bad input.
+        a handler exiting with a message), 2 on bad input, 141 when standard output was
+        closed.
 
     >>> main(["run", "--input", "no-such-file.npz"])
     2
     """
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.handler(args))
-    except UsageError as err:
-        print(f"attnscore: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except SystemExit as done:  # --help, --version, or a handler that exits
-        if done.code is None or isinstance(done.code, int):
-            return done.code or 0
-        print(done.code, file=sys.stderr)
-        return 1
+
+    def command() -> int:
+        try:
+            args = build_parser().parse_args(argv)
+            return int(args.handler(args))
+        except SystemExit as done:  # --help, --version, or a handler that exits
+            if done.code is None or isinstance(done.code, int):
+                return done.code or 0
+            print(done.code, file=sys.stderr)
+            return 1
+
+    return run_main("attnscore", command)

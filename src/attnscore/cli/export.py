@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._files import check_output, write_atomic
-from ._usage import ArgumentParser, UsageError, positive_int, show_defaults
+from ._usage import ArgumentParser, UsageError, positive_int, require_extra, show_defaults
 
 if TYPE_CHECKING:
     from torch import nn
@@ -150,15 +150,11 @@ def _export(args: argparse.Namespace) -> int:
 
     from ..integrations import export as exporting
 
-    out: Path = check_output(args.out, "--out", FORMATS)
-    if out.exists() and not args.overwrite:
-        raise UsageError(f"--out: {out} exists; pass --overwrite to replace it")
+    out: Path = check_output(args.out, "--out", FORMATS, overwrite=args.overwrite)
     onnx = out.suffix.lower() == ".onnx"
     if onnx:
-        try:
-            exporting._require_onnx()
-        except ModuleNotFoundError as err:
-            raise UsageError(f"--out: {err}") from None
+        for package in ("onnx", "onnxscript"):
+            require_extra(package, f"--out {out.name}")
     module, (q, k, v) = _module(args)
     B, n, m = _EXAMPLE
     dtype = getattr(torch, args.dtype)
@@ -171,10 +167,12 @@ def _export(args: argparse.Namespace) -> int:
     try:
         if onnx:
             data = exporting.export_onnx(module, inputs).model_proto.SerializeToString()
-            write_atomic(out, lambda f: f.write(data), "--out")
+            write_atomic(out, lambda f: f.write(data), "--out", overwrite=args.overwrite)
         else:
             program = exporting.export_program(module, inputs)
-            write_atomic(out, lambda f: torch.export.save(program, f), "--out")
+            write_atomic(
+                out, lambda f: torch.export.save(program, f), "--out", overwrite=args.overwrite
+            )
     except (TypeError, ValueError) as err:  # what the module refuses for these sizes
         raise UsageError(f"--scoring {args.scoring}: {err}") from None
     size = v if args.heads is None else args.num_hiddens or _DEFAULT_SIZE

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Callable, Sequence
 
 from ..g2p.config import DEFAULT_STEPS, PRECISIONS, ModelConfig, TrainConfig
@@ -31,8 +30,10 @@ from ._usage import (
     fraction,
     non_negative_float,
     non_negative_int,
+    optional_package,
     positive_float,
     positive_int,
+    run_main,
     show_defaults,
 )
 
@@ -42,13 +43,19 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _usage_errors(fn: Handler) -> Handler:
-    """Report the library's input errors (missing data, bad values) as usage errors."""
+    """Report the library's input errors (missing data, bad values) as usage errors; a
+    missing optional package (:data:`~._usage.EXTRAS`) is left to
+    :func:`~._usage.run_main`, which names the extra to install."""
 
     @functools.wraps(fn)
     def handler(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (ValueError, FileNotFoundError, ImportError) as exc:
+        except ImportError as exc:
+            if optional_package(exc) is not None:
+                raise
+            raise UsageError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
+        except (ValueError, FileNotFoundError) as exc:
             raise UsageError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
 
     return handler
@@ -148,6 +155,12 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _add_overwrite(p: argparse.ArgumentParser, option: str) -> None:
+    p.add_argument(
+        "--overwrite", action="store_true", help=f"replace {option} if it exists (default: refuse)"
+    )
+
+
 def _fill(g2p: argparse.ArgumentParser) -> None:
     sub = g2p.add_subparsers(
         dest="g2p_command", metavar="COMMAND", required=True, parser_class=ArgumentParser
@@ -178,6 +191,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--json", help="also write the results to this .json file")
+    _add_overwrite(p, "--json")
     p.set_defaults(handler=_usage_errors(cmd_eval))
 
     p = sub.add_parser("predict", help="pronounce words (and draw their attention)")
@@ -185,6 +199,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("words", nargs="+", metavar="WORD")
     _add_decoding(p)
     p.add_argument("--heatmap", help="write one figure (.png, .pdf or .svg), one panel per word")
+    _add_overwrite(p, "--heatmap")
     _add_device(p)
     p.set_defaults(handler=_usage_errors(cmd_predict))
 
@@ -207,6 +222,12 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
         default=["attention", "phoneme", "knight"],
         help="words whose alignments are plotted",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the tables and figures of an earlier comparison in OUT (default: "
+        "refuse; finished runs of this recipe are reused either way)",
+    )
     _add_train_options(p)
     p.set_defaults(handler=_usage_errors(cmd_compare))
 
@@ -216,6 +237,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--out", help="also write the table to this .md file")
+    _add_overwrite(p, "--out")
     p.set_defaults(handler=_usage_errors(cmd_table))
     for command in sub.choices.values():
         show_defaults(command)
@@ -270,15 +292,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit code: 0, 2 on bad input, 130 when training is interrupted.
+        The exit code: 0, 2 on bad input, 130 when training is interrupted, 141 when
+        standard output was closed early.
 
     >>> main(["predict", "no-such-run", "knight"])
     2
     """
-    try:
+
+    def command() -> int:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
         handler: Handler = args.handler
         return handler(args)
-    except UsageError as err:
-        print(f"attnscore g2p: error: {err}", file=sys.stderr)
-        return 2
+
+    return run_main("attnscore g2p", command)

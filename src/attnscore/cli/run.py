@@ -3,7 +3,7 @@
 :func:`add_parser` adds the command to the ``attnscore`` tree; its handler reads
 ``--input`` (:mod:`._arrays`), builds the scorer from :mod:`attnscore.registry`, and writes
 ``--output`` and ``--heatmap`` through :mod:`._files` (checked before any work, written
-atomically).
+atomically, never over an existing file without ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from ._arrays import ARRAY_FORMATS, load_arrays
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
-from ._usage import ArgumentParser, UsageError, default_device, device_arg, positive_int
+from ._usage import (
+    ArgumentParser,
+    UsageError,
+    default_device,
+    device_arg,
+    positive_int,
+    require_extra,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -25,6 +32,8 @@ __all__ = ["add_parser"]
 
 _DEFAULT_NUM_HIDDENS = 8
 _SHOWN_EXAMPLES = 8
+_NORMALIZER_PACKAGES = {"sparsemax": "entmax", "entmax15": "entmax"}
+"""The normalizers that need an optional package (a key of :data:`._usage.EXTRAS`)."""
 
 _DESCRIPTION = """\
 Compute attention on your own arrays; print the output, or save it, or draw the weights.
@@ -39,6 +48,7 @@ B may be several batch dimensions. {same_size} need q == k.
 
 --output gets output (B, n, v) and weights (B, n, m), as .npz or .pt by extension.
 --heatmap draws the weights of the first 8 examples, as .png, .pdf or .svg.
+Existing files are refused unless --overwrite is given.
 """
 
 
@@ -121,6 +131,11 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         metavar="FILE",
         help="draw the weights into this .png, .pdf or .svg file",
     )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --output and --heatmap if they exist (default: refuse)",
+    )
     run.set_defaults(handler=_run)
     return run
 
@@ -189,20 +204,22 @@ def _warn_nonfinite(output: Tensor, weights: Tensor, arrays: dict[str, Tensor]) 
         _warn(", ".join(held) + hint)
 
 
-def _write_output(path: Path, output: Tensor, weights: Tensor) -> None:
+def _write_output(path: Path, output: Tensor, weights: Tensor, overwrite: bool) -> None:
     """``--output``: output and weights as .pt (tensors) or .npz (arrays), atomically."""
     import numpy as np
     import torch
 
     if path.suffix.lower() == ".pt":
         saved = {"output": output.contiguous(), "weights": weights.contiguous()}
-        write_atomic(path, lambda f: torch.save(saved, f), "--output")
+        write_atomic(path, lambda f: torch.save(saved, f), "--output", overwrite=overwrite)
         return
     # numpy has no bfloat16: widen it to float32
     out_np, w_np = (
         (t.float() if t.dtype == torch.bfloat16 else t).numpy() for t in (output, weights)
     )
-    write_atomic(path, lambda f: np.savez(f, output=out_np, weights=w_np), "--output")
+    write_atomic(
+        path, lambda f: np.savez(f, output=out_np, weights=w_np), "--output", overwrite=overwrite
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -212,10 +229,12 @@ def _run(args: argparse.Namespace) -> int:
     from ..modules import make_scorer
 
     if args.output is not None:
-        check_output(args.output, "--output", ARRAY_FORMATS)
+        check_output(args.output, "--output", ARRAY_FORMATS, overwrite=args.overwrite)
     if args.heatmap is not None:
-        check_output(args.heatmap, "--heatmap", FIGURE_FORMATS)
+        check_output(args.heatmap, "--heatmap", FIGURE_FORMATS, overwrite=args.overwrite)
     name = _check_scoring(args)
+    if args.normalizer in _NORMALIZER_PACKAGES:
+        require_extra(_NORMALIZER_PACKAGES[args.normalizer], f"--normalizer {args.normalizer}")
     device = torch.device(args.device or default_device())
     arrays = load_arrays(args.input)
     queries, keys, values = arrays["queries"], arrays["keys"], arrays["values"]
@@ -266,9 +285,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.output is None and args.heatmap is None:
         print(output)
     if args.output is not None:
-        _write_output(args.output, output, weights)
+        _write_output(args.output, output, weights, args.overwrite)
         print(f"wrote {args.output}")
     if fig is not None:
-        save_figure(fig, args.heatmap, "--heatmap")
+        save_figure(fig, args.heatmap, "--heatmap", overwrite=args.overwrite)
         print(f"wrote {args.heatmap}")
     return 0
