@@ -5,6 +5,7 @@
     nox -s docs       # the documentation site, warnings as errors, notebook executed
     nox -s dist       # sdist + wheel (python -m build), twine check
     nox -s bench      # attnscore bench --quick (a smoke run)
+    nox -s sanitize   # the C kernels under ASan + UBSan: tests/kernels and the fuzz
 
 Each session installs the package as the README says (CPU torch pinned). ``nox -R``
 reuses existing session environments; ``nox --no-venv`` runs in the current one.
@@ -67,3 +68,12 @@ def dist(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     _install(session)
     session.run("attnscore", "bench", "--quick", *session.posargs)
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """The C kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, run by the
+    kernel tests and ``tools/fuzz_kernels.py`` (tools/sanitize.sh); any sanitizer report
+    fails. posargs go to the fuzz (default ``--cases 2000``)."""
+    _install(session)
+    session.run("bash", "tools/sanitize.sh", *session.posargs, external=True)

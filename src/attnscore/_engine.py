@@ -39,14 +39,18 @@ from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
+    "ComputedWeights",
     "FusedPath",
     "MaskOptions",
     "Prepared",
     "Scoring",
     "WeightsFn",
     "attend",
+    "dot_weights_later",
     "finish",
     "fused_dot_product",
+    "owned",
+    "owned_mask",
     "prepare",
     "zero_padding",
 ]
@@ -189,8 +193,9 @@ def attend(
     """Run the pipeline on prepared inputs; return the output and a weights function.
 
     The weights function returns the (..., n, m) attention weights taken before dropout:
-    on the plain path the tensor already computed, on a fused path a recomputation from
-    what the forward kept (so the weights exist only if someone asks for them).
+    on the plain path the tensor already computed (a :class:`ComputedWeights`), on a fused
+    path a recomputation from copies the call owns (so the weights exist only if someone
+    asks for them; see :func:`dot_weights_later`).
     """
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
@@ -208,7 +213,8 @@ def attend(
     scores = scoring(prepared.queries, prepared.keys)
     weights = normalize(scores, prepared.mask).to(prepared.values.dtype)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
-    return _ops.matmul(dropped, prepared.values), lambda: weights
+    output = _attention.weighted_values(dropped, prepared.values, prepared.mask)
+    return output, ComputedWeights(weights)
 
 
 def finish(
@@ -245,7 +251,7 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
         scale_ = default_scale(d) if scale is None else scale
         if project is None:
             out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)
-            return out, lambda: softmax(dot_product_scores(q, k, scale), mask)
+            return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask))
         if dropout_p != 0.0 or mask.attend is not None:  # never taken
             return None
 
@@ -253,12 +259,123 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
             made = zero_padding(Prepared(q, k, v, mask))
             return made.queries, made.keys, made.values
 
+        kept = KeptProjections(project)
         projected = _attention.projected(
-            q, k, v, mask, project=project, scale=scale_,
+            q, k, v, mask, project=kept, scale=scale_,
             inert=inert if torch.is_grad_enabled() else None,
         )  # fmt: skip
         if projected is None:
             return None
-        return projected, lambda: softmax(dot_product_scores(*project(q, k), scale), mask)
+        qp, kp = kept.owned(q, k)
+        return projected, dot_weights_later(qp, kp, scale_, owned_mask(mask), q.shape[:-2])
 
     return fused
+
+
+class ComputedWeights:
+    """The weights function of a call that computed its weights (the plain path): returns
+    them. A caller keeping the weights past the call (a module's ``attention_weights``) reads
+    :attr:`weights` and keeps them detached: their autograd graph holds the caller's
+    tensors."""
+
+    __slots__ = ("weights",)
+
+    def __init__(self, weights: Tensor) -> None:
+        self.weights = weights
+
+    def __call__(self) -> Tensor:
+        return self.weights
+
+
+def owned(t: Tensor) -> Tensor:
+    """A copy of ``t`` that the call owns: detached, without autograd history, in its own
+    memory, so that later in-place changes of ``t`` do not reach it and keeping it does not
+    keep ``t``. Dimensions broadcast by a zero stride (expanded lengths) stay broadcast,
+    uncopied."""
+    t = t.detach()
+    if type(t) is Tensor and not in_transform(t):
+        strides = t.stride()
+        if 0 in strides:
+            one = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in strides)
+            return t[one].clone().expand(t.shape)
+    return t.clone()
+
+
+def owned_mask(mask: AttentionMask) -> AttentionMask:
+    """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), in copies
+    the call owns (:func:`owned`): the caller's lengths and boolean mask are not kept."""
+    lengths, attend = mask.lengths, mask.attend
+    return AttentionMask(
+        n=mask.n,
+        m=mask.m,
+        lengths=None if lengths is None else owned(lengths),
+        attend=None if attend is None else owned(attend),
+        causal=mask.causal,
+    )
+
+
+class KeptProjections:
+    """``project`` (q, k) -> (q', k'), keeping what it returned, so that a fused path's
+    weights can be computed later from the projections the call made (:meth:`owned`)."""
+
+    __slots__ = ("kept", "project")
+
+    def __init__(self, project: Projection) -> None:
+        self.project = project
+        self.kept: tuple[Tensor, Tensor] | None = None
+
+    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        projected = self.project(q, k)
+        self.kept = projected
+        return projected
+
+    def owned(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """The projections the call made from ``queries`` and ``keys`` (the caller's), or
+        them (where the path projected nothing) as the call owns them: detached; copied
+        (:func:`owned`) where they share memory with the caller's (a projection that
+        returns its input, or a view of it). Where the path did not project, the projections
+        of copies of ``queries`` and ``keys``."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            with torch.no_grad():
+                qp, kp = self.project(owned(queries), owned(keys))
+            return qp, kp
+        qp, kp = kept
+        return _owned_unless_new(qp, queries, keys), _owned_unless_new(kp, queries, keys)
+
+
+def _owned_unless_new(t: Tensor, *inputs: Tensor) -> Tensor:
+    """``t`` detached where the call made it (memory unlike the caller's ``inputs``), else
+    a copy the call owns (:func:`owned`)."""
+    if type(t) is Tensor and not in_transform(t):
+        storage = t.untyped_storage().data_ptr()
+        if all(x.untyped_storage().data_ptr() != storage for x in inputs):
+            return t.detach()
+    return owned(t)
+
+
+def dot_weights_later(
+    qp: Tensor,
+    kp: Tensor,
+    scale: float,
+    mask: AttentionMask,
+    batch: tuple[int, ...] | None = None,
+) -> WeightsFn:
+    """The weights function of a call that ran dot-product attention without computing its
+    weights: ``softmax(qp kpᵀ · scale, mask)`` computed when asked from ``qp`` (..., n, d)
+    and ``kp`` (..., m', d), which the call owns (:func:`owned`; the mask too,
+    :func:`owned_mask`), never from the caller's tensors. ``batch``: the weights' leading
+    shape where the projections were laid out otherwise (4-D); m' < m: the keys causal
+    masking left unseen were cut off (their weights are zero)."""
+
+    def weights() -> Tensor:
+        n, seen = mask.n, kp.shape[-2]
+        scores = dot_product_scores(qp, kp, scale)
+        if batch is not None:
+            scores = scores.reshape(*batch, n, seen)
+        if seen == mask.m:
+            return softmax(scores, mask)
+        cut = AttentionMask(n=n, m=seen, lengths=mask.lengths, causal=mask.causal)
+        return F.pad(softmax(scores, cut), (0, mask.m - seen))
+
+    return weights

@@ -22,12 +22,16 @@ from typing_extensions import Unpack
 
 from ._checks import check_dropout, in_transform
 from ._engine import (
+    ComputedWeights,
     FusedPath,
+    KeptProjections,
     MaskOptions,
     Prepared,
     WeightsFn,
     attend,
+    dot_weights_later,
     fused_dot_product,
+    owned,
     prepare,
 )
 from .kernels import _ops
@@ -38,7 +42,8 @@ from .kernels._attention import (
     unpadded_call,
 )
 from .kernels._dispatch import Projection
-from .normalizers import Normalizer, get_normalizer
+from .masking import build_mask
+from .normalizers import Normalizer, get_normalizer, softmax
 from .registry import Param, ScorerSpec, get_scorer
 from .scoring import (
     additive_scores_from_projections,
@@ -105,9 +110,12 @@ class Attention(nn.Module):
 
     After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
     before dropout (rows sum to 1 over the keys they may attend; rows with no such key are
-    zero). They are detached (for inspection), and on fast paths computed on first access.
-    With several threads calling one module, it is the last call's (the outputs are each
-    call's own: ``forward`` keeps no other state; the functional forms keep none).
+    zero). They are detached (for inspection), and on fast paths computed on first access,
+    from copies the call made of what they need (queries and keys, or their projections,
+    and the masks): later in-place changes of the inputs do not reach them, and the module
+    keeps none of the caller's tensors. With several threads calling one module, it is the
+    last call's (the outputs are each call's own: ``forward`` keeps no other state; the
+    functional forms keep none).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function
@@ -148,8 +156,9 @@ class Attention(nn.Module):
         get_normalizer(normalizer)  # fail at construction, not at the first call
         self.normalizer = normalizer
         # The last call's weights: a tensor once computed, or the function computing them
-        # (fast paths compute them only when asked), or None before any call. One attribute,
-        # replaced whole, so that concurrent calls never mix two calls' halves.
+        # (fast paths compute them only when asked, from copies the call owns), or None
+        # before any call. One attribute, replaced whole, so that concurrent calls never mix
+        # two calls' halves.
         self._weights: Tensor | WeightsFn | None = None
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
@@ -212,9 +221,9 @@ class Attention(nn.Module):
         self.__dict__["_weights"] = None
         if valid_lens is not None and not masks and not return_weights:
             # a small call by key lengths may run whole in one step
-            output = self._small(queries, keys, values, valid_lens)
-            if output is not None:
-                self.__dict__["_weights"] = self._weights_later(queries, keys, values, valid_lens)
+            taken = self._small(queries, keys, values, valid_lens)
+            if taken is not None:
+                output, self.__dict__["_weights"] = taken
                 return output
         elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
             # so may a call with nothing padded (causal masking alone, or no mask)
@@ -231,49 +240,31 @@ class Attention(nn.Module):
             weights = weights_fn()
             self.__dict__["_weights"] = weights.detach()
             return output, weights
-        # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call.
+        # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call. Weights
+        # the plain path computed are kept detached: their graph holds the caller's tensors
+        # (in a function still: a tensor attribute set while exporting draws a warning).
+        if type(weights_fn) is ComputedWeights:
+            weights_fn = ComputedWeights(weights_fn.weights.detach())
         self.__dict__["_weights"] = weights_fn
         return output
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
-        """The output of a small call by key lengths alone, run whole by a fast path that
-        takes the arguments unchecked and declines (None) what it does not take; a scorer
-        without such a path: None."""
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
+        """The output and weights (or a weights function over copies the call owns) of a
+        small call by key lengths alone, run whole by a fast path that takes the arguments
+        unchecked and declines (None) what it does not take; a scorer without such a path:
+        None."""
         return None
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> tuple[Tensor, WeightsFn] | None:
-        """The output and weights function of a call with nothing padded (no mask, or causal
-        masking alone), run whole by a fast path that takes the arguments unchecked and
-        declines (None) what it does not take; a scorer without such a path: None."""
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
+        """The output and weights (or a weights function over copies the call owns) of a
+        call with nothing padded (no mask, or causal masking alone), run whole by a fast
+        path that takes the arguments unchecked and declines (None) what it does not take;
+        a scorer without such a path: None."""
         return None
-
-    def _weights_later(
-        self,
-        queries: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        valid_lens: Tensor | None,
-        *,
-        causal: bool = False,
-    ) -> WeightsFn:
-        """The weights of a call that did not compute them, computed when asked."""
-
-        def weights() -> Tensor:
-            prepared = prepare(
-                queries,
-                keys,
-                values,
-                valid_lens,
-                same_feature_size=self.same_feature_size,
-                causal=causal,
-            )
-            return self._attend(prepared, fused=False)[1]()
-
-        return weights
 
     def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
         lengths = prepared.mask.lengths
@@ -521,9 +512,10 @@ class AdditiveAttention(ScorerAttention):
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls: the projections here, then one C pass over each query
-        row's valid keys (see :func:`attnscore.kernels._attention.small_additive_attention`)."""
+        row's valid keys (see :func:`attnscore.kernels._attention.small_additive_attention`);
+        the weights, when asked, from the projections and a copy of the lengths."""
         if _is_lazy(self.W_q) or _is_lazy(self.W_k):
             return None
         W_q, W_k = self.W_q.weight, self.W_k.weight
@@ -536,9 +528,35 @@ class AdditiveAttention(ScorerAttention):
         ):
             return None
         hidden = self.w_v.in_features
-        return small_additive_attention(
-            queries, keys, values, valid_lens, hidden, self._projections
-        )
+        kept: list[tuple[Tensor, Tensor, Tensor]] = []
+
+        def projections(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            kept.append(self._projections(queries, keys))
+            return kept[-1]
+
+        taken = small_additive_attention(queries, keys, values, valid_lens, hidden, projections)
+        if taken is None:
+            return None
+        output, weights = taken
+        if weights is not None:  # the pass wrote the weights it used
+            return output, weights
+        assert isinstance(valid_lens, Tensor) and kept  # as the small path took it
+        qh, kh, w = kept[-1]
+        # W_q q and W_k k are the call's (the cached W_k k the module's own); w_v may change.
+        return output, self._weights_from(qh.detach(), kh.detach(), owned(w), valid_lens)
+
+    def _weights_from(self, qh: Tensor, kh: Tensor, w: Tensor, valid_lens: Tensor) -> WeightsFn:
+        """The weights of a small call, which did not compute them: computed when asked from
+        the call's projections ``qh`` (..., n, h), ``kh`` (..., m, h) and ``w`` (h,), and a
+        copy of the key lengths (see :meth:`_small`)."""
+        lengths = owned(valid_lens)
+
+        def weights() -> Tensor:
+            *batch, n, _ = qh.shape
+            mask = build_mask(torch.Size(batch), n, kh.shape[-2], qh.device, valid_lens=lengths)
+            return softmax(additive_scores_from_projections(qh, kh, w, mask.lengths), mask)
+
+        return weights
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.
@@ -615,20 +633,30 @@ class DotProductAttention(ScorerAttention):
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls by key lengths: one C pass on the CPU, straight from the
-        arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`);
+        the weights, when asked, from copies of the queries, keys and lengths."""
         if not _may_run_small(self, queries, keys):
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
-        return small_dot_product_attention(queries, keys, values, valid_lens, scale)
+        taken = small_dot_product_attention(queries, keys, values, valid_lens, scale)
+        if taken is None:
+            return None
+        output, weights = taken
+        if weights is not None:  # the pass wrote the weights it used
+            return output, weights
+        assert isinstance(valid_lens, Tensor)  # as the small path took it
+        m = keys.shape[-2]
+        return output, _weights_later(owned(queries), owned(keys), scale, m, valid_lens)
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> tuple[Tensor, WeightsFn] | None:
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Calls with nothing padded, eager: straight to SDPA or the device's kernel, as the
         checked path would run them (see :func:`attnscore.kernels._attention.unpadded_call`),
-        with dropout in training as SDPA's."""
+        with dropout in training as SDPA's. The weights, when asked, from copies of the
+        queries and of the keys some query sees."""
         if self.normalizer != "softmax" or type(queries) is not Tensor:
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
@@ -638,10 +666,37 @@ class DotProductAttention(ScorerAttention):
         )
         if output is None:
             return None
-        return output, self._weights_later(queries, keys, values, None, causal=causal)
+        n, m = queries.shape[-2], keys.shape[-2]
+        seen = keys[..., :n, :] if causal and n < m else keys  # no query sees the others
+        return output, _weights_later(owned(queries), owned(seen), scale, m, causal=causal)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
+
+
+def _weights_later(
+    qp: Tensor,
+    kp: Tensor,
+    scale: float,
+    m: int,
+    valid_lens: Tensor | None = None,
+    *,
+    causal: bool = False,
+) -> WeightsFn:
+    """The weights of a fast lane's call, which ran dot-product attention of ``qp``
+    (..., n, d) and ``kp`` (..., m', d) by key lengths ``valid_lens`` (the caller's, copied
+    here) or causal masking without computing them: computed when asked, from ``qp`` and
+    ``kp`` (copies or projections that the call owns, never the caller's tensors; see
+    :func:`attnscore._engine.dot_weights_later`). ``m``: the number of keys (causal masking
+    may have cut off the m - m' keys no query sees)."""
+    lengths = None if valid_lens is None else owned(valid_lens)
+
+    def weights() -> Tensor:
+        n = qp.shape[-2]
+        mask = build_mask(qp.shape[:-2], n, m, qp.device, valid_lens=lengths, causal=causal)
+        return dot_weights_later(qp, kp, scale, mask)()
+
+    return weights
 
 
 def _may_run_small(
@@ -724,22 +779,33 @@ class _ProjectedAttention(ScorerAttention):
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls: dot-product attention of the projections in one C pass on
-        the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`)."""
+        the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`); the
+        weights, when asked, from the projections it made and a copy of the lengths."""
         param = self._projected_by()
         if param is None or not _may_run_small(self, queries, keys, param):
             return None
         if not self._fits(queries, keys, param):
             return None
-        return small_dot_product_attention(queries, keys, values, valid_lens, 1.0, self._project)
+        project = KeptProjections(self._project)
+        taken = small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
+        if taken is None:
+            return None
+        output, weights = taken
+        if weights is not None:  # the pass wrote the weights it used
+            return output, weights
+        assert isinstance(valid_lens, Tensor)  # as the small path took it
+        qp, kp = project.owned(queries, keys)  # the call's projections, or copies
+        return output, _weights_later(qp, kp, 1.0, keys.shape[-2], valid_lens)
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> tuple[Tensor, WeightsFn] | None:
-        """Calls with nothing padded, eager: the device's kernel where it takes them, else
-        without a mask the plain pipeline of the projections, which returns its weights
-        (see :func:`attnscore.kernels._attention.projected_call`)."""
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
+        """Calls with nothing padded, eager: the device's kernel where it takes them (the
+        weights, when asked, from the projections it made), else without a mask the plain
+        pipeline of the projections, which returns its weights (see
+        :func:`attnscore.kernels._attention.projected_call`)."""
         param = self._projected_by()
         if (
             param is None
@@ -751,15 +817,17 @@ class _ProjectedAttention(ScorerAttention):
         ):
             return None
         dropout_p = _dropout_p(self)
+        project = KeptProjections(self._project)
         taken = projected_call(
-            queries, keys, values, causal=causal, project=self._project, dropout_p=dropout_p
+            queries, keys, values, causal=causal, project=project, dropout_p=dropout_p
         )
         if taken is None:
             return None
         output, weights = taken
-        if weights is None:
-            return output, self._weights_later(queries, keys, values, None, causal=causal)
-        return output, lambda: weights
+        if weights is not None:  # kept without its graph, which holds the caller's tensors
+            return output, ComputedWeights(weights.detach())
+        qp, kp = project.owned(queries, keys)  # the call's projections, or copies
+        return output, _weights_later(qp, kp, 1.0, keys.shape[-2], causal=causal)
 
     def fused_path(self) -> FusedPath | None:
         """Dot-product attention of the projections where a kernel of the device skips work

@@ -13,6 +13,8 @@ from typing_extensions import Unpack
 
 from ._checks import check_attention_inputs
 from ._engine import MaskOptions
+from .kernels._attention import finite_inputs
+from .masking import build_mask
 from .modules import Attention, make_scorer
 from .normalizers import Normalizer
 from .registry import scorer_names
@@ -155,6 +157,7 @@ class MultiHeadAttention(nn.Module):
         attend_mask = masks.get("attend_mask")
         if isinstance(attend_mask, Tensor) and attend_mask.ndim == 3:
             masks = {**masks, "attend_mask": attend_mask.unsqueeze(1)}  # (B, n, m): all heads
+        keys, values = self._inert_padding(queries, keys, values, valid_lens, masks)
         heads = self.attention(
             self._split_heads(self.W_q(queries)),
             self._split_heads(self.W_k(keys)),
@@ -168,6 +171,33 @@ class MultiHeadAttention(nn.Module):
             return self.W_o(heads.transpose(1, 2).flatten(-2)), weights
         output: Tensor = self.W_o(heads.transpose(1, 2).flatten(-2))
         return output
+
+    def _inert_padding(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        valid_lens: Tensor | None,
+        masks: MaskOptions,
+    ) -> tuple[Tensor, Tensor]:
+        """Keys and values with the rows no query of any head attends zeroed, where some
+        row holds NaN or inf (one read of each): the projections' weight gradients sum over
+        every row, and 0 x NaN is NaN. The attention itself makes its own padding inert."""
+        if finite_inputs(keys, values):
+            return keys, values
+        B, n, m = queries.shape[0], queries.shape[1], keys.shape[1]
+        attend = masks.get("attend_mask")
+        heads = attend.shape[1] if isinstance(attend, Tensor) and attend.ndim == 4 else 1
+        mask = build_mask(
+            torch.Size([B, heads]), n, m, queries.device, valid_lens=valid_lens, **masks
+        )
+        padded = mask.padded_keys()
+        if padded is None:
+            return keys, values
+        rows = (
+            padded.expand(B, heads, m).all(1).unsqueeze(-1) if padded.ndim > 1 else padded[:, None]
+        )
+        return keys.masked_fill(rows, 0.0), values.masked_fill(rows, 0.0)
 
     def _check_sizes(self, queries: Tensor, keys: Tensor, values: Tensor) -> None:
         """Name the input whose feature size or dtype is not the projections' (fixed by the

@@ -311,6 +311,58 @@ def test_zero_feature_size_gives_uniform_weights(call):
     assert out.shape == (2, 3, 2)
 
 
+def _zero_feature_calls(dtype: torch.dtype):
+    """(name, call(q, k, v, lens) -> output, query size) of the forms that take queries
+    and keys of 0 features (W_a (q, 0) for general; W_q (h, 0), W_k (h, 0) for additive)."""
+    shapes = {"W_a": (4, 0), "W_q": (3, 4), "W_k": (3, 0), "w_v": (3,)}
+    W = {
+        name: torch.randn(shape, dtype=dtype, requires_grad=True) for name, shape in shapes.items()
+    }
+    F = attnscore.functional
+    return [
+        ("dot_product_attention", lambda q, k, v, L: F.dot_product_attention(q, k, v, L), 0),
+        ("cosine_attention", lambda q, k, v, L: F.cosine_attention(q, k, v, L), 0),
+        ("general_attention", lambda q, k, v, L: F.general_attention(q, k, v, W["W_a"], L), 4),
+        (
+            "additive_attention",
+            lambda q, k, v, L: F.additive_attention(q, k, v, W["W_q"], W["W_k"], W["w_v"], L),
+            4,
+        ),
+        ("DotProductAttention", attnscore.DotProductAttention().to(dtype), 0),
+        ("MultiplicativeAttention (lazy)", attnscore.MultiplicativeAttention(4).to(dtype), 4),
+        ("CosineAttention", attnscore.CosineAttention().to(dtype), 0),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("form", range(7))
+def test_zero_feature_size_trains_in_every_dtype(form, dtype):
+    """Keys of 0 features train in every dtype (float16 used to fail in its product's
+    backward: a reshape(-1, 0)). Every score is then an empty sum, 0 (tanh(0) = 0 for
+    additive), so each query's output is the mean of its valid values."""
+    name, call, query_size = _zero_feature_calls(dtype)[form]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, query_size, generator=gen).to(dtype).requires_grad_(True)
+    k = torch.randn(2, 5, 0).to(dtype).requires_grad_(True)
+    v = torch.randn(2, 5, 4, generator=gen).to(dtype).requires_grad_(True)
+    lens = torch.tensor([2, 5])
+    out = call(q, k, v, lens)
+    (out.float() ** 2).sum().backward()
+    v64 = v.detach().double()
+    mean = torch.stack([v64[b, : int(lens[b])].mean(0) for b in range(2)])
+    expected = mean[:, None].expand(2, 3, 4)
+    # d(sum out^2)/dv: each valid value gets 2 * out / L from each of the 3 queries
+    grad_v = torch.zeros_like(v64)
+    for b in range(2):
+        grad_v[b, : int(lens[b])] = 3 * 2 * mean[b] / int(lens[b])
+    low = dtype in (torch.float16, torch.bfloat16)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if low else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(out.double(), expected, **tol, msg=name)
+    torch.testing.assert_close(v.grad.double(), grad_v, **tol, msg=name)
+    assert k.grad is None or k.grad.shape == k.shape
+    assert q.grad is None or torch.isfinite(q.grad).all()
+
+
 # ---- masked_softmax and sequence_mask: what the test_masking table lacks ---------------------
 
 

@@ -137,7 +137,8 @@ def test_compare_refuses_a_finished_run_of_another_recipe(
     assert main([*argv, *_args(toy_dict)]) == 0
     capsys.readouterr()
     before = (out / "dot-seed0" / "summary.json").read_bytes()
-    assert main([*argv, *_args(toy_dict, "--dropout", "0.3")]) == 2
+    # --overwrite replaces the finished comparison's tables, never a run of another recipe
+    assert main([*argv, "--overwrite", *_args(toy_dict, "--dropout", "0.3")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "differs in dropout" in err
     assert (out / "dot-seed0" / "summary.json").read_bytes() == before

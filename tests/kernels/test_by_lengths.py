@@ -503,7 +503,8 @@ def test_inference_by_key_lengths_skips_the_layers(
     """Inference by key lengths alone above the small pass's size (here: every size) and
     in 16 bits: the kernel by lengths straight from the caller's tensors (strided heads
     too), no checks or mask built first; NaN in padded keys changes nothing; the output
-    and the weights asked for afterwards are float64's."""
+    and the weights asked for afterwards are the call's: zero where masked, rows summing
+    to 1."""
     (q, k, v), mask, _ = _case(layout, 13, 37, dtype, mask_kind, d=16, dv=24, seed=7)
     lens = mask.key_lengths.expand(q.shape[:-1]).contiguous()  # one per query row
     if mask_kind == "lengths (B,)":
@@ -521,8 +522,15 @@ def test_inference_by_key_lengths_skips_the_layers(
         expected = _general_and_cosine_reference(name, reference_module, q, k, v, mask)
     torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert out.shape == (*q.shape[:-1], 24) and out.dtype == dtype
-    weights = module.attention_weights  # computed now, through the checked path
-    assert weights.shape == (*q.shape[:-1], 37) and prepared == [1]
+    weights = module.attention_weights  # the call's (from copies it kept or wrote)
+    assert weights.shape == (*q.shape[:-1], 37) and prepared == []
+    assert torch.all(weights.masked_select(~mask.dense()) == 0)
+    torch.testing.assert_close(
+        weights.double().sum(-1),
+        (mask.lengths.expand(weights.shape[:-1]) > 0).double(),
+        atol=TOL[dtype],
+        rtol=0,
+    )
 
 
 # ---- calls with nothing padded, from the caller's tensors ------------------------------
@@ -536,7 +544,7 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, 
     """DotProductAttention without a mask or with causal masking alone, eager: straight to
     SDPA or the kernel (which takes (B, n, d) as it is in inference), no checks or mask
     built first; output and gradients as float64's, and the weights asked for afterwards
-    computed through the checked path."""
+    computed from the copies the call kept."""
     calls = request.getfixturevalue("kernel_calls") if route == "kernel" else None
     (q, k, v), mask, _ = _case(layout, 13, 17, torch.float32, "causal" if causal else "none")
     module = attnscore.DotProductAttention()
@@ -554,8 +562,8 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, 
         expected.backward(torch.ones_like(expected))
         for a, b in zip(ours, theirs, strict=True):
             torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
-    weights = module.attention_weights
-    assert prepared == [1] and weights.shape == (*q.shape[:-1], 17)
+    weights = module.attention_weights  # from copies the call kept: no checked path
+    assert prepared == [] and weights.shape == (*q.shape[:-1], 17)
     if causal:
         assert torch.all(weights[..., 0, 1:] == 0)
 

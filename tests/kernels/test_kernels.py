@@ -464,11 +464,12 @@ def test_build_compiles_into_an_empty_cache_once(first_load, tmp_path):
     cc = first_load._compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    path, compiled = first_load._build(cc, first_load.CFLAGS)
+    path, compiled = first_load._build(cc, first_load.CFLAGS, first_load.LDFLAGS)
     assert compiled and path.suffix == ".so"
     assert list((tmp_path / "cache").iterdir()) == [path]  # no temporary file left behind
     assert hasattr(ctypes.CDLL(str(path)), "masked_softmax_f32")
-    assert first_load._build(cc, first_load.CFLAGS) == (path, False)  # cached: not compiled again
+    # cached: not compiled again
+    assert first_load._build(cc, first_load.CFLAGS, first_load.LDFLAGS) == (path, False)
 
 
 def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path, monkeypatch):
@@ -479,7 +480,7 @@ def test_failed_build_warns_once_and_everything_falls_back(first_load, tmp_path,
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
     with pytest.raises(RuntimeError, match="failing-cc failed: failing-cc: error: something broke"):
-        first_load._build(str(cc), first_load.CFLAGS)
+        first_load._build(str(cc), first_load.CFLAGS, first_load.LDFLAGS)
     assert list((tmp_path / "cache").iterdir()) == []  # the half-built file is removed
 
     K.set_enabled(True)

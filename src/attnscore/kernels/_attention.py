@@ -47,6 +47,7 @@ from torch import Tensor
 
 from .._checks import in_transform
 from .._mask import AttentionMask
+from .._softmax import softmax_dense
 from . import _ops, _plain, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_for, backend_function, enabled
 
@@ -56,13 +57,55 @@ Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 __all__ = [
     "causal_alone",
     "dot_product_attention",
+    "finite_inputs",
     "projected",
     "projected_call",
     "small_additive_attention",
     "small_dot_product_attention",
     "unpadded",
     "unpadded_call",
+    "weighted_values",
 ]
+
+
+def finite_inputs(*tensors: Tensor) -> bool:
+    """Whether a fused kernel may take a call on these inputs: none holds NaN or inf.
+
+    Fused kernels do not carry NaN as the plain maths does: SDPA, and the C kernels, which
+    work on tiles of queries, multiply exact zero weights into the keys and values a query
+    does not attend wherever another query of the tile attends them (0 x NaN is NaN), and
+    SDPA returns zeros for a query that is NaN. The plain pipeline carries NaN exactly
+    (masked scores are filled before the softmax, values reach only the queries that attend
+    them: :func:`weighted_values`), so inputs that hold NaN or inf take it. One read of each
+    input (the backend's ``all_finite``); taken as true where values cannot be read
+    (tracing, transforms), which then run the kernels as they are."""
+    if in_transform(*tensors):
+        return True
+    return backend_for(tensors[0], "all_finite")(tensors)  # type: ignore[no-any-return]
+
+
+def weighted_values(weights: Tensor, values: Tensor, mask: AttentionMask) -> Tensor:
+    """``weights (..., n, m) @ values (..., m, dv)`` where each query sums only the values
+    of the keys its mask lets it attend: NaN or inf in a value reaches exactly the queries
+    that attend it, at its feature, as each term ``w_ij v_jc`` would (a plain product
+    multiplies the masked zeros in: 0 x NaN is NaN). Finite values (read once) take the
+    plain product; traced calls too."""
+    if mask.unmasked or in_transform(weights, values) or finite_inputs(values):
+        return _ops.matmul(weights, values)
+    allowed = mask.dense()
+    assert allowed is not None
+    out = _ops.matmul(weights, values.masked_fill(~torch.isfinite(values), 0.0))
+    w = weights.detach()
+
+    def reach(rows: Tensor, cols: Tensor) -> Tensor:  # whether row i meets column c
+        return torch.matmul(rows.to(torch.float32), cols.to(torch.float32)) > 0
+
+    pos, neg = allowed & (w > 0), allowed & (w < 0)
+    plus, minus = torch.isposinf(values), torch.isneginf(values)
+    nan = reach(allowed, torch.isnan(values)) | reach(allowed & ~(w > 0) & ~(w < 0), plus | minus)
+    up, down = reach(pos, plus) | reach(neg, minus), reach(pos, minus) | reach(neg, plus)
+    out = out.masked_fill(up, float("inf")).masked_fill(down, float("-inf"))
+    return out.masked_fill(nan | (up & down), float("nan"))
 
 
 def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> AttentionMask:
@@ -97,6 +140,34 @@ def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> Attenti
     )
 
 
+def _inert(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with the keys (and values) no query attends and the queries that attend
+    nothing zeroed: copies, for inputs known to hold NaN or inf somewhere. Whatever is left
+    that is not finite is attended by some query."""
+    padded, idle = mask.padded_keys(), mask.idle_queries()
+    return _sdpa.inert(
+        q,
+        k,
+        v,
+        None if padded is None else padded.unsqueeze(-1),
+        None if idle is None else idle.unsqueeze(-1),
+        look=False,
+    )
+
+
+def _plain_maths(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+) -> Tensor:
+    """Dot-product attention as the plain formulation computes it, for inputs that hold
+    NaN or inf (:func:`finite_inputs`): masked scores filled before the softmax, values
+    summed over attended keys only (:func:`weighted_values`). The caller has made the
+    padding inert (:func:`_inert`: the gradients of the scores' product
+    read it)."""
+    weights = softmax_dense(_ops.matmul(q, k.transpose(-1, -2)) * scale, mask.dense())
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
+    return weighted_values(dropped, v, mask)
+
+
 def dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
 ) -> Tensor:
@@ -106,6 +177,10 @@ def dot_product_attention(
     Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
     that attend nothing) changes nothing, whatever it holds.
     """
+    if not finite_inputs(q, k, v):
+        q, k, v = _inert(q, k, v, mask)
+        if not finite_inputs(q, k, v):
+            return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p)
     batch = q.shape[:-2]
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     if mask.unmasked or causal_alone(mask):
@@ -193,6 +268,10 @@ def projected(
     query sees (causal, n < m) are cut off, never projected or read."""
     if mask.attend is not None or not enabled() or in_transform(q, k, v):
         return None
+    if not finite_inputs(q, k, v):
+        q, k, v = _inert(q, k, v, mask)
+        if not finite_inputs(q, k, v):  # the plain pipeline carries NaN exactly
+            return None
     batch = q.shape[:-2]
     if mask.unmasked or causal_alone(mask):
         k, v = _seen(q, k, v, mask.causal)
@@ -266,6 +345,8 @@ def unpadded_call(
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
+        return None
     out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, None, False)
     if out is not None:
         return out
@@ -289,6 +370,8 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
+        return None
     if causal:
         seen_k, seen_v = _seen(q, k, v, causal)
         out = _unpadded_kernel(q, seen_k, seen_v, causal, 1.0, dropout_p, project, False)
@@ -327,11 +410,12 @@ def small_dot_product_attention(
     valid_lens: object,
     scale: float,
     project: Projection | None = None,
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """A small eager inference call by key lengths, whole in one backend step from the
     caller's arguments as they came (unchecked: the backend contract's
-    ``small_dot_product_attention`` takes only what fits and checks the lengths it reads);
-    None for every other call, which then takes the checks and :func:`dot_product_attention`.
+    ``small_dot_product_attention`` takes only what fits and checks the lengths it reads):
+    (output, the weights where the backend wrote them, else None). None for every other
+    call, which then takes the checks and :func:`dot_product_attention`.
     ``project`` (q, k) -> (q', k'): scorers that are dot products of other vectors (general,
     cosine), applied once the call is taken; the caller checks that it can run."""
     if not _offered(q, k, v, valid_lens):
@@ -343,7 +427,7 @@ def small_dot_product_attention(
 
 def small_additive_attention(
     q: object, k: object, v: object, valid_lens: object, hidden: int, project: AdditiveProjection
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """Additive attention's :func:`small_dot_product_attention`: ``project`` (q, k) -> (qh,
     kh, w_v), applied once the backend takes the call; ``hidden`` = h."""
     if not _offered(q, k, v, valid_lens):

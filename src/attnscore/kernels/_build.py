@@ -36,7 +36,10 @@ from pathlib import Path
 
 __all__ = [
     "CFLAGS",
+    "EXTRA_FLAGS_ENV",
+    "LDFLAGS",
     "OPENMP_CFLAGS",
+    "OPENMP_LDFLAGS",
     "BuildInfo",
     "build_info",
     "has_float16",
@@ -46,12 +49,21 @@ __all__ = [
 
 _SOURCE = Path(__file__).with_name("csrc") / "attnscore_kernels.c"
 
-# -ffast-math is needed for glibc to declare its vector expf/tanhf (libmvec); the kernels never
-# read padded positions, so finite-math assumptions only concern real data. -fopenmp-simd
-# honours `#pragma omp simd` without linking an OpenMP runtime.
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-shared"]
-#: The build that shares torch's libgomp (see the module docstring).
+# Compiling and linking are two steps, and only compiling sees -ffast-math: a link with it
+# pulls in gcc's crtfastmath.o, whose constructor turns on flush-to-zero and
+# denormals-are-zero for the whole process when the library loads (every later float op of
+# the user's, torch's and NumPy's included). -ffast-math is needed for glibc to declare its
+# vector expf/tanhf (libmvec); the kernels never read padded positions, and they test for
+# NaN and inf on the bits, so finite-math assumptions only concern the arithmetic.
+# -fopenmp-simd honours `#pragma omp simd` without linking an OpenMP runtime.
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC"]
+LDFLAGS = ["-shared"]
+#: The build that shares torch's libgomp (see the module docstring): -fopenmp in both steps.
 OPENMP_CFLAGS = [f for f in CFLAGS if f != "-fopenmp-simd"] + ["-fopenmp"]
+OPENMP_LDFLAGS = [*LDFLAGS, "-fopenmp"]
+#: Extra flags for both steps, from the environment (the sanitizer build of ``nox -s
+#: sanitize``: ``-fsanitize=address,undefined ...``); part of the cache key.
+EXTRA_FLAGS_ENV = "ATTNSCORE_CFLAGS"
 
 
 class BuildInfo:
@@ -140,15 +152,22 @@ def parallel_in_c() -> bool:
     return _lib is not None and _info.openmp
 
 
-def _build(cc: str, flags: list[str]) -> tuple[Path, bool]:
+def _extra_flags() -> list[str]:
+    return os.environ.get(EXTRA_FLAGS_ENV, "").split()
+
+
+def _build(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[Path, bool]:
     source = _SOURCE.read_bytes()
     version = subprocess.run(
         [cc, "--version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
+    extra = _extra_flags()
+    cflags, ldflags = [*cflags, *extra], [*ldflags, *extra]
     key = hashlib.sha256()
     for part in (
         source,
-        " ".join(flags).encode(),
+        " ".join(cflags).encode(),
+        " ".join(ldflags).encode(),
         version.encode(),
         _cpu_flags().encode(),
         platform.machine().encode(),
@@ -160,21 +179,16 @@ def _build(cc: str, flags: list[str]) -> tuple[Path, bool]:
     if target.exists():
         return target, False
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        proc = subprocess.run(
-            [cc, *flags, "-o", tmp, str(_SOURCE), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
-        os.replace(tmp, target)  # atomic: other processes see all or nothing
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp_dir:
+        obj, lib = Path(tmp_dir) / "kernels.o", Path(tmp_dir) / "kernels.so"
+        for step in (
+            [cc, *cflags, "-c", "-o", str(obj), str(_SOURCE)],
+            [cc, *ldflags, "-o", str(lib), str(obj), "-lm"],  # no -ffast-math: see CFLAGS
+        ):
+            proc = subprocess.run(step, capture_output=True, text=True, timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
+        os.replace(lib, target)  # atomic: other processes see all or nothing
     return target, True
 
 
@@ -214,16 +228,16 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
     to the build without an OpenMP runtime if that fails."""
     if _want_openmp():
         try:
-            return _load(cc, OPENMP_CFLAGS)
+            return _load(cc, OPENMP_CFLAGS, OPENMP_LDFLAGS)
         except (RuntimeError, OSError, subprocess.SubprocessError):
             pass  # e.g. no libgomp to link against: build without an OpenMP runtime
-    return _load(cc, CFLAGS)
+    return _load(cc, CFLAGS, LDFLAGS)
 
 
-def _load(cc: str, flags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
-    path, compiled = _build(cc, flags)
+def _load(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
+    path, compiled = _build(cc, cflags, ldflags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 10:
+    if lib.attnscore_kernels_abi() != 12:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -232,12 +246,20 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int64
     lib.attnscore_advise_huge.argtypes = [p, i]
     lib.attnscore_advise_huge.restype = None
+    for suf in ("f64", "f32", "bf16", "f16"):  # (buffer, entries) -> count of inf and NaN
+        count = getattr(lib, f"count_nonfinite_{suf}")
+        count.argtypes = [p, i]
+        count.restype = i
+        count3 = getattr(lib, f"count_nonfinite3_{suf}")  # three (buffer, entries) at once
+        count3.argtypes = [p, i, p, i, p, i]
+        count3.restype = i
     for suf in ("f32", "f64"):  # one call on the calling thread; returns a count of rows
         small = getattr(lib, f"small_attention_{suf}")
-        small.argtypes = [p, p, p, p, p, i, i, i, i, i, i, ctypes.c_double]
+        # (q, k, v, lengths, out, weights or NULL, rows, n, m, d, dv, div, scale)
+        small.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_double]
         small.restype = i
         additive = getattr(lib, f"small_additive_{suf}")  # (q, k, w, v, ...): w the h weights
-        additive.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i]
+        additive.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i]
         additive.restype = i
     signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
         # (..., m, div): div rows share one length

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from ._build import has_float16, load_library, parallel_in_c
 __all__ = [
     "additive_scores",
     "additive_scores_backward",
+    "all_finite",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -541,6 +542,59 @@ def additive_scores_backward(
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 
+# ---- inputs ---------------------------------------------------------------------------------
+
+_NONFINITE_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16",
+                     torch.float16: "f16"}  # fmt: skip
+
+
+def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Backend contract (C scan): no NaN or inf in any of ``tensors``, one read of each.
+    An attention call's three contiguous inputs of one dtype take one C call (a small
+    call notices each microsecond); a tensor passed twice (self-attention's keys and
+    values) is read once; other layouts take PyTorch's reduction."""
+    lib = load_library()
+    if lib is not None and len(tensors) == 3:
+        q, k, v = tensors
+        count = _COUNT3.get(q.dtype) or _count3(lib, q.dtype)
+        if (
+            count is not None
+            and k.dtype == v.dtype == q.dtype
+            and q.is_contiguous()
+            and k.is_contiguous()
+            and v.is_contiguous()
+        ):
+            kp, vp = k.data_ptr(), v.data_ptr()
+            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, v.numel() * (vp != kp))
+    read: set[tuple[int, int]] = set()
+    for t in tensors:
+        n = t.numel()
+        suffix = _NONFINITE_SUFFIX.get(t.dtype)
+        if not n or (t.data_ptr(), n) in read:
+            continue
+        read.add((t.data_ptr(), n))
+        if lib is None or suffix is None or not t.is_contiguous():
+            if not bool(torch.isfinite(t).all()):
+                return False
+        elif cast("Callable[..., int]", _function(lib, f"count_nonfinite_{suffix}"))(
+            t.data_ptr(), n
+        ):
+            return False
+    return True
+
+
+_COUNT3: dict[torch.dtype, Callable[..., int]] = {}
+
+
+def _count3(lib: ctypes.CDLL, dtype: torch.dtype) -> Callable[..., int] | None:
+    """The C scan of three buffers of ``dtype`` (kept per dtype); None for other dtypes."""
+    suffix = _NONFINITE_SUFFIX.get(dtype)
+    if suffix is None:
+        return None
+    fn = _COUNT3[dtype] = cast("Callable[..., int]", getattr(lib, f"count_nonfinite3_{suffix}"))
+    return fn
+
+
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
 
 #: A call of the per-example loop costs about this much work (multiply-adds) in overhead;
@@ -565,13 +619,20 @@ _SMALL_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.f
 
 
 def _small_pass(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, div: int, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lengths: Tensor,
+    div: int,
+    scale: float,
+    weights: Tensor | None = None,
 ) -> Tensor | None:
     """The C pass of small dot-product attention: q (..., n, d), k (..., m, d), v (...,
     m, dv), contiguous and of one float dtype with a kernel; row r of q attends the first
-    ``lengths[r // div]`` keys of its (example, head) (clamped to [0, m]). None where a
-    row's scores or output are not all finite (the C arithmetic does not promise to carry
-    them as PyTorch does)."""
+    ``lengths[r // div]`` keys of its (example, head) (clamped to [0, m]). ``weights``
+    (..., n, m), contiguous, when given, receives the weights. None where a row's scores or
+    output are not all finite (the C arithmetic does not promise to carry them as PyTorch
+    does)."""
     lib = _lib()
     *lead, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
@@ -582,6 +643,7 @@ def _small_pass(
         v.data_ptr(),
         lengths.data_ptr(),
         out.data_ptr(),
+        None if weights is None else weights.data_ptr(),
         out.numel() // dv if dv else 0,
         n,
         m,
@@ -644,6 +706,23 @@ def _small_layout(
     return read[0], rows * m * (features + dv)
 
 
+def _unread_only(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> bool:
+    """Whether what is not finite in q, k, v (lengths one per query row) lies where the
+    kernel by lengths never reads: keys and values beyond each (example, head)'s longest
+    length, queries of length 0; or whether each (example, head)'s queries share one
+    length (then every key a tile reads is attended by all its rows)."""
+    n, m = q.shape[-2], k.shape[-2]
+    rows = lengths.reshape(-1, n)
+    if bool((rows == rows[:, :1]).all()):
+        return True
+    seen = torch.arange(m) < rows.amax(-1, keepdim=True)  # (groups, m)
+    keys = (torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1)).expand(*q.shape[:-2], m)
+    queries = torch.isfinite(q).all(-1)  # (..., n)
+    return bool((keys.reshape(-1, m) | ~seen).all()) and bool(
+        (queries.reshape(-1, n) | (rows == 0)).all()
+    )
+
+
 def small_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -651,14 +730,16 @@ def small_dot_product_attention(
     valid_lens: Tensor,
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """Backend contract (C kernels): an inference call by key lengths from the caller's
     tensors, where :func:`_small_layout` takes it, run whole before the layers between (at
     mid sizes they cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
-    and float64, the C pass of :func:`_small_pass`; above it and in 16 bits, the kernel by
-    lengths (:func:`_by_lengths_forward`) where it runs. q and k go through ``project``
-    first, once the call is taken (else they share their size d). None for anything else,
-    without the C library, or where the small pass meets non-finite scores."""
+    and float64, the C pass of :func:`_small_pass`, which writes the weights as well (one
+    (..., n, m) tensor costs less than keeping copies of the inputs); above it and in 16
+    bits, the kernel by lengths (:func:`_by_lengths_forward`) where it runs, without
+    weights. q and k go through ``project`` first, once the call is taken (else they share
+    their size d). None for anything else, without the C library, or where the small pass
+    meets non-finite scores."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
     taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
@@ -668,14 +749,29 @@ def small_dot_product_attention(
     whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
     if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_suffix(q, k, v) is None):
         return None
+    # Queries of different lengths share the kernel's tiles: there NaN in a key or value
+    # one of them attends would reach the others (0 x NaN), so such inputs take the plain
+    # pipeline; lengths shared by an (example, head)'s queries carry NaN exactly. The small
+    # pass checks its own scores and output.
+    if (
+        not whole
+        and div < q.shape[-2]
+        and not all_finite((q, k, v))
+        and not _unread_only(q, k, v, valid_lens)
+    ):
+        return None
     if project is not None:
         q, k = project(q, k)
     if whole:
-        return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), valid_lens, div, scale)
+        weights = q.new_empty((*q.shape[:-1], k.shape[-2]))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = _small_pass(q, k, v, valid_lens, div, scale, weights)
+        return None if out is None else (out, weights)
     B, n = q.shape[0], q.shape[-2]
     H = q.shape[1] if q.ndim == 4 else 1
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
-    return _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0]
+    by = _ByLength.of(lengths, n)
+    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0], None
 
 
 def small_additive_attention(
@@ -685,14 +781,14 @@ def small_additive_attention(
     valid_lens: Tensor,
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """Backend contract (C kernel): a small inference call of additive attention from the
     caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score) and
     the work is at most ``_SMALL_WORK`` multiply-adds (float32, float64):
     ``project`` (q, k) -> (qh, kh, w) (the projections and w_v, applied once it does), then
     one C pass: each query row's scores ``w . tanh(qh + kh_j)`` over its valid keys only,
-    their softmax and the weighted values. None for anything else, without the C library,
-    or where the pass meets non-finite scores."""
+    their softmax and the weighted values; (output, weights). None for anything else,
+    without the C library, or where the pass meets non-finite scores."""
     taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
     if taken is None or taken[1] > _SMALL_WORK:
         return None
@@ -702,6 +798,7 @@ def small_additive_attention(
     *lead, n, h = qh.shape
     m, dv = kh.shape[-2], vc.shape[-1]
     out = torch.empty((*lead, n, dv), dtype=qh.dtype)
+    weights = torch.empty((*lead, n, m), dtype=qh.dtype)
     bad = _function(_lib(), f"small_additive_{_SMALL_SUFFIX[qh.dtype]}")(
         qh.data_ptr(),
         kh.data_ptr(),
@@ -709,6 +806,7 @@ def small_additive_attention(
         vc.data_ptr(),
         valid_lens.data_ptr(),
         out.data_ptr(),
+        weights.data_ptr(),
         out.numel() // dv,
         n,
         m,
@@ -716,7 +814,7 @@ def small_additive_attention(
         dv,
         div,
     )
-    return None if bad else out
+    return None if bad else (out, weights)
 
 
 #: A flash call's q, k, v, additive mask (or None) and is_causal.
@@ -1115,8 +1213,10 @@ class _ByLength:
             else:
                 order = _ascending(n).expand(Bl, Hl, n).contiguous()
             return _ByLength(lengths, order, strides)
+        # sort keeps its input's strides: lengths made as (n, B).T come back laid out as
+        # that, and the kernel reads (B, H, n) in order
         by_length, order = lengths.sort(dim=-1)
-        return _ByLength(by_length, order, strides)
+        return _ByLength(by_length.contiguous(), order.contiguous(), strides)
 
 
 @functools.lru_cache(maxsize=64)

@@ -72,6 +72,7 @@ from torch import Tensor
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
 # checked by mypy), nine of them the plain backend's, re-exported as they are.
 from . import _triton_softmax
+from ._plain import all_finite as all_finite
 from ._plain import dot_product_attention as dot_product_attention
 from ._plain import lengths_mask as lengths_mask
 from ._plain import mask_summary as mask_summary

@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -155,12 +155,13 @@ class Backend(Protocol):
         valid_lens: Tensor,
         scale: float,
         project: Projection | None,
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor | None] | None:
         """An inference call small enough for one thread, q (B, n, d) or (B, H, n, d), k, v
-        alike, int64 ``valid_lens`` as the caller got them (unchecked): the output where the
-        backend runs such calls whole and everything fits (one dtype, lengths (B,) or
-        q.shape[:-1], none negative, some key cut); None otherwise (the caller then checks
-        and takes the general path). ``project``, when given, maps (q, k) to the vectors
+        alike, int64 ``valid_lens`` as the caller got them (unchecked): (output, the weights
+        (..., n, m) where the backend wrote them, else None) where the backend runs such
+        calls whole and everything fits (one dtype, lengths (B,) or q.shape[:-1], none
+        negative, some key cut); None otherwise (the caller then checks and takes the
+        general path). ``project``, when given, maps (q, k) to the vectors
         whose dot products are the scores (general: q W_a; cosine: unit vectors), applied
         only once the call is taken: q may then differ from k in size."""
 
@@ -172,10 +173,15 @@ class Backend(Protocol):
         valid_lens: Tensor,
         hidden: int,
         project: AdditiveProjection,
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor | None] | None:
         """Additive attention's :meth:`small_dot_product_attention`: ``project`` (q, k) ->
         (qh (..., n, h), kh (..., m, h), w_v (h,)), applied once the call is taken;
         ``hidden`` = h (the work per score)."""
+
+    def all_finite(self, tensors: Sequence[Tensor]) -> bool:
+        """Whether every entry of every tensor is finite (no NaN, no inf): one read of each.
+        Fused kernels take a call only then (see :func:`attnscore.kernels._attention.
+        fused_takes`)."""
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
@@ -198,6 +204,7 @@ FUNCTIONS = (
     "unpadded_attention",
     "small_dot_product_attention",
     "small_additive_attention",
+    "all_finite",
     "matmul",
 )
 

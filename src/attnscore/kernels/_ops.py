@@ -322,8 +322,8 @@ class _Matmul(torch.autograd.Function):
         grad_b = None
         if ctx.needs_input_grad[1]:
             if b.ndim == 2 and a.ndim > 2:  # one matrix for all of a's rows
-                k, c = a.shape[-1], grad.shape[-1]
-                grad_b = product(a.reshape(-1, k).mT, grad.reshape(-1, c))
+                # flatten, not reshape(-1, k): a feature size of 0 leaves -1 undefined
+                grad_b = product(a.flatten(0, -2).mT, grad.flatten(0, -2))
             else:
                 grad_b = product(a.mT, grad)
         return grad_a, grad_b

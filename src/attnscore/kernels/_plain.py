@@ -13,7 +13,7 @@ Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value si
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "additive_scores_dense",
+    "all_finite",
     "dot_product_attention",
     "lengths_mask",
     "mask_summary",
@@ -109,7 +110,7 @@ def small_dot_product_attention(
     valid_lens: Tensor,
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None
 
@@ -121,7 +122,7 @@ def small_additive_attention(
     valid_lens: Tensor,
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor | None] | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None
 
@@ -252,6 +253,15 @@ def dot_product_attention(
     of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
     rows zeros. Works on any device and under tracing (no data-dependent Python)."""
     return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Backend contract: no NaN or inf in any of ``tensors`` (PyTorch's reduction of each;
+    on a GPU reading the answer waits for the device)."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.numel())
 
 
 # ---- matrix products -----------------------------------------------------------------------

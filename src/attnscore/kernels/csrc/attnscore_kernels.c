@@ -28,8 +28,15 @@
  * that vectorizes, several times cheaper than libm's expf. Below -87.3 (where 2^n leaves the
  * normal range) it is 0; NaN stays NaN. */
 static inline float exp_neg(float x) {
-  const float n = floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
+  /* an integer test: -ffast-math may assume that no float is NaN, and NaN must propagate */
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const int nan = (u & 0x7fffffffu) > 0x7f800000u;
+  /* The exponent is computed from x clamped to [-88, 88] (NaN as 0), so that the conversion
+   * to int below is always defined; below -87.3 the result is chosen at the end. */
+  const float xc = nan ? 0.0f : (x < -88.0f ? -88.0f : (x > 88.0f ? 88.0f : x));
+  const float n = floorf(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -42,10 +49,7 @@ static inline float exp_neg(float x) {
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   const float e = x < -87.3f ? 0.0f : p * scale;
-  /* an integer test: -ffast-math may assume that no float is NaN, and NaN must propagate */
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return (u & 0x7fffffffu) > 0x7f800000u ? x : e;
+  return nan ? x : e;
 }
 
 /* ---- masked softmax: one row ------------------------------------------------------------
@@ -1110,7 +1114,7 @@ static inline int f64_finite(double x) {
     }                                                                                       \
     const T inv = (T)1 / sum;                                                               \
     for (int64_t j = 0; j < L; ++j) {                                                       \
-      const T w = s[j] * inv;                                                               \
+      const T w = s[j] *= inv; /* s keeps the weights, for the caller to write out */       \
       for (int64_t c = 0; c < dv; ++c) o[c] += w * v[j * dv + c];                           \
     }                                                                                       \
     int finite = 1;                                                                         \
@@ -1119,7 +1123,9 @@ static inline int f64_finite(double x) {
   }
 
 /* The row loop around SCORE (an expression of j, with qr, kb the row's query and its
-   example's keys, of size d each) shared by both kinds of scores. */
+   example's keys, of size d each) shared by both kinds of scores. Where `weights` is not
+   NULL, each row's weights are written there too (rows x m, exact zeros beyond the row's
+   length): the weights the call used, cheaper to keep than copies of its inputs. */
 #define SMALL_ROWS(T, SUF, SCORE)                                                           \
   T stack[64];                                                                              \
   T *s = m <= 64 ? stack : (T *)malloc(sizeof(T) * (size_t)m);                              \
@@ -1130,6 +1136,9 @@ static inline int f64_finite(double x) {
     L = L < 0 ? 0 : (L > m ? m : L);                                                        \
     T *o = out + r * dv;                                                                    \
     for (int64_t c = 0; c < dv; ++c) o[c] = 0;                                              \
+    T *wr = weights ? weights + r * m : NULL;                                               \
+    if (wr)                                                                                 \
+      for (int64_t j = L; j < m; ++j) wr[j] = 0;                                            \
     if (L == 0) continue;                                                                   \
     const T *qr = q + r * d, *kb = k + bh * m * d;                                          \
     int finite = 1;                                                                         \
@@ -1138,6 +1147,8 @@ static inline int f64_finite(double x) {
       finite &= SUF##_finite(s[j]);                                                         \
     }                                                                                       \
     bad += !(finite && small_pool_##SUF(s, L, v + bh * m * dv, dv, o));                     \
+    if (wr)                                                                                 \
+      for (int64_t j = 0; j < L; ++j) wr[j] = s[j];                                         \
   }                                                                                         \
   if (s != stack) free(s);                                                                  \
   return bad;
@@ -1155,13 +1166,13 @@ static inline int f64_finite(double x) {
     return acc;                                                                             \
   }                                                                                         \
   int64_t small_attention_##SUF(const T *q, const T *k, const T *v, const int64_t *lengths,  \
-                                T *out, int64_t rows, int64_t n, int64_t m, int64_t d,      \
-                                int64_t dv, int64_t div, double scale) {                    \
+                                T *out, T *weights, int64_t rows, int64_t n, int64_t m,     \
+                                int64_t d, int64_t dv, int64_t div, double scale) {         \
     SMALL_ROWS(T, SUF, small_dot_##SUF(qr, kb + j * d, d) * (T)scale)                       \
   }                                                                                         \
   int64_t small_additive_##SUF(const T *q, const T *k, const T *w, const T *v,               \
-                               const int64_t *lengths, T *out, int64_t rows, int64_t n,     \
-                               int64_t m, int64_t d, int64_t dv, int64_t div) {             \
+                               const int64_t *lengths, T *out, T *weights, int64_t rows,    \
+                               int64_t n, int64_t m, int64_t d, int64_t dv, int64_t div) {  \
     SMALL_ROWS(T, SUF, small_tanh_##SUF(qr, kb + j * d, w, d))                              \
   }
 
@@ -1237,6 +1248,31 @@ void matmul_par_f16(const uint16_t *A, const uint16_t *B, uint16_t *C, const int
 DEFINE_ADDITIVE_DRIVERS(float, f32)
 DEFINE_ADDITIVE_DRIVERS(double, f64)
 
+/* ---- finiteness of inputs -----------------------------------------------------------------
+ * The number of entries among the first n of p whose exponent bits are all ones (inf or NaN),
+ * by their bits (-ffast-math may assume no float is NaN): a fused kernel takes a call only
+ * when its inputs hold none, since where a query's mask differs from its neighbours' the
+ * kernels (like SDPA) multiply exact zero weights into keys and values it does not attend,
+ * and 0 x NaN is NaN. One read, vectorized; the caller passes each buffer it will read. */
+#define DEFINE_NONFINITE(UT, SUF, EXPONENT)                                                 \
+  int64_t count_nonfinite_##SUF(const UT *p, int64_t n) {                                   \
+    int64_t bad = 0;                                                                        \
+    _Pragma("omp simd reduction(+ : bad)") for (int64_t i = 0; i < n; ++i) {                \
+      bad += (p[i] & EXPONENT) == EXPONENT;                                                 \
+    }                                                                                       \
+    return bad;                                                                             \
+  }                                                                                         \
+  /* The three inputs of an attention call at once (one call from Python, not three). */    \
+  int64_t count_nonfinite3_##SUF(const UT *a, int64_t na, const UT *b, int64_t nb,          \
+                                 const UT *c, int64_t nc) {                                 \
+    return count_nonfinite_##SUF(a, na) + count_nonfinite_##SUF(b, nb) +                    \
+           count_nonfinite_##SUF(c, nc);                                                    \
+  }
+DEFINE_NONFINITE(uint64_t, f64, UINT64_C(0x7ff0000000000000))
+DEFINE_NONFINITE(uint32_t, f32, UINT32_C(0x7f800000))
+DEFINE_NONFINITE(uint16_t, bf16, (uint16_t)0x7f80)
+DEFINE_NONFINITE(uint16_t, f16, (uint16_t)0x7c00)
+
 /* 1 when the float16 kernels exist (the compiler has _Float16). */
 int attnscore_have_f16(void) { return ATTNSCORE_HAVE_F16; }
 
@@ -1266,4 +1302,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 10; }
+int attnscore_kernels_abi(void) { return 12; }

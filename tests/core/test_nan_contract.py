@@ -1,0 +1,197 @@
+"""The NaN contract, on every path, mask kind, size and dtype.
+
+    NaN in what a query attends reaches that query's output; NaN in what it does not
+    attend never reaches it (output or gradients, parameters' gradients included); a
+    query that attends nothing gives zeros.
+
+What a query "attends": its own vector, the keys its mask allows, and those keys' values
+(a NaN value reaches only the features it is in). Each case here puts NaN in one query, key
+or value entry, and checks the output's NaN entries against the ones the contract names,
+the other entries against the plain maths in float64 on the inputs with that NaN removed,
+and, where no query attends the NaN, every gradient against the clean inputs'.
+
+The sizes reach the fused paths: the small C passes (tiny), the kernel by lengths and SDPA
+(mid), in float32 and float64, in inference and in training.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnscore
+from paths import PATHS, Path, allowed_keys
+
+NAN = float("nan")
+# (B, H or None, n, m): tiny calls take the small passes; mid ones the kernels and SDPA
+SIZES = {"tiny": (2, None, 3, 5), "mid": (2, 4, 24, 40)}
+MASKS = ["none", "causal", "lengths (B,)", "lengths (B, n)", "attend_mask", "query_valid_lens"]
+
+
+def _mask(kind: str, batch: tuple[int, ...], n: int, m: int, gen: torch.Generator):
+    """(valid_lens, masks, allowed (..., n, m)) for a mask kind; lengths include 0 and m."""
+    B = batch[0]
+    allowed = torch.ones(*batch, n, m, dtype=torch.bool)
+    if kind == "none":
+        return None, {}, allowed
+    if kind == "causal":
+        return None, {"causal": True}, allowed & torch.ones(n, m, dtype=torch.bool).tril()
+    if kind == "lengths (B,)":
+        lens = torch.tensor([m // 2, m])[:B]
+        return lens, {}, allowed_keys(lens, batch, n, m)
+    if kind == "lengths (B, n)":
+        lens = torch.randint(0, m + 1, (B, n), generator=gen)
+        lens[0, 1], lens[-1, -1] = 0, m  # an idle query, and one that sees every key
+        return lens, {}, allowed_keys(lens, batch, n, m)
+    if kind == "attend_mask":
+        attend = torch.rand(*batch, n, m, generator=gen) > 0.4
+        attend[0, ..., 1, :] = False  # an idle query
+        return None, {"attend_mask": attend}, attend
+    if kind == "query_valid_lens":
+        qlens = torch.tensor([n - 1, n])[:B]
+        rows = torch.arange(n) < qlens.reshape(B, *(1,) * (len(batch) - 1), 1)
+        return None, {"query_valid_lens": qlens}, allowed & rows.unsqueeze(-1)
+    raise AssertionError(kind)
+
+
+def _reference(path: Path, params, q, k, v, allowed):
+    """The plain maths (float64) with masked scores filled before the softmax and the
+    values of keys a query does not attend never multiplied in (0 x NaN is NaN)."""
+    scores = path.reference(params, q, k).masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, -1).masked_fill(~allowed, 0.0)
+    terms = weights.unsqueeze(-1) * v.unsqueeze(-3)  # (..., n, m, dv)
+    return torch.where(allowed.unsqueeze(-1), terms, 0.0).sum(-2)
+
+
+def _reached(where: str, pos: tuple[int, ...], allowed: torch.Tensor, shape_out) -> torch.Tensor:
+    """Bool output-shaped: the entries the contract says the NaN reaches."""
+    reached = torch.zeros(shape_out, dtype=torch.bool)
+    lead, i = pos[:-2], pos[-2]
+    attends = allowed.any(-1)  # (..., n)
+    if where == "q":
+        if attends[(*lead, i)]:
+            reached[(*lead, i)] = True
+    elif where == "k":
+        rows = allowed[lead][..., i]  # queries of that example (and head) attending key i
+        reached[lead] = rows.unsqueeze(-1).expand(reached[lead].shape)
+    else:  # a value entry: the queries attending key i, at that feature
+        rows = allowed[lead][..., i]
+        reached[(*lead, slice(None), pos[-1])] = rows
+    return reached
+
+
+# (size, training, dtype): the small passes in float64 training (plain pipeline there) and
+# float32 inference; mid sizes reach the kernel by lengths (float32) and SDPA (float64)
+RUNS = [
+    ("tiny", True, torch.float64),
+    ("tiny", False, torch.float32),
+    ("mid", True, torch.float32),
+    ("mid", False, torch.float64),
+]
+
+
+def _cases():
+    for path in PATHS:
+        for size, training, dtype in RUNS:
+            for kind in MASKS:
+                how = "training" if training else "inference"
+                yield pytest.param(
+                    path, size, kind, training, dtype, id=f"{path}-{size}-{kind}-{how}-{dtype}"
+                )
+
+
+@pytest.mark.parametrize(("path", "size", "kind", "training", "dtype"), list(_cases()))
+def test_nan_reaches_exactly_the_queries_that_attend_it(path, size, kind, training, dtype):
+    B, H, n, m = SIZES[size]
+    batch = (B,) if H is None else (B, H)
+    qs, ks = (8, 8) if path.same_feature_size else (8, 6)
+    runner = path.build(qs, ks, dtype)
+    params = {name: t.detach().double() for name, t in runner.params.items()}
+    gen = torch.Generator().manual_seed(hash((str(path), size, kind)) % 2**31)
+    clean = [
+        torch.randn(*batch, rows, size_, generator=gen, dtype=torch.float64)
+        for rows, size_ in ((n, qs), (m, ks), (m, 5))
+    ]
+    valid_lens, masks, allowed = _mask(kind, batch, n, m, gen)
+    # NaN in each of: a query that attends some key, a query that attends none (if any), a
+    # key some queries attend and others not, a key nobody attends (if any), a value entry
+    attends = allowed.any(-1)
+    seen_by = allowed.any(-2)  # (..., m)
+    some = allowed.float().mean(-2)  # share of queries attending each key
+    spots = [("q", (*attends.nonzero()[0].tolist(), 3))]
+    if (~attends).any():
+        spots.append(("q", (*(~attends).nonzero()[0].tolist(), 3)))
+    partial = ((some > 0) & (some < 1)).nonzero()
+    if len(partial):
+        spots.append(("k", (*partial[0].tolist(), 2)))
+        spots.append(("v", (*partial[-1].tolist(), 1)))
+    if (~seen_by).any():
+        spots.append(("k", (*(~seen_by).nonzero()[0].tolist(), 2)))
+        spots.append(("v", (*(~seen_by).nonzero()[-1].tolist(), 4)))
+    if not partial.numel():
+        spots.append(("v", (0,) * (len(batch)) + (m - 1, 1)))
+    for where, pos in spots:
+        dirty = [t.clone() for t in clean]
+        dirty["qkv".index(where)][pos] = NAN
+        inputs = [t.to(dtype).requires_grad_(training) for t in dirty]
+        with torch.set_grad_enabled(training):
+            out, _ = runner(*inputs, valid_lens, **masks)
+        reached = _reached(where, pos, allowed, out.shape)
+        what = f"NaN in {where}{list(pos)}"
+        assert torch.equal(torch.isnan(out), reached), (
+            f"{what}: NaN at {torch.isnan(out).nonzero().tolist()[:6]}, "
+            f"expected at {reached.nonzero().tolist()[:6]}"
+        )
+        wiped = [t.nan_to_num(0.0) for t in dirty]
+        ref = _reference(path, params, *wiped, allowed)
+        tol = 2e-5 if dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(
+            out.detach().double()[~reached], ref[~reached], rtol=tol, atol=tol, msg=what
+        )
+        idle = ~attends
+        assert torch.all(out.detach()[idle] == 0), what
+        if not training or reached.any():
+            continue
+        # Attended by no query: every gradient as with the NaN wiped out.
+        g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(dtype)
+        targets = [*inputs, *runner.trainable()]
+        grads = torch.autograd.grad((out * g).sum(), targets, allow_unused=True)
+        fresh = [t.to(dtype).requires_grad_(True) for t in wiped]
+        out_w, _ = runner(*fresh, valid_lens, **masks)
+        want = torch.autograd.grad(
+            (out_w * g).sum(), [*fresh, *runner.trainable()], allow_unused=True
+        )
+        for name, a, b in zip(["q", "k", "v", "params"], grads, want, strict=False):
+            if a is None or b is None:
+                continue
+            assert torch.isfinite(a).all(), f"{what}: NaN gradient of {name}"
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=f"{what}: {name}")
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("scoring", ["scaled_dot", "additive", "general", "cosine"])
+def test_multihead_padding_never_reaches_parameters(scoring, training):
+    """NaN in padded key and value rows (no query attends them) changes no output and no
+    gradient, the projections' weight gradients included (0 x NaN in their backward)."""
+    torch.manual_seed(0)
+    mha = attnscore.MultiHeadAttention(16, 4, scoring=scoring)
+    x = torch.randn(2, 5, 16)
+    kv = torch.randn(2, 7, 16)
+    lens = torch.tensor([5, 7])
+    results = []
+    for dirty in (False, True):
+        mha.zero_grad()
+        keys = kv.clone()
+        if dirty:
+            keys[0, 5:] = NAN
+        with torch.set_grad_enabled(training):
+            out = mha(x, keys, keys, lens)
+        assert torch.isfinite(out).all()
+        if training:
+            out.square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in mha.named_parameters() if p.grad is not None}
+        results.append((out.detach(), grads))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for name, grad in results[1][1].items():
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, results[0][1][name], msg=name)
