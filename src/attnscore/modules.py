@@ -661,14 +661,15 @@ class DotProductAttention(ScorerAttention):
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
         dropout_p = _dropout_p(self)
-        output = unpadded_call(
+        taken = unpadded_call(
             queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p
         )
-        if output is None:
+        if taken is None:
             return None
+        output, q_kept, k_kept = taken  # copies the call made
         n, m = queries.shape[-2], keys.shape[-2]
-        seen = keys[..., :n, :] if causal and n < m else keys  # no query sees the others
-        return output, _weights_later(owned(queries), owned(seen), scale, m, causal=causal)
+        seen = k_kept[..., :n, :] if causal and n < m else k_kept  # no query sees the others
+        return output, _weights_later(q_kept, seen, scale, m, causal=causal)
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))

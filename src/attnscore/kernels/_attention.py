@@ -335,25 +335,28 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
 
 def unpadded_call(
     q: object, k: object, v: object, *, causal: bool, scale: float, dropout_p: float
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """An eager call of dot-product attention with nothing padded (no mask, or causal
     masking alone), taken whole from the caller's arguments before the checks and the
     mask (at mid sizes those layers cost as much as the work): :func:`unpadded` of them,
     exactly what the checked path runs. Only well-formed calls are taken
     (:func:`_well_formed`, one d for q and k); None for every other call, which then takes
-    the checks (and their errors)."""
+    the checks (and their errors). Returns (output, copies of q and k): what the call keeps
+    to compute its weights later, made in the same read as the check that its inputs are
+    finite (:func:`finite_inputs`; inputs that are not take the checked path)."""
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
+    finite, q_kept, k_kept = backend_for(q, "finite_copies")(q, k, v)
+    if not finite:  # eager (well-formed): finite_inputs
         return None
     out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, None, False)
     if out is not None:
-        return out
+        return out, q_kept, k_kept
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     sdpa = _sdpa.causal if causal else _sdpa.unmasked
     out = sdpa(q4, k4, v4, scale=scale, dropout_p=dropout_p)
-    return out if q.ndim == 4 else out.squeeze(1)
+    return (out if q.ndim == 4 else out.squeeze(1)), q_kept, k_kept
 
 
 def projected_call(

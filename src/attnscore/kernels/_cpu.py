@@ -37,6 +37,7 @@ __all__ = [
     "additive_scores_backward",
     "all_finite",
     "dot_product_attention",
+    "finite_copies",
     "lengths_mask",
     "mask_summary",
     "masked_softmax",
@@ -565,7 +566,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
             and v.is_contiguous()
         ):
             kp, vp = k.data_ptr(), v.data_ptr()
-            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, v.numel() * (vp != kp))
+            vn = v.numel() * (vp != kp)
+            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None)
     read: set[tuple[int, int]] = set()
     for t in tensors:
         n = t.numel()
@@ -581,6 +583,24 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
         ):
             return False
     return True
+
+
+def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
+    """Backend contract (C scan): whether q, k, v hold no NaN or inf, and copies of q and k
+    (detached, in one new buffer, made in the same pass where the three are contiguous and
+    of one dtype with a scan)."""
+    lib = load_library()
+    count = None if lib is None else (_COUNT3.get(q.dtype) or _count3(lib, q.dtype))
+    if (
+        count is None
+        or not (k.dtype == v.dtype == q.dtype)
+        or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+    ):
+        return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
+    nq, nk, kp, vp = q.numel(), k.numel(), k.data_ptr(), v.data_ptr()
+    kept = torch.empty(nq + nk, dtype=q.dtype)
+    bad = count(q.data_ptr(), nq, kp, nk, vp, v.numel() * (vp != kp), kept.data_ptr())
+    return not bad, kept[:nq].view(q.shape), kept[nq:].view(k.shape)
 
 
 _COUNT3: dict[torch.dtype, Callable[..., int]] = {}

@@ -74,6 +74,7 @@ from torch import Tensor
 from . import _triton_softmax
 from ._plain import all_finite as all_finite
 from ._plain import dot_product_attention as dot_product_attention
+from ._plain import finite_copies as finite_copies
 from ._plain import lengths_mask as lengths_mask
 from ._plain import mask_summary as mask_summary
 from ._plain import masked_softmax_dense as masked_softmax_dense

@@ -30,6 +30,7 @@ __all__ = [
     "additive_scores_dense",
     "all_finite",
     "dot_product_attention",
+    "finite_copies",
     "lengths_mask",
     "mask_summary",
     "masked_softmax",
@@ -262,6 +263,11 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     """Backend contract: no NaN or inf in any of ``tensors`` (PyTorch's reduction of each;
     on a GPU reading the answer waits for the device)."""
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.numel())
+
+
+def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
+    """Backend contract: :func:`all_finite` of q, k, v, and detached copies of q and k."""
+    return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
 
 
 # ---- matrix products -----------------------------------------------------------------------
