@@ -6,7 +6,8 @@ hypothesis draws, for every path of ``paths.PATHS``, the layout of each of queri
 values and lengths (contiguous, made transposed, expanded over the batch, sliced with a
 step, at an offset in a larger storage), a size that reaches the fused kernels (the small
 pass, the kernel by lengths in float32 training) and a dtype, and checks output, weights
-and input gradients against the plain maths in float64 on contiguous copies.
+and input gradients against the plain maths in float64 on contiguous copies; the masked
+softmax likewise, scores and lengths in any layout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from paths import PATHS, Path, plain_attention
+from attnscore import masked_softmax
+from paths import PATHS, Path, allowed_keys, plain_attention
 
 LAYOUTS = ["contiguous", "transposed", "expanded", "sliced", "offset"]
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10}
@@ -136,3 +138,36 @@ def test_lengths_of_every_layout_reach_the_kernel_by_lengths(layout, training):
     lens = torch.randint(0, 44, (2, 3, 16), generator=gen)
     case = ((2, 3), 16, 40, lens, ["contiguous", "contiguous", "contiguous", layout])
     _check(path, case, torch.float32, 7, training)
+
+
+@SETTINGS
+@given(
+    case=cases(),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    training=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_masked_softmax_of_any_layout(case, dtype, training, seed):
+    """Scores and lengths in any layout: the masked softmax and its gradient equal float64's
+    on contiguous copies."""
+    batch, n, m, lens, layouts = case
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*batch, n, m, generator=gen, dtype=torch.float64).to(dtype)
+    if layouts[0] == "expanded":
+        x = x[:1].expand(x.shape).contiguous()
+    if layouts[3] == "expanded":
+        lens = lens[:1].expand(lens.shape).contiguous()
+    x.requires_grad_(training)
+    with torch.set_grad_enabled(training):
+        laid = lay_out(x, layouts[0])
+        out = masked_softmax(laid, lay_out(lens, layouts[3]))
+    x64 = x.detach().double().requires_grad_(training)
+    allowed = allowed_keys(lens, batch, n, m)
+    ref = torch.softmax(x64.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    tol = {torch.float32: 2e-6, torch.float64: 1e-12, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.detach().double(), ref.detach(), rtol=tol, atol=tol)
+    if training:
+        g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+        (got,) = torch.autograd.grad((out * g.to(dtype)).sum(), laid)
+        (want,) = torch.autograd.grad((ref * g).sum(), x64)
+        torch.testing.assert_close(got.double(), want, rtol=4 * tol, atol=4 * tol)
