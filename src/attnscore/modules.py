@@ -43,7 +43,7 @@ from .kernels._attention import (
 )
 from .kernels._dispatch import Projection
 from .masking import build_mask
-from .normalizers import Normalizer, get_normalizer, softmax
+from .normalizers import Normalizer, get_normalizer
 from .registry import Param, ScorerSpec, get_scorer
 from .scoring import (
     additive_scores_from_projections,
@@ -514,8 +514,8 @@ class AdditiveAttention(ScorerAttention):
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls: the projections here, then one C pass over each query
-        row's valid keys (see :func:`attnscore.kernels._attention.small_additive_attention`);
-        the weights, when asked, from the projections and a copy of the lengths."""
+        row's valid keys (see :func:`attnscore.kernels._attention.small_additive_attention`),
+        which writes the weights it used."""
         if _is_lazy(self.W_q) or _is_lazy(self.W_k):
             return None
         W_q, W_k = self.W_q.weight, self.W_k.weight
@@ -528,35 +528,10 @@ class AdditiveAttention(ScorerAttention):
         ):
             return None
         hidden = self.w_v.in_features
-        kept: list[tuple[Tensor, Tensor, Tensor]] = []
-
-        def projections(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            kept.append(self._projections(queries, keys))
-            return kept[-1]
-
-        taken = small_additive_attention(queries, keys, values, valid_lens, hidden, projections)
-        if taken is None:
-            return None
-        output, weights = taken
-        if weights is not None:  # the pass wrote the weights it used
-            return output, weights
-        assert isinstance(valid_lens, Tensor) and kept  # as the small path took it
-        qh, kh, w = kept[-1]
-        # W_q q and W_k k are the call's (the cached W_k k the module's own); w_v may change.
-        return output, self._weights_from(qh.detach(), kh.detach(), owned(w), valid_lens)
-
-    def _weights_from(self, qh: Tensor, kh: Tensor, w: Tensor, valid_lens: Tensor) -> WeightsFn:
-        """The weights of a small call, which did not compute them: computed when asked from
-        the call's projections ``qh`` (..., n, h), ``kh`` (..., m, h) and ``w`` (h,), and a
-        copy of the key lengths (see :meth:`_small`)."""
-        lengths = owned(valid_lens)
-
-        def weights() -> Tensor:
-            *batch, n, _ = qh.shape
-            mask = build_mask(torch.Size(batch), n, kh.shape[-2], qh.device, valid_lens=lengths)
-            return softmax(additive_scores_from_projections(qh, kh, w, mask.lengths), mask)
-
-        return weights
+        taken = small_additive_attention(
+            queries, keys, values, valid_lens, hidden, self._projections
+        )
+        return taken  # the pass wrote the weights it used
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.

@@ -430,7 +430,7 @@ def small_dot_product_attention(
 
 def small_additive_attention(
     q: object, k: object, v: object, valid_lens: object, hidden: int, project: AdditiveProjection
-) -> tuple[Tensor, Tensor | None] | None:
+) -> tuple[Tensor, Tensor] | None:
     """Additive attention's :func:`small_dot_product_attention`: ``project`` (q, k) -> (qh,
     kh, w_v), applied once the backend takes the call; ``hidden`` = h."""
     if not _offered(q, k, v, valid_lens):

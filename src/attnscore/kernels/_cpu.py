@@ -801,7 +801,7 @@ def small_additive_attention(
     valid_lens: Tensor,
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
-) -> tuple[Tensor, Tensor | None] | None:
+) -> tuple[Tensor, Tensor] | None:
     """Backend contract (C kernel): a small inference call of additive attention from the
     caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score) and
     the work is at most ``_SMALL_WORK`` multiply-adds (float32, float64):

@@ -173,10 +173,11 @@ class Backend(Protocol):
         valid_lens: Tensor,
         hidden: int,
         project: AdditiveProjection,
-    ) -> tuple[Tensor, Tensor | None] | None:
+    ) -> tuple[Tensor, Tensor] | None:
         """Additive attention's :meth:`small_dot_product_attention`: ``project`` (q, k) ->
         (qh (..., n, h), kh (..., m, h), w_v (h,)), applied once the call is taken;
-        ``hidden`` = h (the work per score)."""
+        ``hidden`` = h (the work per score). A backend that takes the call returns the
+        weights it used with the output (the module keeps no copies for them)."""
 
     def all_finite(self, tensors: Sequence[Tensor]) -> bool:
         """Whether every entry of every tensor is finite (no NaN, no inf): one read of each.

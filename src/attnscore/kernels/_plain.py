@@ -123,7 +123,7 @@ def small_additive_attention(
     valid_lens: Tensor,
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
-) -> tuple[Tensor, Tensor | None] | None:
+) -> tuple[Tensor, Tensor] | None:
     """No path of its own for small calls: None (the general path runs)."""
     return None
 
