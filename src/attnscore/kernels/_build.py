@@ -237,7 +237,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, cflags, ldflags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 13:
+    if lib.attnscore_kernels_abi() != 14:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -250,9 +250,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         count = getattr(lib, f"count_nonfinite_{suf}")
         count.argtypes = [p, i]
         count.restype = i
-        # three (buffer, entries) at once, the first two copied to the last (or NULL)
+        # three (buffer, entries) at once, the first two copied to the last two (or NULL)
         count3 = getattr(lib, f"count_nonfinite3_{suf}")
-        count3.argtypes = [p, i, p, i, p, i, p]
+        count3.argtypes = [p, i, p, i, p, i, p, p]
         count3.restype = i
     for suf in ("f32", "f64"):  # one call on the calling thread; returns a count of rows
         small = getattr(lib, f"small_attention_{suf}")

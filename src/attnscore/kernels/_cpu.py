@@ -567,7 +567,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
         ):
             kp, vp = k.data_ptr(), v.data_ptr()
             vn = v.numel() * (vp != kp)
-            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None)
+            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None, None)
     read: set[tuple[int, int]] = set()
     for t in tensors:
         n = t.numel()
@@ -587,8 +587,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
 def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
     """Backend contract (C scan): whether q, k, v hold no NaN or inf, and copies of q and k
-    (detached, in one new buffer, made in the same pass where the three are contiguous and
-    of one dtype with a scan)."""
+    (detached; made by the same C call where the three are contiguous and of one dtype
+    with a scan)."""
     lib = load_library()
     count = None if lib is None else (_COUNT3.get(q.dtype) or _count3(lib, q.dtype))
     if (
@@ -597,10 +597,13 @@ def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor
         or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
     ):
         return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
-    nq, nk, kp, vp = q.numel(), k.numel(), k.data_ptr(), v.data_ptr()
-    kept = torch.empty(nq + nk, dtype=q.dtype)
-    bad = count(q.data_ptr(), nq, kp, nk, vp, v.numel() * (vp != kp), kept.data_ptr())
-    return not bad, kept[:nq].view(q.shape), kept[nq:].view(k.shape)
+    kp, vp = k.data_ptr(), v.data_ptr()
+    q_kept, k_kept = torch.empty_like(q), torch.empty_like(k)  # contiguous, as q and k
+    bad = count(
+        q.data_ptr(), q.numel(), kp, k.numel(), vp, v.numel() * (vp != kp),
+        q_kept.data_ptr(), k_kept.data_ptr(),
+    )  # fmt: skip
+    return not bad, q_kept, k_kept
 
 
 _COUNT3: dict[torch.dtype, Callable[..., int]] = {}

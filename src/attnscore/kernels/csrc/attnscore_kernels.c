@@ -1263,13 +1263,13 @@ DEFINE_ADDITIVE_DRIVERS(double, f64)
     return bad;                                                                             \
   }                                                                                         \
   /* The three inputs of an attention call at once (one call from Python, not three); with \
-   * `kept` not NULL, a and b are also copied there, one after the other: the copies of    \
-   * queries and keys a call keeps for its weights, in the same pass. */                  \
+   * `ka`, `kb` not NULL, a and b are also copied there: the copies of queries and keys a  \
+   * call keeps for its weights, in the same call. */                                      \
   int64_t count_nonfinite3_##SUF(const UT *a, int64_t na, const UT *b, int64_t nb,          \
-                                 const UT *c, int64_t nc, UT *kept) {                       \
-    if (kept) {                                                                             \
-      memcpy(kept, a, (size_t)na * sizeof(UT));                                             \
-      memcpy(kept + na, b, (size_t)nb * sizeof(UT));                                        \
+                                 const UT *c, int64_t nc, UT *ka, UT *kb) {                 \
+    if (ka && kb) {                                                                         \
+      memcpy(ka, a, (size_t)na * sizeof(UT));                                               \
+      memcpy(kb, b, (size_t)nb * sizeof(UT));                                               \
     }                                                                                       \
     return count_nonfinite_##SUF(a, na) + count_nonfinite_##SUF(b, nb) +                    \
            count_nonfinite_##SUF(c, nc);                                                    \
@@ -1308,4 +1308,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 13; }
+int attnscore_kernels_abi(void) { return 14; }
