@@ -195,3 +195,32 @@ def test_multihead_padding_never_reaches_parameters(scoring, training):
     for name, grad in results[1][1].items():
         assert torch.isfinite(grad).all(), name
         torch.testing.assert_close(grad, results[0][1][name], msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")], ids=str)
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "transposed"])
+def test_the_finite_scan_sees_every_non_finite_entry(dtype, bad, contiguous):
+    """The backends' ``all_finite`` / ``finite_copies`` (the C scan of bits on the CPU, and
+    PyTorch's reduction) find one NaN or infinity wherever it is, in any of q, k, v, and
+    nothing in finite values (the largest finite and the subnormals included); the copies
+    equal q and k."""
+    from attnscore.kernels import _cpu, _plain
+
+    finfo = torch.finfo(dtype)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2, 5, 7), (2, 9, 7), (2, 9, 3)]
+    for which in range(3):
+        tensors = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+        tensors[which].view(-1)[:2] = torch.tensor([finfo.max, finfo.tiny / 4], dtype=dtype)
+        if bad is not None:
+            tensors[which].view(-1)[-3] = bad
+        if not contiguous:
+            tensors = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in tensors]
+        for backend in (_cpu, _plain):
+            assert backend.all_finite(tensors) is (bad is None)
+            finite, q_kept, k_kept = backend.finite_copies(*tensors)
+            assert finite is (bad is None)
+            assert torch.equal(q_kept.nan_to_num(), tensors[0].nan_to_num())
+            assert torch.equal(k_kept.nan_to_num(), tensors[1].nan_to_num())
+    assert _plain.all_finite([torch.empty(3, device="meta")])  # nothing to read
