@@ -57,21 +57,26 @@ def worker(only: list[str]) -> None:
 
         return run
 
+    def nothing_padded(name, q, k, v, module):
+        """The cases without a mask and with causal masking alone (``name`` formats the
+        mask's word), each against SDPA (``is_causal``)."""
+        case(
+            name.format("none"),
+            lambda: module(q, k, v),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+        )
+        case(
+            name.format("causal"),
+            lambda: module(q, k, v, causal=True),
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        )
+
     # dot rows (8, 512, 512, 64)
     for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
         q, k, v = rn(8, 512, 64, dt=dt), rn(8, 512, 64, dt=dt), rn(8, 512, 64, dt=dt)
         dpa = attnscore.DotProductAttention().eval()
         L, Ln = lens_b(8, 512), lens_bn(8, 512, 512)
-        case(
-            f"dot none {dt_name} fwd",
-            lambda q=q, k=k, v=v, dpa=dpa: dpa(q, k, v),
-            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
-        )
-        case(
-            f"dot causal {dt_name} fwd",
-            lambda q=q, k=k, v=v, dpa=dpa: dpa(q, k, v, causal=True),
-            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        )
+        nothing_padded("dot {} " + dt_name + " fwd", q, k, v, dpa)
         mask = torch.arange(512) < L.view(8, 1, 1)
         case(
             f"dot lengths (B,) {dt_name} fwd",
@@ -147,16 +152,7 @@ def worker(only: list[str]) -> None:
                 q, k, v, attn_mask=torch.arange(m) < L.view(B, 1, 1)
             ),  # the mask built per call, as a user would
         )
-        case(
-            f"dot ({size}) none",
-            lambda q=q, k=k, v=v, f=dpa_e: f(q, k, v),
-            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
-        )
-        case(
-            f"dot ({size}) causal",
-            lambda q=q, k=k, v=v, f=dpa_e: f(q, k, v, causal=True),
-            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        )
+        nothing_padded(f"dot ({size}) {{}}", q, k, v, dpa_e)
         a = attnscore.AdditiveAttention(d, d, 8).eval()
         case(f"additive ({size}) lengths", lambda q=q, k=k, v=v, L=L, f=a: f(q, k, v, L))
         gm = attnscore.MultiplicativeAttention(d, d).eval()

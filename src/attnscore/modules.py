@@ -611,19 +611,16 @@ class DotProductAttention(ScorerAttention):
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls by key lengths: one C pass on the CPU, straight from the
         arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`);
-        the weights, when asked, from copies of the queries, keys and lengths."""
+        the weights that pass wrote, or (the kernel by lengths) computed when asked from
+        copies of the queries, keys and lengths."""
         if not _may_run_small(self, queries, keys):
             return None
         scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
         taken = small_dot_product_attention(queries, keys, values, valid_lens, scale)
-        if taken is None:
-            return None
-        output, weights = taken
-        if weights is not None:  # the pass wrote the weights it used
-            return output, weights
-        assert isinstance(valid_lens, Tensor)  # as the small path took it
         m = keys.shape[-2]
-        return output, _weights_later(owned(queries), owned(keys), scale, m, valid_lens)
+        return _small_result(
+            taken, lambda: _weights_later(owned(queries), owned(keys), scale, m, valid_lens)
+        )
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
@@ -648,6 +645,17 @@ class DotProductAttention(ScorerAttention):
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
+
+
+def _small_result(
+    taken: tuple[Tensor, Tensor | None] | None, later: Callable[[], WeightsFn]
+) -> tuple[Tensor, Tensor | WeightsFn] | None:
+    """A small lane's (output, weights): the weights its pass wrote, else ``later()`` (a
+    weights function over copies the call owns), made only then; None where it declined."""
+    if taken is None:
+        return None
+    output, weights = taken
+    return output, later() if weights is None else weights
 
 
 def _weights_later(
@@ -758,7 +766,8 @@ class _ProjectedAttention(ScorerAttention):
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls: dot-product attention of the projections in one C pass on
         the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`); the
-        weights, when asked, from the projections it made and a copy of the lengths."""
+        weights that pass wrote, or (the kernel by lengths) computed when asked from the
+        projections it made and a copy of the lengths."""
         param = self._projected_by()
         if param is None or not _may_run_small(self, queries, keys, param):
             return None
@@ -766,14 +775,11 @@ class _ProjectedAttention(ScorerAttention):
             return None
         project = KeptProjections(self._project)
         taken = small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
-        if taken is None:
-            return None
-        output, weights = taken
-        if weights is not None:  # the pass wrote the weights it used
-            return output, weights
-        assert isinstance(valid_lens, Tensor)  # as the small path took it
-        qp, kp = project.owned(queries, keys)  # the call's projections, or copies
-        return output, _weights_later(qp, kp, 1.0, keys.shape[-2], valid_lens)
+        # from the call's projections, or copies
+        return _small_result(
+            taken,
+            lambda: _weights_later(*project.owned(queries, keys), 1.0, keys.shape[-2], valid_lens),
+        )
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool

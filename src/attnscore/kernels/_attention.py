@@ -155,14 +155,27 @@ def _inert(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask) -> tuple[Tensor
     )
 
 
+def _inert_unless_finite(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask
+) -> tuple[tuple[Tensor, Tensor, Tensor], bool]:
+    """(q, k, v, whether a fused kernel may take them): as they are where they are finite
+    (:func:`finite_inputs`), else with their padding made inert (:func:`_inert`), and
+    whether that left them finite (if not, some query attends what is not: the plain
+    formulation's case)."""
+    if finite_inputs(q, k, v):
+        return (q, k, v), True
+    inert = _inert(q, k, v, mask)
+    return inert, finite_inputs(*inert)
+
+
 def _plain_maths(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
 ) -> Tensor:
     """Dot-product attention as the plain formulation computes it, for inputs that hold
     NaN or inf (:func:`finite_inputs`): masked scores filled before the softmax, values
     summed over attended keys only (:func:`weighted_values`). The caller has made the
-    padding inert (:func:`_inert`: the gradients of the scores' product
-    read it)."""
+    padding inert (:func:`_inert_unless_finite`: the gradients of the scores' product read
+    it)."""
     weights = softmax_dense(_ops.matmul(q, k.transpose(-1, -2)) * scale, mask.dense())
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return weighted_values(dropped, v, mask)
@@ -177,10 +190,9 @@ def dot_product_attention(
     Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
     that attend nothing) changes nothing, whatever it holds.
     """
-    if not finite_inputs(q, k, v):
-        q, k, v = _inert(q, k, v, mask)
-        if not finite_inputs(q, k, v):
-            return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
+    if not finite:
+        return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p)
     batch = q.shape[:-2]
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     if mask.unmasked or causal_alone(mask):
@@ -268,10 +280,9 @@ def projected(
     query sees (causal, n < m) are cut off, never projected or read."""
     if mask.attend is not None or not enabled() or in_transform(q, k, v):
         return None
-    if not finite_inputs(q, k, v):
-        q, k, v = _inert(q, k, v, mask)
-        if not finite_inputs(q, k, v):  # the plain pipeline carries NaN exactly
-            return None
+    (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
+    if not finite:  # the plain pipeline carries NaN exactly
+        return None
     batch = q.shape[:-2]
     if mask.unmasked or causal_alone(mask):
         k, v = _seen(q, k, v, mask.causal)

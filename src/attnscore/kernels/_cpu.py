@@ -555,16 +555,10 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     call notices each microsecond); a tensor passed twice (self-attention's keys and
     values) is read once; other layouts take PyTorch's reduction."""
     lib = load_library()
-    if lib is not None and len(tensors) == 3:
+    if len(tensors) == 3:
         q, k, v = tensors
-        count = _COUNT3.get(q.dtype) or _count3(lib, q.dtype)
-        if (
-            count is not None
-            and k.dtype == v.dtype == q.dtype
-            and q.is_contiguous()
-            and k.is_contiguous()
-            and v.is_contiguous()
-        ):
+        count = _count3_for(lib, q, k, v)
+        if count is not None:
             kp, vp = k.data_ptr(), v.data_ptr()
             vn = v.numel() * (vp != kp)
             return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None, None)
@@ -589,13 +583,8 @@ def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor
     """Backend contract (C scan): whether q, k, v hold no NaN or inf, and copies of q and k
     (detached; made by the same C call where the three are contiguous and of one dtype
     with a scan)."""
-    lib = load_library()
-    count = None if lib is None else (_COUNT3.get(q.dtype) or _count3(lib, q.dtype))
-    if (
-        count is None
-        or not (k.dtype == v.dtype == q.dtype)
-        or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
-    ):
+    count = _count3_for(load_library(), q, k, v)
+    if count is None:
         return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
     kp, vp = k.data_ptr(), v.data_ptr()
     q_kept, k_kept = torch.empty_like(q), torch.empty_like(k)  # contiguous, as q and k
@@ -609,13 +598,29 @@ def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor
 _COUNT3: dict[torch.dtype, Callable[..., int]] = {}
 
 
-def _count3(lib: ctypes.CDLL, dtype: torch.dtype) -> Callable[..., int] | None:
-    """The C scan of three buffers of ``dtype`` (kept per dtype); None for other dtypes."""
-    suffix = _NONFINITE_SUFFIX.get(dtype)
-    if suffix is None:
+def _count3_for(
+    lib: ctypes.CDLL | None, q: Tensor, k: Tensor, v: Tensor
+) -> Callable[..., int] | None:
+    """The C scan of q, k, v at once (kept per dtype), where it reads them: the library
+    loaded, one dtype with a scan, all three contiguous; else None."""
+    if lib is None:
         return None
-    fn = _COUNT3[dtype] = cast("Callable[..., int]", getattr(lib, f"count_nonfinite3_{suffix}"))
-    return fn
+    count = _COUNT3.get(q.dtype)
+    if count is None:
+        suffix = _NONFINITE_SUFFIX.get(q.dtype)
+        if suffix is None:
+            return None
+        count = _COUNT3[q.dtype] = cast(
+            "Callable[..., int]", getattr(lib, f"count_nonfinite3_{suffix}")
+        )
+    if (
+        k.dtype == v.dtype == q.dtype
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+    ):
+        return count
+    return None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
