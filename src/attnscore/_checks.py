@@ -122,6 +122,18 @@ def check_dropout(p: object, name: str = "dropout") -> float:
     return float(p)
 
 
+def _autocast(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v cast to the autocast dtype of their device where their dtypes differ and
+    autocast is on there; else as they are."""
+    if q.dtype == k.dtype == v.dtype or not (q.device == k.device == v.device):
+        return q, k, v
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def check_attention_inputs(
     queries: object,
     keys: object,
@@ -134,10 +146,14 @@ def check_attention_inputs(
     All three must be floating tensors of one dtype and device with at least 3 dimensions,
     equal leading (batch) dimensions, and as many keys as values. With
     ``same_feature_size`` the query and key feature sizes must agree (dot-product scores).
+    Under ``torch.autocast`` for their device, inputs of different dtypes are first cast
+    to the autocast dtype, as PyTorch's own ops are (an RNN's output and a ``Linear``'s
+    may come out in different 16-bit dtypes there).
     """
     q = check_floating(queries, "queries", min_ndim=3)
     k = check_floating(keys, "keys", min_ndim=3)
     v = check_floating(values, "values", min_ndim=3)
+    q, k, v = _autocast(q, k, v)
     for name, t in (("keys", k), ("values", v)):
         if t.dtype != q.dtype:
             raise TypeError(

@@ -13,7 +13,7 @@ from typing_extensions import Unpack
 
 from ._checks import check_attention_inputs
 from ._engine import MaskOptions
-from .kernels._attention import finite_inputs
+from .kernels._attention import may_hold_garbage
 from .masking import build_mask
 from .modules import Attention, make_scorer
 from .normalizers import Normalizer
@@ -180,10 +180,11 @@ class MultiHeadAttention(nn.Module):
         valid_lens: Tensor | None,
         masks: MaskOptions,
     ) -> tuple[Tensor, Tensor]:
-        """Keys and values with the rows no query of any head attends zeroed, where some
-        row holds NaN or inf (one read of each): the projections' weight gradients sum over
-        every row, and 0 x NaN is NaN. The attention itself makes its own padding inert."""
-        if finite_inputs(keys, values):
+        """Keys and values with the rows no query of any head attends zeroed where some row
+        may hold NaN or inf (:func:`~attnscore.kernels._attention.may_hold_garbage`): the
+        projections' weight gradients sum over every row, and 0 x NaN is NaN. The attention
+        itself makes its own padding inert."""
+        if not may_hold_garbage(keys, values):
             return keys, values
         B, n, m = queries.shape[0], queries.shape[1], keys.shape[1]
         attend = masks.get("attend_mask")

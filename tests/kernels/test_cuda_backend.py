@@ -456,6 +456,8 @@ def test_tanh_error_table(cuda_mod: ModuleType, capsys: pytest.CaptureFixture[st
     """The documented tanh errors: the exact kernel measured, the hardware tanh emulated
     (every value off by the bound in the direction that adds up: its error is then
     bound * max_ij sum_h |w_h tanh_ijh|, computed here directly)."""
+    if HAS_CUDA:  # the study feeds CPU tensors to the kernel, as the interpreter runs it
+        pytest.skip("the tanh error study runs the kernel under Triton's interpreter")
     from attnscore.kernels import _tanh_error as te
 
     def kernel(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:

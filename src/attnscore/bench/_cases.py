@@ -50,7 +50,7 @@ class Masks:
 
     def __init__(self, kind: str, B: int, n: int, m: int, device: torch.device) -> None:
         gen = torch.Generator().manual_seed(1)
-        self.kind, self.n, self.m = kind, n, m
+        self.kind, self.n, self.m, self.device = kind, n, m, device
         self.valid_lens: Tensor | None = None
         self.attend: Tensor | None = None
         self.causal = kind.startswith("causal")
@@ -77,7 +77,7 @@ class Masks:
     def dense(self) -> Tensor | None:
         """Bool (B, 1 or n, m), True = may attend, built as a user's code would (per call)."""
         allowed = self.attend
-        device = self.valid_lens.device if self.valid_lens is not None else torch.device("cpu")
+        device = self.device
         if self.valid_lens is not None:
             positions = torch.arange(self.m, device=device)
             valid_lens = self.valid_lens

@@ -43,6 +43,16 @@ def _threads(value: str) -> int:
     return threads
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0.0 or seconds == float("inf"):
+        raise UsageError(f"--min-time: expected a positive number of seconds, but got {value!r}")
+    return seconds
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: small shapes, no target verdicts"
@@ -58,6 +68,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace --json if it exists (default: refuse)"
     )
     parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--min-time",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds of timing per implementation and cell (default 0.5; --quick 0.05)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines (one per cell, on stderr)"
@@ -108,6 +125,7 @@ def handle(args: argparse.Namespace) -> int:
         quick=args.quick,
         memory=not args.no_memory,
         threads=args.threads,
+        min_time=args.min_time,
         cases=args.cases,
         progress=not args.quiet,
     )

@@ -58,6 +58,7 @@ __all__ = [
     "causal_alone",
     "dot_product_attention",
     "finite_inputs",
+    "may_hold_garbage",
     "projected",
     "projected_call",
     "small_additive_attention",
@@ -78,10 +79,20 @@ def finite_inputs(*tensors: Tensor) -> bool:
     (masked scores are filled before the softmax, values reach only the queries that attend
     them: :func:`weighted_values`), so inputs that hold NaN or inf take it. One read of each
     input (the backend's ``all_finite``); taken as true where values cannot be read
-    (tracing, transforms), which then run the kernels as they are."""
+    (tracing, transforms) or not without waiting for the device (off the CPU), which then
+    run the kernels as they are."""
     if in_transform(*tensors):
         return True
     return backend_for(tensors[0], "all_finite")(tensors)  # type: ignore[no-any-return]
+
+
+def may_hold_garbage(*tensors: Tensor) -> bool:
+    """Whether these inputs may hold NaN or inf, so that their padding must be zeroed: on
+    the CPU in eager code, one read (:func:`finite_inputs`); where values cannot be read
+    (tracing) or not without a device sync (off the CPU), always."""
+    if in_transform(*tensors) or not tensors[0].is_cpu:
+        return True
+    return not finite_inputs(*tensors)
 
 
 def weighted_values(weights: Tensor, values: Tensor, mask: AttentionMask) -> Tensor:

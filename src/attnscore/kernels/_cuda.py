@@ -71,9 +71,11 @@ from torch import Tensor
 
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
 # checked by mypy), nine of them the plain backend's, re-exported as they are.
-from . import _triton_softmax
+from . import _flex, _sdpa, _triton_softmax
+from ._flex import FLEX_MIN_KEYS as FLEX_MIN_KEYS
+from ._flex import flex_takes as flex_takes
+from .._mask import AttentionMask
 from ._plain import all_finite as all_finite
-from ._plain import dot_product_attention as dot_product_attention
 from ._plain import finite_copies as finite_copies
 from ._plain import lengths_mask as lengths_mask
 from ._plain import mask_summary as mask_summary
@@ -221,3 +223,30 @@ def additive_scores_backward(
     qh, kh, w_v = qh.contiguous(), kh.contiguous(), w_v.contiguous()
     g = grad_scores.contiguous()
     return additive_bwd(g, qh, kh, w_v, lengths.contiguous(), approx=_approx(qh, kh, w_v))
+
+
+def dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+) -> Tensor:
+    """Backend contract: dot-product attention by lengths, q (B, H, n, d), k (B, H, m, d), v
+    (B, H, m, dv), ``mask`` lengths over (B, H) -> (B, H, n, dv), differentiable.
+
+    Where :func:`flex_takes` says so, ``flex_attention`` with a block mask from the lengths
+    (key blocks beyond every length of a query block are never read); elsewhere SDPA with
+    the boolean mask (:func:`attnscore.kernels._sdpa.masked`). Length-0 rows are zeros with
+    zero gradients either way. The caller has checked that the inputs are finite."""
+    if flex_takes(q, k, mask, dropout_p) is None:
+        assert mask.lengths is not None
+        # Padded keys inside a visited block meet exact zero weights: zeroed first, without
+        # looking (a look is a device sync), since 0 x NaN is NaN.
+        padded, idle = mask.padded_keys(), mask.idle_queries()
+        q, k, v = _sdpa.inert(
+            q,
+            k,
+            v,
+            None if padded is None else padded.unsqueeze(-1),
+            None if idle is None else idle.unsqueeze(-1),
+            look=False,
+        )
+        return _flex.attention(q, k, v, mask.lengths, scale=scale)
+    return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)

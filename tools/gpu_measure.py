@@ -1,0 +1,407 @@
+"""The GPU measurements that ``attnscore bench`` does not make (tools/gpu_check.sh runs this).
+
+Sections (``--only`` picks some; all by default), written as one JSON file:
+
+- ``env``: GPU, torch, CUDA and Triton versions, multiprocessors, L2.
+- ``copy``: the bandwidth a plain ``copy_`` reaches (bytes read + written / time): the
+  ceiling the masked softmax is held against.
+- ``softmax``: ``attnscore.masked_softmax`` forward, bytes read + written over time, as a
+  fraction of ``copy``; ``torch.softmax`` beside it.
+- ``flex``: dot-product attention by lengths: ``flex_attention`` with the block mask from
+  the lengths (kernels/_flex.py) against SDPA with the dense mask (a user's call, and the
+  library's, kernels/_sdpa.py), over shapes, dtypes and mask kinds, forward and forward +
+  backward; first its error against float64 on fresh random inputs.
+- ``overhead``: where a DotProductAttention call by lengths spends its time (profiler).
+- ``flex_compile``: the compile and block-mask variants of flex at one shape.
+- ``additive``: AdditiveAttention forward + backward against the textbook module (time and
+  ``max_memory_allocated`` above the inputs).
+
+Times: ``triton.testing.do_bench`` medians (CUDA events, warm-up first) in milliseconds.
+Usage: ``python tools/gpu_measure.py --out measure.json [--only flex additive]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _bench(fn: Callable[[], Any]) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def env() -> dict[str, Any]:
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "multiprocessors": p.multi_processor_count,
+        "l2_mib": getattr(p, "L2_cache_size", 0) / 2**20,
+        "memory_gib": p.total_memory / 2**30,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def copy_bandwidth() -> dict[str, Any]:
+    x = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    ms = _bench(lambda: y.copy_(x))
+    return {"bytes": 2 * x.numel() * 4, "ms": ms, "gb_s": 2 * x.numel() * 4 / ms / 1e6}
+
+
+def softmax(copy_gb_s: float) -> list[dict[str, Any]]:
+    import attnscore
+
+    rows = []
+    B, n, m = 64, 1024, 1024
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = DTYPES[dtype_name]
+        x = torch.randn(B, n, m, device="cuda", dtype=dtype)
+        full = torch.full((B, n), m, device="cuda")
+        uniform = torch.randint(1, m + 1, (B, n), device="cuda")
+        nbytes = 2 * x.numel() * x.element_size()
+        for name, fn in (
+            ("attnscore, every length m", partial(attnscore.masked_softmax, x, full)),
+            ("attnscore, lengths uniform in [1, m]", partial(attnscore.masked_softmax, x, uniform)),
+            ("torch.softmax", partial(torch.softmax, x, -1)),
+        ):
+            with torch.no_grad():
+                ms = _bench(fn)
+            gb_s = nbytes / ms / 1e6
+            rows.append(
+                {
+                    "dtype": dtype_name,
+                    "shape": [B, n, m],
+                    "impl": name,
+                    "ms": ms,
+                    "gb_s": gb_s,
+                    "of_copy": gb_s / copy_gb_s,
+                }
+            )
+        del x
+    return rows
+
+
+def _lengths(kind: str, B: int, n: int, m: int, gen: torch.Generator) -> torch.Tensor:
+    """(B, 1, n) int64 on CUDA: per example uniform in [1, m] (``lengths``), or that and
+    causal (``causal + lengths``)."""
+    per_example = torch.randint(1, m + 1, (B, 1, 1), generator=gen)
+    if kind == "lengths":
+        out = per_example.expand(B, 1, n)
+    else:
+        out = torch.minimum(torch.arange(1, n + 1), per_example)
+    return out.contiguous().cuda()
+
+
+def _error(kind: str, dtype: torch.dtype) -> dict[str, Any]:
+    """flex against float64 on fresh random inputs: output and gradients."""
+    from attnscore.kernels import _flex
+
+    gen = torch.Generator().manual_seed(1)
+    B, H, n, m, d = 3, 4, 300, 517, 64
+    q, k, v = (torch.randn(B, H, s, d, generator=gen) for s in (n, m, m))
+    L = _lengths(kind, B, n, m, gen)
+    L[0, 0, :7] = 0  # rows that attend nothing
+    ins = [t.cuda().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = _flex.attention(*ins, L, scale=d**-0.5)
+    g = torch.randn(out.shape, generator=gen).cuda()
+    (out.float() * g.float()).sum().backward()
+    ref_ins = [t.detach().double().cpu().requires_grad_() for t in ins]
+    allowed = torch.arange(m) < L.cpu().unsqueeze(-1)
+    s = ref_ins[0] @ ref_ins[1].mT * d**-0.5
+    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    ref = w @ ref_ins[2]
+    (ref * g.double().cpu()).sum().backward()
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
+
+    return {
+        "out": rel(out.detach(), ref.detach()),
+        **{f"grad_{x}": rel(t.grad, r.grad) for x, t, r in zip("qkv", ins, ref_ins, strict=True)},
+        "idle_rows_zero": bool((out[0, 0, :7] == 0).all()),
+    }
+
+
+FLEX_SHAPES = [  # (B, H, n, m, d)
+    (32, 8, 1024, 1024, 64),
+    (32, 1, 1024, 1024, 64),
+    (16, 16, 1024, 1024, 64),
+    (64, 8, 256, 256, 64),
+    (32, 8, 512, 512, 64),
+    (8, 8, 4096, 4096, 64),
+    (2, 16, 8192, 8192, 64),
+]
+LONG = {(8, 8, 4096, 4096), (2, 16, 8192, 8192)}
+"""Shapes also measured in float16 (the selection's candidates)."""
+FLOAT32 = {(32, 8, 1024, 1024), (32, 1, 1024, 1024), (8, 8, 4096, 4096)}
+
+
+def flex(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
+    from attnscore._mask import AttentionMask
+    from attnscore.kernels import _flex, _sdpa
+
+    errors = {
+        f"{dtype} {kind}": _error(kind, DTYPES[dtype])
+        for dtype in dtypes
+        for kind in ("lengths", "causal + lengths")
+    }
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for B, H, n, m, d in shapes:
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            if (dtype == torch.float32 and (B, H, n, m) not in FLOAT32) or (
+                dtype == torch.float16 and (B, H, n, m) not in LONG
+            ):
+                continue
+            q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=dtype) for s in (n, m, m))
+            for kind in ("lengths", "causal + lengths"):
+                L = _lengths(kind, B, n, m, gen)
+                allowed = torch.arange(m, device="cuda") < L.unsqueeze(-1)  # (B, 1, n, m)
+                mask = AttentionMask(n=n, m=m, lengths=L, key_lengths=L)
+                scale = d**-0.5
+                impls = {
+                    "sdpa_bool_mask": lambda a, b, c, al=allowed: F.scaled_dot_product_attention(
+                        a, b, c, attn_mask=al
+                    ),
+                    "attnscore_sdpa": partial(_sdpa.masked, mask=mask, scale=scale, dropout_p=0.0),
+                    "flex": partial(_flex.attention, lengths=L, scale=scale),
+                }
+                for backward in (False, True):
+                    ins = [t.detach().requires_grad_(backward) for t in (q, k, v)]
+                    grad = torch.randn(B, H, n, d, device="cuda", dtype=dtype)
+                    times = {}
+                    for name, fn in impls.items():
+
+                        def step(
+                            fn: Callable[..., Any] = fn,
+                            ins: list[torch.Tensor] = ins,
+                            backward: bool = backward,
+                            grad: torch.Tensor = grad,
+                        ) -> None:
+                            out = fn(*ins)
+                            if backward:
+                                out.backward(grad)
+
+                        try:
+                            t0 = time.perf_counter()
+                            if not backward:
+                                with torch.no_grad():
+                                    step()
+                            else:
+                                step()
+                            torch.cuda.synchronize()
+                            first = time.perf_counter() - t0
+                            if backward:
+                                times[name] = _bench(step)
+                            else:
+                                with torch.no_grad():
+                                    times[name] = _bench(step)
+                            times[name + "_first_s"] = first
+                        except Exception as err:  # one failing implementation: noted
+                            times[name] = None
+                            times[name + "_error"] = f"{type(err).__name__}: {err}"[:300]
+                    base = times.get("sdpa_bool_mask")
+                    fl = times.get("flex")
+                    rows.append(
+                        {
+                            "shape": [B, H, n, m, d],
+                            "dtype": dtype_name,
+                            "mask": kind,
+                            "step": "fwd+bwd" if backward else "fwd",
+                            "ms": times,
+                            "flex_over_sdpa": (fl / base) if fl and base else None,
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    return {"errors": errors, "rows": rows}
+
+
+def flex_compile() -> dict[str, Any]:
+    """Why flex_attention is slow at some shapes: the library's compile (dynamic shapes,
+    block mask built per call) against a static compile and a block mask built once, at
+    (16, 16, 1024, 1024, 64) bfloat16 forward, with dynamo's recompile counters."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from attnscore.kernels import _flex
+
+    B, H, n, m, d = 16, 16, 1024, 1024, 64
+    q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for s in (n, m, m))
+    L = torch.randint(1, m + 1, (B, 1, 1), device="cuda").expand(B, 1, n)
+    static = torch.compile(flex_attention)
+    once = _flex.block_mask(L, B, H, n, m)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, fn in (
+            ("library (dynamic, mask per call)", lambda: _flex.attention(q, k, v, L, scale=0.125)),
+            ("dynamic, mask built once", lambda: _flex._compiled()(q, k, v, block_mask=once)),
+            ("static, mask built once", lambda: static(q, k, v, block_mask=once)),
+            (
+                "static, mask per call",
+                lambda: static(q, k, v, block_mask=_flex.block_mask(L, B, H, n, m)),
+            ),
+            ("block mask alone", lambda: _flex.block_mask(L, B, H, n, m)),
+        ):
+            try:
+                fn()
+                out[name] = _bench(fn)
+            except Exception as err:
+                out[name] = f"{type(err).__name__}: {err}"[:300]
+    kept = ("stats", "recompiles", "frames")
+    out["dynamo_counters"] = {key: dict(c) for key, c in counters.items() if key in kept}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def overhead() -> dict[str, Any]:
+    """Where a DotProductAttention call by lengths spends its time on the GPU: the
+    profiler's table (CPU and CUDA time per op) of 20 calls, bfloat16 (32, 1024, 1024, 64)
+    forward, next to SDPA with a key mask."""
+    import attnscore
+
+    B, n, m, d = 32, 1024, 1024, 64
+    q, k, v = (torch.randn(B, s, d, device="cuda", dtype=torch.bfloat16) for s in (n, m, m))
+    lens = torch.randint(1, m + 1, (B,), device="cuda")
+    module = attnscore.DotProductAttention(0.0).eval()
+    mask = (torch.arange(m, device="cuda") < lens[:, None])[:, None, None, :]
+    calls = {
+        "attnscore": lambda: module(q, k, v, lens),
+        "functional": lambda: attnscore.dot_product_attention(q, k, v, lens),
+        "sdpa": lambda: F.scaled_dot_product_attention(
+            q[:, None], k[:, None], v[:, None], attn_mask=mask
+        ),
+    }
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, fn in calls.items():
+            fn()
+            out[name + "_ms"] = _bench(fn)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                calls["attnscore"]()
+            torch.cuda.synchronize()
+    out["profile"] = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    print(out["profile"][:6000], flush=True)
+    return out
+
+
+def additive() -> list[dict[str, Any]]:
+    import attnscore
+    from attnscore import textbook
+
+    rows = []
+    for B, n, m, h, d, dtype_name in (
+        (8, 128, 512, 128, 64, "float32"),
+        (16, 256, 1024, 128, 64, "float32"),
+        (16, 256, 1024, 128, 64, "bfloat16"),
+    ):
+        dtype = DTYPES[dtype_name]
+        torch.manual_seed(0)
+        q = torch.randn(B, n, d, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(B, m, d, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(B, m, d, device="cuda", dtype=dtype, requires_grad=True)
+        lens = torch.randint(1, m + 1, (B,), device="cuda")
+        ours = attnscore.AdditiveAttention(d, d, h, 0.0).to("cuda", dtype)
+        book = textbook.AdditiveAttention(d, d, h, 0.0).to("cuda", dtype)
+        book.load_state_dict(ours.state_dict(), strict=False)
+        grad = torch.randn(B, n, d, device="cuda", dtype=dtype)
+        row: dict[str, Any] = {"shape": [B, n, m, h, d], "dtype": dtype_name}
+        for name, module in (("attnscore", ours), ("textbook", book)):
+
+            def step(module: Any = module, inputs: tuple[Any, ...] = (q, k, v, lens, grad)) -> None:
+                *args, g = inputs
+                module(*args).backward(g)
+
+            try:
+                step()
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                row[f"{name}_peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+                row[f"{name}_ms"] = _bench(step)
+            except Exception as err:
+                row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+            q.grad = k.grad = v.grad = None
+            module.zero_grad(set_to_none=True)
+        if "attnscore_ms" in row and "textbook_ms" in row:
+            row["speedup"] = row["textbook_ms"] / row["attnscore_ms"]
+            row["peak_ratio"] = row["attnscore_peak_mib"] / row["textbook_peak_mib"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+SECTIONS = ["copy", "softmax", "overhead", "flex", "flex_compile", "additive"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_measure: no CUDA GPU", file=sys.stderr)
+        return 2
+    only = set(args.only or SECTIONS)
+    result: dict[str, Any] = {"env": env()}
+
+    def save() -> None:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+    save()
+    copy_gb_s = None
+    for section in SECTIONS:
+        if section not in only:
+            continue
+        started = time.perf_counter()
+        try:
+            if section == "copy":
+                result["copy"] = copy_bandwidth()
+                copy_gb_s = result["copy"]["gb_s"]
+            elif section == "softmax":
+                result["softmax"] = softmax(copy_gb_s or copy_bandwidth()["gb_s"])
+            elif section == "flex":
+                result["flex"] = flex(FLEX_SHAPES, args.dtypes)
+            elif section == "flex_compile":
+                result["flex_compile"] = flex_compile()
+            elif section == "overhead":
+                result["overhead"] = overhead()
+            else:
+                result["additive"] = additive()
+        except Exception as err:  # later sections still run
+            result[section + "_error"] = f"{type(err).__name__}: {err}"[:2000]
+        result[section + "_s"] = time.perf_counter() - started
+        print(f"== {section}: {result[section + '_s']:.0f} s", file=sys.stderr, flush=True)
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
