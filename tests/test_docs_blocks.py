@@ -234,6 +234,8 @@ def test_the_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^\s*python -m pytest \|\| rc=\$\?$", ci, re.M), ".ci/run's test step"
     assert "The command CI runs" in readme
+    nox = (ROOT / "noxfile.py").read_text()
+    assert f'CI_EXTRAS = "{",".join(sorted(ci_extras, key=install.index))}"' in nox
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md"])
