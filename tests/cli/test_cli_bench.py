@@ -213,3 +213,18 @@ def test_help_and_names_say_what_users_see(capsys):
     text = capsys.readouterr().out
     assert "about 10 minutes" in text and "about 1 minute" in text and "issue" not in text
     assert not [name for name in bench.case_names("cpu") if "issue" in name]
+
+
+def test_a_smoke_run_on_a_busy_machine_says_so_beside_its_slow_cells():
+    row = {
+        "case": "dot", "mask": "none", "shapes": {"B": 1}, "dtype": "float32", "step": "fwd",
+        "median_s": {"attnscore": 2e-3, "sdpa": 1e-3}, "peak_mib": {}, "peak_rss_mib": {},
+        "targets": [{"kind": "time", "vs": "sdpa", "value": 2.0, "bound": 1.05, "met": None}],
+        "notes": [],
+    }  # fmt: skip
+    result = {"device": "cpu", "device_name": "x", "threads": 2, "quick": True, "rows": [row]}
+    busy = {**result, "load": {"busy": True, "max_load_1min": 9.0, "cores": 2}}
+    assert "busy" not in bench.render(result).lower()
+    text = bench.render(busy)
+    assert "load average reached 9.0 on 2 cores" in text
+    assert "(> 1.05x) (on a busy machine: see above): 1" in text

@@ -203,6 +203,7 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     if quick:
         slow = slower(result)
-        lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x): {len(slow)}"]
+        busy = " (on a busy machine: see above)" if load.get("busy") else ""
+        lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x){busy}: {len(slow)}"]
         lines += [f"- {cell}" for cell in slow]
     return "\n".join(lines)
