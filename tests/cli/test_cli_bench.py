@@ -62,12 +62,14 @@ def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
         (["--threads", "0"], "--threads"),
         (["--cases", "nope"], "--cases: expected names among ['masked_softmax'"),
         (["--json", "out.txt"], "--json"),
+        (["--plot", "out.txt"], "--plot: expected a file ending in .png, .pdf or .svg"),
+        (["--from-json", "run.json", "--cases", "dot"], "--from-json: renders a saved run"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    if argv[0] in ("--json", "--cases"):  # refused before anything is measured
+    if argv[0] in ("--json", "--cases", "--plot", "--from-json"):  # refused before measuring
         monkeypatch.setattr(bench, "run", _no_run)
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -163,6 +165,7 @@ def test_from_json_renders_the_committed_full_run(tmp_path, capsys, monkeypatch)
         ("{not json", "cannot read"),
         ('{"rows": [{"case": "dot"}]}', 'a "rows" list'),
         ("[1, 2]", 'a "rows" list'),
+        ('{"rows": []}', "no time ratio to draw"),
     ],
 )
 def test_from_json_refuses_what_is_not_a_saved_run(content, message, tmp_path, capsys):

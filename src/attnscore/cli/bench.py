@@ -13,11 +13,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import bench
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
 from ._usage import ArgumentParser, UsageError, device_arg, run_main
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["add_parser", "handle", "main"]
 
@@ -167,9 +170,10 @@ def handle(args: argparse.Namespace) -> int:
                 "are options of a run that measures"
             )
         saved = _saved_run(args.from_json)
+        fig = None if args.plot is None else _figure(saved, args.plot)  # refused before output
         print(bench.render(saved))
-        if args.plot is not None:
-            _save_plot(saved, args.plot, args.overwrite)
+        if fig is not None:
+            save_figure(fig, args.plot, "--plot", overwrite=args.overwrite)
         return 0
     if args.json is not None:
         check_output(args.json, "--json", (".json",), overwrite=args.overwrite)
@@ -195,16 +199,19 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_plot(result: dict[str, Any], path: Path, overwrite: bool) -> None:
+def _figure(result: dict[str, Any], path: Path) -> Figure:
     from ..bench.plot import ratio_figure
 
     try:
-        fig = ratio_figure(result)
+        return ratio_figure(result)
     except ValueError:
         raise UsageError(
             f"--plot: the run has no time ratio to draw, so {path} was not written"
         ) from None
-    save_figure(fig, path, "--plot", overwrite=overwrite)
+
+
+def _save_plot(result: dict[str, Any], path: Path, overwrite: bool) -> None:
+    save_figure(_figure(result, path), path, "--plot", overwrite=overwrite)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
