@@ -39,8 +39,9 @@ peak memory of each; then large, tiny and mid-size calls and a decoder step.
 
 The full run prints each target's verdict and exits 1 on a miss. Each ratio is
 the median of per-round ratios (both sides timed back to back in each round).
-A load average above the core count, before or during the run, gives a warning
-on stderr and "busy" in the JSON: timings on a busy machine are not comparable."""
+A load average above the core count (by half a core), before or during the run,
+gives a warning on stderr and "busy" in the JSON: timings on a busy machine are
+not comparable with an idle one's."""
 
 
 def _threads(value: str) -> int:
