@@ -43,8 +43,8 @@ class LoadWatch:
     """The highest load average seen over a run, against ``cores``.
 
     >>> watch = LoadWatch(cores=2)
-    >>> watch.see(1.5), watch.see(2.4), watch.see(3.25), watch.see(4.0)
-    (False, False, True, False)
+    >>> watch.see(1.5), watch.see(2.4), watch.see(3.25), watch.see(4.0), watch.see(None)
+    (False, False, True, False, False)
     >>> watch.as_dict()
     {'cores': 2, 'max_load_1min': 4.0, 'busy': True, 'readings': 4, 'threshold': 2.5}
 
