@@ -20,6 +20,7 @@ import nox
 
 nox.options.sessions = ["lint", "tests", "docs"]
 TORCH = "torch==2.13.0"
+CI_EXTRAS = "test,docs,dist,hf,onnx"  # what .ci/run and the README's test command install
 ROOT = Path(__file__).resolve().parent
 
 
@@ -32,7 +33,7 @@ def _install(session: nox.Session, extras: str = "test") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    _install(session)
+    _install(session, CI_EXTRAS)  # the hf and onnx tests are skipped without their extras
     session.run("python", "-m", "pytest", *session.posargs, env={"MPLBACKEND": "Agg"})
 
 

@@ -334,3 +334,20 @@ def test_hf_row_matches_sdpa_and_both_train():
         params = built.grad_inputs[name]
         grads = torch.autograd.grad(forward().sum(), params)
         assert len(grads) == len(params) and all(g.isfinite().all() for g in grads)
+
+
+def test_load_readings_where_the_system_reports_none(monkeypatch):
+    """No load average (Windows) reads as None; no affinity (macOS) falls back to the CPUs."""
+    import os
+
+    from attnscore.bench import load
+
+    def unavailable():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", unavailable)
+    assert load.load_average() is None
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert load.usable_cores() == (os.cpu_count() or 1)
+    watch = load.LoadWatch()
+    assert not watch.see(load.load_average()) and watch.as_dict()["readings"] == 0

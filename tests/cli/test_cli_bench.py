@@ -4,8 +4,10 @@ the smoke run, and the peak-RSS child (attnscore.cli.bench over attnscore.bench)
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,12 +62,14 @@ def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
         (["--threads", "0"], "--threads"),
         (["--cases", "nope"], "--cases: expected names among ['masked_softmax'"),
         (["--json", "out.txt"], "--json"),
+        (["--plot", "out.txt"], "--plot: expected a file ending in .png, .pdf or .svg"),
+        (["--from-json", "run.json", "--cases", "dot"], "--from-json: renders a saved run"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    if argv[0] in ("--json", "--cases"):  # refused before anything is measured
+    if argv[0] in ("--json", "--cases", "--plot", "--from-json"):  # refused before measuring
         monkeypatch.setattr(bench, "run", _no_run)
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -112,3 +116,118 @@ def test_python_dash_m_bench_in_process(monkeypatch, capsys):
         out == ""
         and err == "attnscore bench: error: --threads: expected a positive integer, but got '0'\n"
     )
+
+
+SAVED = Path(__file__).resolve().parents[2] / "docs" / "bench" / "cpu-full-481b016.json"
+
+
+def _fast_softmax_rows(monkeypatch):
+    """The full run's masked_softmax rows at a tiny shape, timed briefly."""
+    monkeypatch.setitem(matrix.SHAPES["cpu"], "masked_softmax", {"B": 2, "n": 3, "m": 8})
+    monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.001)
+    monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", 1e9, "softmax")])
+
+
+def test_plot_draws_the_run_and_never_overwrites(monkeypatch, tmp_path, capsys):
+    _fast_softmax_rows(monkeypatch)
+    fig, data = tmp_path / "ratios.png", tmp_path / "run.json"
+    argv = ["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--plot", str(fig)]
+    assert main([*argv, "--json", str(data)]) == 0
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = fig.read_bytes()
+    capsys.readouterr()
+    monkeypatch.setattr(bench, "run", _no_run)  # refused before anything is measured
+    assert main(argv) == 2
+    assert "--plot" in capsys.readouterr().err and fig.read_bytes() == drawn
+    # The saved run draws again without measuring, once --overwrite is given.
+    assert main(["--from-json", str(data), "--plot", str(fig), "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| masked_softmax | ") == 2 + 18
+
+
+def test_from_json_renders_the_committed_full_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "run", _no_run)
+    fig = tmp_path / "cpu.svg"
+    assert main(["--from-json", str(SAVED), "--plot", str(fig)]) == 0
+    out = capsys.readouterr().out
+    saved = json.loads(SAVED.read_text())
+    assert (
+        out.count("\n| ")
+        == len(saved["rows"]) + 1 + len({(r["case"], r["step"]) for r in saved["rows"]}) + 1
+    )  # the two tables: headers and lines
+    assert "(issue)" not in out and "<svg" in fig.read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("{not json", "cannot read"),
+        ('{"rows": [{"case": "dot"}]}', 'a "rows" list'),
+        ("[1, 2]", 'a "rows" list'),
+        ('{"rows": []}', "no time ratio to draw"),
+    ],
+)
+def test_from_json_refuses_what_is_not_a_saved_run(content, message, tmp_path, capsys):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["--from-json", str(path), "--plot", str(tmp_path / "f.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and message in err
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_plot_refused_in_one_line_without_matplotlib(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    monkeypatch.setattr(bench, "run", _no_run)
+    assert main(["--quick", "--plot", str(tmp_path / "f.png")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "needs matplotlib" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_busy_machine_is_said_once_and_recorded(monkeypatch, tmp_path, capsys):
+    _fast_softmax_rows(monkeypatch)
+    monkeypatch.setattr(bench, "load_average", lambda: 10.0 * (os.cpu_count() or 1) + 1)
+    out = tmp_path / "run.json"
+    argv = ["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--quiet"]
+    main([*argv, "--json", str(out)])
+    table, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "load average" in line]
+    assert len(warnings) == 1 and "exceeds" in warnings[0]
+    assert "Busy machine" in table
+    load = json.loads(out.read_text())["load"]
+    assert load["busy"] is True and load["readings"] == 1 + 18
+
+
+def test_an_idle_machine_gives_no_warning(monkeypatch, capsys):
+    _fast_softmax_rows(monkeypatch)
+    monkeypatch.setattr(bench, "load_average", lambda: 0.0)
+    main(["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--quiet"])
+    table, err = capsys.readouterr()
+    assert "load average" not in err and "Busy machine" not in table
+    assert "| ratio (median of per-round ratios) |" in table
+
+
+def test_help_and_names_say_what_users_see(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "about 10 minutes" in text and "about 1 minute" in text and "issue" not in text
+    assert not [name for name in bench.case_names("cpu") if "issue" in name]
+
+
+def test_a_smoke_run_on_a_busy_machine_says_so_beside_its_slow_cells():
+    row = {
+        "case": "dot", "mask": "none", "shapes": {"B": 1}, "dtype": "float32", "step": "fwd",
+        "median_s": {"attnscore": 2e-3, "sdpa": 1e-3}, "peak_mib": {}, "peak_rss_mib": {},
+        "targets": [{"kind": "time", "vs": "sdpa", "value": 2.0, "bound": 1.05, "met": None}],
+        "notes": [],
+    }  # fmt: skip
+    result = {"device": "cpu", "device_name": "x", "threads": 2, "quick": True, "rows": [row]}
+    busy = {**result, "load": {"busy": True, "max_load_1min": 9.0, "cores": 2}}
+    assert "busy" not in bench.render(result).lower()
+    text = bench.render(busy)
+    assert "load average reached 9.0 on 2 cores" in text
+    assert "(> 1.05x) (on a busy machine: see above): 1" in text

@@ -5,7 +5,7 @@ Every cell is timed in one process with ``torch.utils.benchmark``, its implement
 interleaved over rounds (median); valid lengths are uniform in [1, m] from a fixed seed. The
 cells (:mod:`attnscore.bench.matrix`): rows {masked_softmax, dot, heads, multihead,
 additive, general, cosine} x masks x dtypes {float32, bfloat16, float16} x {forward,
-forward + backward}, then issue 16's table at its own shapes, tiny and mid-size calls and the
+forward + backward}, then large calls at their own shapes, tiny and mid-size calls and the
 decoder step; on the CPU also additive attention's peak RSS and the compiled rows. Peak memory is
 what one step allocates (``torch.profiler`` on the CPU, ``max_memory_allocated`` on CUDA).
 
@@ -29,6 +29,7 @@ import torch
 from .._memory import keep_freed_memory
 from . import cpu, cuda, matrix
 from ._core import measure, missed, ratio_text, render_rows, render_summary, slower
+from .load import LoadWatch, load_average
 
 __all__ = ["case_names", "missed", "render", "run"]
 
@@ -70,6 +71,9 @@ def run(
         min_time: seconds of timing per implementation and cell (default: 0.5 in a full
             run, 0.05 in a quick one); the rounds split it.
 
+    Where the 1-minute load average exceeds the number of cores before the run or after a
+    cell, one warning line goes to stderr and ``result["load"]["busy"]`` is true.
+
     Raises:
         ValueError: a name in ``cases`` that is not a row of ``device``.
     """
@@ -102,6 +106,9 @@ def run(
         result["kernel_build"] = kernels.build_info().as_dict()
         result["kernel_cold_compile_s"] = cpu.cold_compile_seconds()
         result["kernels_enabled"] = kernels.enabled()
+    watch = LoadWatch()
+    if watch.see(load_average()):
+        print(watch.warning(), file=sys.stderr, flush=True)
     todo = [c for c in matrix.cases(dev.type, quick) if not cases or c.name in cases]
     if min_time is None:
         min_time = MIN_RUN_TIME[dev.type, quick]
@@ -124,6 +131,8 @@ def run(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
+        if watch.see(load_average()):
+            print(watch.warning(), file=sys.stderr, flush=True)
         if progress:
             ratios = "; ".join(ratio_text(c) for c in row["targets"])
             print(
@@ -133,6 +142,7 @@ def run(
                 flush=True,
             )
     result["rows"] = rows
+    result["load"] = watch.as_dict()
     return result
 
 
@@ -152,7 +162,9 @@ def render(result: dict[str, Any]) -> str:
         "",
         *render_rows(result["rows"], verdicts=not quick),
     ]
-    if result["device"] == "cpu":
+    if result["device"] == "cpu" and "kernel_first_load_s" not in result:
+        pass  # a saved run without the kernels' fields (--from-json): nothing to say
+    elif result["device"] == "cpu":
         cold = result.get("kernel_cold_compile_s")
         lines += [
             "",
@@ -174,6 +186,14 @@ def render(result: dict[str, Any]) -> str:
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "
             "allocated before it (inputs and parameters), reset per case and implementation.",
         ]
+    load = result.get("load") or {}
+    if load.get("busy"):
+        lines += [
+            "",
+            f"**Busy machine**: the load average reached {load['max_load_1min']:.1f} on "
+            f"{load['cores']} cores during this run, so its timings are slower and noisier "
+            "than on an idle machine; rerun when it is idle before reading the ratios.",
+        ]
     if "malloc keeps freed memory" in result.get("notes", ()):
         lines += [
             "",
@@ -188,6 +208,7 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     if quick:
         slow = slower(result)
-        lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x): {len(slow)}"]
+        busy = " (on a busy machine: see above)" if load.get("busy") else ""
+        lines += ["", f"Cells slower than their PyTorch baseline (> 1.05x){busy}: {len(slow)}"]
         lines += [f"- {cell}" for cell in slow]
     return "\n".join(lines)

@@ -318,7 +318,11 @@ def _verdict(c: dict[str, Any]) -> str:
 def render_rows(rows: list[dict[str, Any]], *, verdicts: bool) -> list[str]:
     """Markdown lines of the table, one line per cell; ``verdicts=False`` (smoke runs) gives
     the ratios without targets."""
-    head = ["row", "mask", "dtype", "step", "shapes", "median ms", "peak MiB", "ratios"]
+    # The ratio is the median of the rounds' ratios (each round times both sides back to
+    # back), not the quotient of the medians beside it: on a machine whose speed drifts the
+    # two differ, and the header says which one the verdicts use.
+    head = ["row", "mask", "dtype", "step", "shapes", "median ms per side", "peak MiB"]
+    head += ["ratio (median of per-round ratios)"]
     head += ["targets", "met"] if verdicts else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:

@@ -8,7 +8,7 @@ forward, forward + backward}. Every cell has two targets against the PyTorch cal
 would write instead (:mod:`attnscore.bench._cases`): time <= 1.05x and peak memory <= 1.05x;
 some have stricter ones (:func:`targets`).
 
-Shapes: ``--device cpu`` full shapes take a few minutes on 2 cores; ``--quick`` runs the same
+Shapes: ``--device cpu`` full shapes take about 10 minutes on 2 cores; ``--quick`` runs the same
 cells at small shapes (no verdicts); ``--device cuda`` runs the same cells at larger shapes.
 """
 
@@ -119,29 +119,31 @@ def matrix(device_type: str, quick: bool) -> list[Case]:
 
 # ---- rows outside the matrix -----------------------------------------------------------
 
-_ISSUE_DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
-_ISSUE_SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
+_LARGE_DOT: Shapes = {"B": 32, "n": 1024, "m": 1024, "d": 64}
+_LARGE_SOFTMAX: Shapes = {"B": 64, "n": 256, "m": 1024}
 _LENGTHS = "lengths (B,)"
 
-ISSUE_ROWS: list[tuple[str, str, Shapes, str, bool, list[Target]]] = [
-    # (row, mask, shapes, dtype, backward, targets): issue 16's table, at its shapes
+LARGE_ROWS: list[tuple[str, str, Shapes, str, bool, list[Target]]] = [
+    # (row, mask, shapes, dtype, backward, targets): the calls of issue 16's report
+    # (the first numbers users sent), at their shapes
     ("multihead", _LENGTHS, {"B": 32, "n": 512, "E": 512, "H": 8}, "float32", True,
      [Target("time", 0.9, "torch_mha")]),
     ("heads", _LENGTHS, {"B": 16, "H": 8, "n": 512, "m": 512, "d": 64}, "float32", True,
      [Target("time", 0.9, "sdpa")]),
-    ("dot", "none", _ISSUE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
-    ("dot", "causal", _ISSUE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
-    ("dot", _LENGTHS, _ISSUE_DOT, "float32", False, [Target("time", 0.8, "sdpa")]),
-    ("dot", _LENGTHS, _ISSUE_DOT, "float32", True, [Target("time", 0.9, "sdpa")]),
-    ("masked_softmax", _LENGTHS, _ISSUE_SOFTMAX, "bfloat16", False,
+    ("dot", "none", _LARGE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
+    ("dot", "causal", _LARGE_DOT, "float32", False, [Target("time", 1.05, "sdpa")]),
+    ("dot", _LENGTHS, _LARGE_DOT, "float32", False, [Target("time", 0.8, "sdpa")]),
+    ("dot", _LENGTHS, _LARGE_DOT, "float32", True, [Target("time", 0.9, "sdpa")]),
+    ("masked_softmax", _LENGTHS, _LARGE_SOFTMAX, "bfloat16", False,
      [Target("time", 1.0, "softmax")]),
-    ("masked_softmax", _LENGTHS, _ISSUE_SOFTMAX, "float16", False,
+    ("masked_softmax", _LENGTHS, _LARGE_SOFTMAX, "float16", False,
      [Target("time", 1.0, "softmax")]),
     ("masked_softmax", _LENGTHS, {"B": 2, "n": 4, "m": 8}, "float32", False,
      [Target("us", 20.0), Target("time", 4.0, "softmax")]),
 ]  # fmt: skip
-"""Issue 16's table, row by row, at its own shapes (float32 unless said; the tiny softmax
-call has its own targets: <= 20 us and <= 4x ``torch.softmax``)."""
+"""Large calls at their own shapes, from issue 16's report (float32 unless said; named
+``ROW (large)``), and one tiny softmax call (``masked_softmax (tiny)``) with its own
+targets: <= 20 us and <= 4x ``torch.softmax``."""
 
 TINY: Shapes = {"B": 2, "n": 4, "m": 8, "d": 8, "H": 2, "E": 16, "h": 8}
 """Tiny calls (per-call overhead) of every attention row, lengths (B,), forward."""
@@ -163,18 +165,19 @@ def _tiny_shapes(row: str, sizes: Shapes = TINY) -> Shapes:
 
 
 def extras(device_type: str, quick: bool) -> list[Case]:
-    """The rows outside the matrix: issue 16's table at its shapes, tiny and mid-size calls,
+    """The rows outside the matrix: large calls at their shapes, tiny and mid-size calls,
     the decoder step, a tiny Hugging Face Llama trained with ``"attnscore"`` against
     ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU, full run) additive
     attention's peak RSS and the compiled rows."""
     device = torch.device(device_type)
     out: list[Case] = []
     if not quick:
-        for row, mask, s, dtype, backward, tgts in ISSUE_ROWS:
+        for row, mask, s, dtype, backward, tgts in LARGE_ROWS:
             build = partial(
                 _cases.BUILDERS[row], s, mask, dtype=DTYPES[dtype], device=device, backward=backward
             )
-            out.append(Case(f"{row} (issue)", s, dtype, build, tgts, backward=backward, mask=mask))
+            size = "tiny" if s.get("m", 1024) <= 8 else "large"
+            out.append(Case(f"{row} ({size})", s, dtype, build, tgts, backward=backward, mask=mask))
     for row in ("dot", "heads", "multihead", "additive", "general", "cosine"):
         s = _tiny_shapes(row)
         build = partial(

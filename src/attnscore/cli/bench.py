@@ -13,10 +13,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import bench
-from ._files import check_output, write_atomic
+from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
 from ._usage import ArgumentParser, UsageError, device_arg, run_main
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["add_parser", "handle", "main"]
 
@@ -24,13 +28,20 @@ DESCRIPTION = """\
 Time attnscore against the PyTorch call a user would write instead (SDPA,
 nn.MultiheadAttention, torch.softmax, the plain formulation), side by side in
 one process, over rows x masks x dtypes x {forward, forward+backward}, with the
-peak memory of each; then issue 16's table, tiny and mid-size calls and the decoder step.
+peak memory of each; then large, tiny and mid-size calls and a decoder step.
 
-  --device cpu    the CPU run (a few minutes on 2 cores)
+  --device cpu    the CPU run (about 10 minutes on 2 idle cores)
   --device cuda   the same cells on a GPU, at larger shapes
+  --quick         a smoke run at small shapes (about 1 minute): no verdicts, but
+                  it lists the cells slower than PyTorch
+  --plot FILE     draw each cell's time ratio (png, pdf or svg)
+  --from-json F   render and plot a saved run (--json) instead of measuring
 
-The full run prints each target's verdict and exits 1 on a miss. --quick is a
-smoke run at small shapes: no verdicts, but it lists cells slower than PyTorch."""
+The full run prints each target's verdict and exits 1 on a miss. Each ratio is
+the median of per-round ratios (both sides timed back to back in each round).
+A load average above the core count (by half a core), before or during the run,
+gives a warning on stderr and "busy" in the JSON: timings on a busy machine are
+not comparable with an idle one's."""
 
 
 def _threads(value: str) -> int:
@@ -65,7 +76,21 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace --json if it exists (default: refuse)"
+        "--plot",
+        type=Path,
+        metavar="FILE",
+        help="also draw each cell's time ratio, log scale, by row and step (.png, .pdf, .svg)",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="measure nothing: print the table of a saved run (--json) and plot it with --plot",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --json or --plot if it exists (default: refuse)",
     )
     parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
     parser.add_argument(
@@ -98,6 +123,41 @@ def _check_cases(device: str, cases: Sequence[str] | None) -> None:
         )
 
 
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--plot: needs matplotlib, which cannot be imported; install it with: "
+            "pip install matplotlib"
+        ) from None
+
+
+def _saved_run(path: Path) -> dict[str, Any]:
+    """The results a former ``--json`` wrote, checked enough to render and plot."""
+    try:
+        result: Any = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--from-json: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"--from-json: cannot read {path} as JSON: {err}") from None
+    keys = ("case", "dtype", "step", "targets", "median_s", "peak_mib", "peak_rss_mib")
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and all(k in r for k in keys) for r in rows
+    ):
+        raise UsageError(
+            f'--from-json: expected the results `attnscore bench --json` writes (a "rows" '
+            f"list of cells with {', '.join(keys)}), but got {path} without them"
+        )
+    for key, default in (("device", "cpu"), ("device_name", "?"), ("threads", "?")):
+        result.setdefault(key, default)
+    result.setdefault("quick", False)
+    result.setdefault("memory", True)
+    saved: dict[str, Any] = result
+    return saved
+
+
 def handle(args: argparse.Namespace) -> int:
     """Run ``attnscore bench`` for parsed arguments.
 
@@ -105,17 +165,33 @@ def handle(args: argparse.Namespace) -> int:
         args: the options :func:`add_parser` defines.
 
     Returns:
-        0, or 1 when the full run misses a target.
+        0, or 1 when the full run misses a target (``--from-json``: 0, nothing is run).
 
     Raises:
-        UsageError: an unknown ``--cases`` name, or a ``--json`` path that cannot be written
-            (or exists, without ``--overwrite``).
+        UsageError: an unknown ``--cases`` name, a ``--json`` or ``--plot`` path that cannot
+            be written (or exists, without ``--overwrite``), ``--plot`` without matplotlib,
+            or a ``--from-json`` file that is not a saved run.
     """
     import torch
 
     if args.child:
         torch.set_num_threads(args.threads)
         bench.cpu.child(args.child[0], args.quick, args.child[1])
+        return 0
+    if args.plot is not None:
+        check_output(args.plot, "--plot", FIGURE_FORMATS, overwrite=args.overwrite)
+        _require_matplotlib()
+    if args.from_json is not None:
+        if args.json is not None or args.cases or args.quick:
+            raise UsageError(
+                "--from-json: renders a saved run; --json, --cases and --quick "
+                "are options of a run that measures"
+            )
+        saved = _saved_run(args.from_json)
+        fig = None if args.plot is None else _figure(saved, args.plot)  # refused before output
+        print(bench.render(saved))
+        if fig is not None:
+            save_figure(fig, args.plot, "--plot", overwrite=args.overwrite)
         return 0
     if args.json is not None:
         check_output(args.json, "--json", (".json",), overwrite=args.overwrite)
@@ -133,11 +209,28 @@ def handle(args: argparse.Namespace) -> int:
     if args.json is not None:
         text = json.dumps(result, indent=2).encode()
         write_atomic(args.json, lambda f: f.write(text), "--json", overwrite=args.overwrite)
+    if args.plot is not None:
+        _save_plot(result, args.plot, args.overwrite)
     misses = bench.missed(result)
     if misses:
         print(f"\n{len(misses)} target(s) missed: " + "; ".join(misses), file=sys.stderr)
         return 1
     return 0
+
+
+def _figure(result: dict[str, Any], path: Path) -> Figure:
+    from ..bench.plot import ratio_figure
+
+    try:
+        return ratio_figure(result)
+    except ValueError:
+        raise UsageError(
+            f"--plot: the run has no time ratio to draw, so {path} was not written"
+        ) from None
+
+
+def _save_plot(result: dict[str, Any], path: Path, overwrite: bool) -> None:
+    save_figure(_figure(result, path), path, "--plot", overwrite=overwrite)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:

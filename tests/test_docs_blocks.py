@@ -1,0 +1,260 @@
+"""Every fenced code block of the README and of docs/*.md runs, as a reader would paste it.
+
+Each ``python`` block runs as a script in a fresh process, in an empty folder, offline: a
+block must bring its own imports and inputs. A ``text`` block right after it (at most one
+line between them, such as "prints") is what the script must print, exactly. Each ``bash``
+block runs as a bash script the same way, with ``attnscore`` and ``python`` meaning this
+checkout's (``attnscore`` is ``python -m attnscore``). Install commands (``pip install``,
+``python3 -m venv``, ``. .venv/bin/activate``) change the environment and reach the network,
+so they are checked instead of run: the extras they name exist in pyproject.toml, the
+PyTorch pin is CI's, and the README's test command installs what ``.ci/run`` installs and
+runs what it runs. A block marked on the line before it with ``<!-- skip: needs a GPU -->``
+or ``<!-- skip: long run -->`` is not run (its ``attnscore`` commands are still parsed, by
+tests/test_docs_commands.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SKIP_REASONS = ("needs a GPU", "long run")
+SHELLS = ("bash", "console", "sh", "shell")
+FENCE = re.compile(r"^( *)```(\S*)[^\n]*$")
+# Blocks that fail when pasted, on pages being rewritten beside this change (their NameErrors
+# are the ones the docs issue found); strict, so that a fixed block must leave this list.
+KNOWN_BROKEN = {
+    ("deploy.md", 1): "uses names defined in the block before it (torch, queries)",
+    ("deploy.md", 2): "uses q, k, v that it never defines",
+    ("huggingface.md", 0): "loads a checkpoint from `path`, which it never defines",
+}
+
+
+@dataclass
+class Block:
+    page: str
+    index: int  # among the page's blocks of the same kind (python or shell)
+    lang: str
+    code: str
+    skip: str | None
+    output: str | None = None  # the text block shown as its output
+
+    @property
+    def id(self) -> str:
+        first = next((line for line in self.code.splitlines() if line.strip()), "")
+        return f"{self.page}[{self.lang} {self.index}]: {first.strip()[:50]}"
+
+
+def _blocks(page: Path) -> list[Block]:
+    """The page's fenced blocks in order (text blocks folded into the block they show)."""
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    counts: dict[str, int] = {}
+    last_end: int | None = None
+    last: int | None = None
+    i = 0
+    while i < len(lines):
+        start = FENCE.match(lines[i])
+        if not start:
+            i += 1
+            continue
+        indent, lang = len(start.group(1)), start.group(2)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+        code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
+        mark = re.fullmatch(r"\s*<!-- skip: (.*) -->\s*", lines[i - 1]) if i else None
+        between = [line for line in lines[(last_end or 0) + 1 : i] if line.strip()]
+        kind = "python" if lang == "python" else "shell" if lang in SHELLS else None
+        if lang == "text" and last is not None and last_end is not None and len(between) <= 1:
+            found[last].output = code
+        elif kind is not None:
+            found.append(Block(page.name, counts.get(kind, 0), lang, code, mark and mark[1]))
+            counts[kind] = counts.get(kind, 0) + 1
+        last = len(found) - 1 if kind == "python" else None
+        last_end = end
+        i = end + 1
+    return found
+
+
+BLOCKS = [block for page in PAGES for block in _blocks(page)]
+INSTALL = re.compile(r"^\s*(pip install|python3? -m venv|\. \S*/bin/activate|source )")
+
+
+def _commands(code: str) -> list[str]:
+    """The block's commands: lines (continuations joined) split at ``&&``, comments dropped."""
+    joined = code.replace("\\\n", " ")
+    return [
+        c.strip()
+        for line in joined.splitlines()
+        for c in line.split("&&")
+        if c.strip() and not c.strip().startswith("#")
+    ]
+
+
+def _is_install(block: Block) -> bool:
+    return any(INSTALL.match(c) for c in _commands(block.code))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(ROOT / "src"),  # this checkout, ahead of any installed copy
+        MPLBACKEND="Agg",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    return env
+
+
+def _folder(tmp_path: Path) -> Path:
+    """An empty folder where the repository's files a page names (docs/, tools/) are found."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for name in ("docs", "tools"):
+        if not (tmp_path / name).exists():
+            (tmp_path / name).symlink_to(ROOT / name)
+    return tmp_path
+
+
+def _run(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=_folder(tmp_path), env=_env(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def _params(kind: str) -> list:
+    chosen = []
+    for b in BLOCKS:
+        if (b.lang == "python") != (kind == "python"):
+            continue
+        marks = []
+        if b.skip:
+            marks.append(pytest.mark.skip(reason=f"marked in the page: {b.skip}"))
+        elif (b.page, b.index) in KNOWN_BROKEN and kind == "python":
+            reason = KNOWN_BROKEN[b.page, b.index]
+            marks.append(pytest.mark.xfail(reason=reason, strict=True))
+        chosen.append(pytest.param(b, id=b.id, marks=marks))
+    return chosen
+
+
+def test_the_pages_have_blocks_and_marks_are_known():
+    assert sum(b.lang == "python" for b in BLOCKS) >= 8
+    assert sum(b.lang != "python" for b in BLOCKS) >= 10
+    assert {b.skip for b in BLOCKS if b.skip} <= set(SKIP_REASONS)
+    readme = [b for b in BLOCKS if b.page == "README.md"]
+    assert not [b for b in readme if b.skip], "the README's blocks all run"
+    assert [b for b in readme if b.lang == "python" and b.output], "README shows no output"
+
+
+@pytest.mark.parametrize("block", _params("python"))
+def test_python_block_runs_and_prints_what_the_page_shows(block, tmp_path):
+    done = _run([sys.executable, "-c", block.code], tmp_path)
+    assert done.returncode == 0, f"{block.id} failed:\n{done.stderr[-3000:]}"
+    if block.output is not None:
+        assert done.stdout.rstrip() == block.output.rstrip(), f"{block.id} printed otherwise"
+
+
+@pytest.mark.parametrize("block", _params("shell"))
+def test_shell_block_runs(block, tmp_path):
+    if _is_install(block):
+        _check_install_block(block)
+        return
+    prelude = (
+        "set -euo pipefail\n"
+        f'attnscore() {{ {shlex.quote(sys.executable)} -m attnscore "$@"; }}\n'
+        f'python() {{ {shlex.quote(sys.executable)} "$@"; }}\n'
+        'python3() { python "$@"; }\n'
+    )
+    done = _run(["bash", "-c", prelude + block.code], tmp_path)
+    assert done.returncode == 0, f"{block.id} failed:\n{done.stderr[-3000:]}"
+
+
+# ------------------------------------------------------------------ install commands
+def _extras() -> set[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^(\w+) = \[", section, re.M))
+
+
+def _ci_install() -> tuple[str, set[str]]:
+    """.ci/run's PyTorch pin and the extras it installs the checkout with."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    torch_pin = re.search(r'^TORCH="([^"]+)"', ci, re.M)
+    extras = re.search(r'pip" install -q -e "\.\[([\w,]+)\]"', ci)
+    assert torch_pin and extras, ".ci/run no longer installs as this test reads it"
+    return torch_pin[1], set(extras[1].split(","))
+
+
+def _named_extras(command: str) -> set[str]:
+    found = re.findall(r"(?:\.|attnscore)\[([\w,]+)\]", command)
+    return {e for group in found for e in group.split(",")}
+
+
+def _check_install_block(block: Block) -> None:
+    torch_pin, _ = _ci_install()
+    for command in _commands(block.code):
+        words = shlex.split(command, comments=True)
+        if words[:2] == ["pip", "install"]:
+            assert _named_extras(command) <= _extras(), f"{block.id}: unknown extra in {command}"
+            pinned = [w for w in words if w.startswith("torch==")]
+            assert all(w == torch_pin for w in pinned), f"{block.id}: {pinned} is not CI's pin"
+            if "-e" in words:  # from the clone: the checkout itself, with or without extras
+                target = words[words.index("-e") + 1]
+                assert re.fullmatch(r"\.(\[[\w,]+\])?", target), f"{block.id}: -e {target}"
+        else:
+            assert INSTALL.match(command) or command == "python -m pytest", (
+                f"{block.id}: `{command}` is neither an install command nor the test command; "
+                "put it in a block of its own"
+            )
+
+
+def test_install_lines_name_extras_that_exist():
+    """The check above can fail: a misspelt extra is caught."""
+    assert _named_extras('pip install -e ".[hf,onnx]"') == {"hf", "onnx"}
+    assert not _named_extras('pip install "attnscore[hugginface]"') <= _extras()
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    torch_pin, ci_extras = _ci_install()
+    readme = (ROOT / "README.md").read_text()
+    (command,) = [b.code for b in BLOCKS if b.page == "README.md" and "python -m pytest" in b.code]
+    commands = _commands(command)
+    assert f"pip install {torch_pin}" in commands
+    (install,) = [c for c in commands if c.startswith("pip install -e")]
+    assert _named_extras(install) == ci_extras
+    assert commands[-1] == "python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^\s*python -m pytest \|\| rc=\$\?$", ci, re.M), ".ci/run's test step"
+    assert "The command CI runs" in readme
+    nox = (ROOT / "noxfile.py").read_text()
+    assert f'CI_EXTRAS = "{",".join(sorted(ci_extras, key=install.index))}"' in nox
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md"])
+def test_the_extras_table_lists_every_extra(page):
+    text = (ROOT / page).read_text()
+    table = text[text.index("| extra | adds | for |") :].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert listed == _extras()
+
+
+def test_a_block_that_fails_fails_here(tmp_path):
+    """The runner reports a failing block and a wrong shown output."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nprint(undefined_name)\n```\n\n```python\nprint(1 + 1)\n```\n\nprints\n\n"
+        "```text\n3\n```\n\n<!-- skip: long run -->\n```bash\nattnscore bench\n```\n"
+    )
+    first, second, third = _blocks(page)
+    assert _run([sys.executable, "-c", first.code], tmp_path / "a").returncode != 0
+    assert second.output == "3\n"
+    assert _run([sys.executable, "-c", second.code], tmp_path / "b").stdout.strip() == "2"
+    assert third.skip == "long run" and third.lang == "bash"
