@@ -31,6 +31,7 @@ from torch import Tensor
 from typing_extensions import Unpack
 
 from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
+from ._habits import check_keywords
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .kernels._dispatch import Projection
@@ -39,6 +40,7 @@ from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
+    "MASK_NAMES",
     "ComputedWeights",
     "FusedPath",
     "MaskOptions",
@@ -89,6 +91,10 @@ class MaskOptions(TypedDict, total=False):
     causal: bool
 
 
+MASK_NAMES = frozenset(MaskOptions.__annotations__)
+"""The keywords of :class:`MaskOptions`."""
+
+
 @dataclass(frozen=True)
 class Prepared:
     """Checked inputs (as given: padding not yet zeroed) and their canonical mask."""
@@ -109,9 +115,7 @@ def prepare(
     **masks: Unpack[MaskOptions],
 ) -> Prepared:
     """Check inputs and masks once (the only checks of a call)."""
-    unknown = set(masks) - set(MaskOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
+    check_keywords(masks, MASK_NAMES, "forward")  # the functional forms check theirs first
     q, k, v = check_attention_inputs(queries, keys, values, same_feature_size=same_feature_size)
     *batch, n, _ = q.shape
     m = k.shape[-2]
