@@ -68,9 +68,14 @@ _NEED_WEIGHTS = (
     "(..., n, m); need_weights=False is the default"
 )
 _PER_HEAD = (
-    "`return_weights=True` returns (output, weights) with the weights of every head "
-    "(B, H, n, m), as average_attn_weights=False; nn.MultiheadAttention's default average "
-    "over heads is `weights.mean(dim=1)`"
+    "attnscore's is `return_weights=True`, which returns (output, weights) with the weights "
+    "of every head (B, H, n, m) (need_weights=False is the default); nn.MultiheadAttention's "
+    "default average over heads is `weights.mean(dim=1)`"
+)
+_AVERAGE = (
+    "attnscore returns the weights of every head (B, H, n, m) (`return_weights=True`), as "
+    "average_attn_weights=False; their average over heads, nn.MultiheadAttention's default, "
+    "is `weights.mean(dim=1)`"
 )
 _MODULE_DROPOUT = (
     "a module's dropout on the weights is set when it is built (`dropout=`) and acts in "
@@ -94,7 +99,7 @@ HABITS: dict[str, Habit] = {
         "F.scaled_dot_product_attention's is_causal)",
     ),
     "need_weights": Habit(_MHA, _NEED_WEIGHTS, hints={"multihead forward": _PER_HEAD}),
-    "average_attn_weights": Habit(_MHA, _PER_HEAD),
+    "average_attn_weights": Habit(_MHA, _AVERAGE),
     "dropout_p": Habit(_SDPA, _MODULE_DROPOUT, where=("forward", "multihead forward")),
     "scale": Habit(
         _SDPA,
