@@ -63,9 +63,18 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> tuple[Te
     their largest value where the check read it (else None)."""
     t = check_tensor(lengths, name)
     if t.dtype != torch.int64 and (t.dtype == torch.bool or t.is_complex()):
+        # A bool tensor here is most often a PyTorch mask passed positionally (the fourth
+        # argument of nn.MultiheadAttention's forward and of SDPA): say where it goes.
+        where = (
+            "; a bool mask goes to `attend_mask=`, True = may attend, so "
+            "nn.MultiheadAttention's key_padding_mask is `attend_mask=~key_padding_mask[:, "
+            "None, :]`"
+            if t.dtype == torch.bool and name == "valid_lens"
+            else ""
+        )
         raise TypeError(
             f"Expected `{name}` to be an integer tensor (or a floating tensor of whole "
-            f"numbers), but got dtype {t.dtype} instead."
+            f"numbers{where}), but got dtype {t.dtype} instead."
         )
     if t.device != device:
         raise ValueError(
@@ -191,7 +200,8 @@ def build_mask(
         attend = check_tensor(attend_mask, "attend_mask")
         if attend.dtype != torch.bool:
             raise TypeError(
-                "Expected `attend_mask` to be a bool tensor (True = may attend), but got dtype "
+                "Expected `attend_mask` to be a bool tensor (True = may attend; an additive "
+                "float mask of 0 and -inf is `attend_mask=mask == 0`), but got dtype "
                 f"{attend.dtype} instead."
             )
         if attend.device != device:

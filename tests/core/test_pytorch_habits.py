@@ -216,6 +216,20 @@ def test_the_issue_36_calls():
             mha(x, x, x, **{name: True})
 
 
+def test_a_pytorch_mask_passed_where_lengths_go_is_sent_to_attend_mask():
+    """The fourth positional argument is key_padding_mask in nn.MultiheadAttention's forward
+    and attn_mask in SDPA; attnscore's is valid_lens, lengths."""
+    key_padding_mask = torch.arange(5) >= lens[:, None]
+    pattern = r"`valid_lens`.*a bool mask goes to `attend_mask=`, True = may attend.*torch\.bool"
+    with pytest.raises(TypeError, match=pattern):
+        MultiHeadAttention(8, 2)(q, k, v, key_padding_mask)
+    with pytest.raises(TypeError, match=pattern):
+        attnscore.dot_product_attention(q, k, v, torch.ones(3, 5, dtype=torch.bool))
+    additive = torch.zeros(3, 5).masked_fill(torch.rand(3, 5) < 0.5, -torch.inf)
+    with pytest.raises(TypeError, match=r"float mask of 0 and -inf is `attend_mask=mask == 0`"):
+        attnscore.dot_product_attention(q, k, v, attend_mask=additive)
+
+
 def test_other_unknown_keywords_list_what_is_taken():
     with pytest.raises(TypeError, match=r"\['colour'\]: expected keywords among \[.*'causal'"):
         attnscore.dot_product_attention(q, k, v, colour=1)
