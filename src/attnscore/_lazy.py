@@ -25,6 +25,8 @@ class LazyLinear(nn.LazyLinear):
     parameters) leaves it lazy.
 
     >>> import torch
+    >>> LazyLinear(2)  # before its first call
+    LazyLinear(in_features=None, out_features=2, bias=True)
     >>> trained = LazyLinear(2)
     >>> _ = trained(torch.ones(1, 5))
     >>> fresh = LazyLinear(2)
@@ -32,6 +34,13 @@ class LazyLinear(nn.LazyLinear):
     >>> fresh
     Linear(in_features=5, out_features=2, bias=True)
     """
+
+    def extra_repr(self) -> str:
+        if not self.has_uninitialized_params():
+            return str(super().extra_repr())
+        # not 0, which reads as a size: the first call (or a checkpoint) gives it
+        bias = self.bias is not None
+        return f"in_features=None, out_features={self.out_features}, bias={bias}"
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)

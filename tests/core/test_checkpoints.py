@@ -201,6 +201,7 @@ def test_lazy_and_eager_checkpoints_load_into_each_other(scoring):
 
 def test_a_checkpoint_of_a_module_never_called_leaves_it_lazy():
     fresh = MultiHeadAttention(8, 2)
+    assert "(W_q): LazyLinear(in_features=None, out_features=8, bias=False)" in repr(fresh)
     fresh.load_state_dict(MultiHeadAttention(8, 2).state_dict())
     x = torch.randn(2, 3, 6)
     assert fresh(x, x, x).shape == (2, 3, 8)  # sized by its first call, as before
