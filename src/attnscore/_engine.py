@@ -70,9 +70,10 @@ class MaskOptions(TypedDict, total=False):
     Attributes:
         query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero
             output.
-        attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as in
-            ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s
-            ``key_padding_mask`` means the opposite: True = ignore).
+        attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as
+            ``scaled_dot_product_attention``'s bool ``attn_mask``; ``nn.MultiheadAttention``'s
+            ``key_padding_mask`` and bool ``attn_mask`` mean the opposite: True = ignore,
+            True = not allowed).
         causal: query i attends keys j <= i only (top-left alignment, as SDPA's
             ``is_causal``).
 

@@ -148,8 +148,9 @@ def build_mask(
         query_valid_lens: query lengths, shape (B,) or ``batch_shape``; queries at or beyond
             it attend nothing (their weights and outputs are zero).
         attend_mask: bool, broadcastable to ``batch_shape + (n, m)``; **True = may attend**
-            (as in ``scaled_dot_product_attention``; the opposite of
-            ``nn.MultiheadAttention``'s ``key_padding_mask``, where True = ignore).
+            (as ``scaled_dot_product_attention``'s bool ``attn_mask``; the opposite of
+            ``nn.MultiheadAttention``'s ``key_padding_mask`` and bool ``attn_mask``, where
+            True = ignore, True = not allowed: pass ``~mask``).
         causal: query i may attend keys j <= i only (top-left alignment, as
             ``scaled_dot_product_attention(is_causal=True)``; when n > m the last queries
             see every key, when n < m the last m - n keys are seen by no query).
