@@ -31,6 +31,7 @@ from torch import Tensor
 from typing_extensions import Unpack
 
 from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
+from ._habits import check_keywords
 from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .kernels._dispatch import Projection
@@ -39,6 +40,7 @@ from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
+    "MASK_NAMES",
     "ComputedWeights",
     "FusedPath",
     "MaskOptions",
@@ -68,9 +70,10 @@ class MaskOptions(TypedDict, total=False):
     Attributes:
         query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero
             output.
-        attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as in
-            ``scaled_dot_product_attention``; ``nn.MultiheadAttention``'s
-            ``key_padding_mask`` means the opposite: True = ignore).
+        attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as
+            ``scaled_dot_product_attention``'s bool ``attn_mask``; ``nn.MultiheadAttention``'s
+            ``key_padding_mask`` and bool ``attn_mask`` mean the opposite: True = ignore,
+            True = not allowed).
         causal: query i attends keys j <= i only (top-left alignment, as SDPA's
             ``is_causal``).
 
@@ -87,6 +90,10 @@ class MaskOptions(TypedDict, total=False):
     query_valid_lens: Tensor | None
     attend_mask: Tensor | None
     causal: bool
+
+
+MASK_NAMES = frozenset(MaskOptions.__annotations__)
+"""The keywords of :class:`MaskOptions`."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +116,7 @@ def prepare(
     **masks: Unpack[MaskOptions],
 ) -> Prepared:
     """Check inputs and masks once (the only checks of a call)."""
-    unknown = set(masks) - set(MaskOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
+    check_keywords(masks, MASK_NAMES, "forward")  # the functional forms check theirs first
     q, k, v = check_attention_inputs(queries, keys, values, same_feature_size=same_feature_size)
     *batch, n, _ = q.shape
     m = k.shape[-2]

@@ -32,6 +32,7 @@ from typing_extensions import Unpack
 
 from ._checks import check_tensor
 from ._engine import (
+    MASK_NAMES,
     FusedPath,
     MaskOptions,
     Prepared,
@@ -41,6 +42,7 @@ from ._engine import (
     fused_dot_product,
     prepare,
 )
+from ._habits import check_keywords
 from .normalizers import Normalizer
 from .registry import ScorerSpec, get_scorer
 from .scoring import cosine_scores, dot_product_scores
@@ -83,7 +85,7 @@ class PoolingOptions(MaskOptions, total=False):
     return_weights: bool
 
 
-_MASK_NAMES = frozenset(MaskOptions.__annotations__)
+_OPTION_NAMES = frozenset(PoolingOptions.__annotations__)
 
 
 class PoolingFunction(Protocol):
@@ -250,10 +252,8 @@ def _pool(
 
 def _masks(options: PoolingOptions) -> MaskOptions:
     """The masks among ``options``, after refusing keywords that are not options."""
-    unknown = set(options) - set(PoolingOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)}.")
-    return cast(MaskOptions, {k: v for k, v in options.items() if k in _MASK_NAMES})
+    check_keywords(options, _OPTION_NAMES, "function")
+    return cast(MaskOptions, {k: v for k, v in options.items() if k in MASK_NAMES})
 
 
 def _attend(

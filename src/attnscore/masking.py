@@ -63,9 +63,18 @@ def _check_lengths(lengths: object, name: str, device: torch.device) -> tuple[Te
     their largest value where the check read it (else None)."""
     t = check_tensor(lengths, name)
     if t.dtype != torch.int64 and (t.dtype == torch.bool or t.is_complex()):
+        # A bool tensor here is most often a PyTorch mask passed positionally (the fourth
+        # argument of nn.MultiheadAttention's forward and of SDPA): say where it goes.
+        where = (
+            "; a bool mask goes to `attend_mask=`, True = may attend, so "
+            "nn.MultiheadAttention's key_padding_mask is `attend_mask=~key_padding_mask[:, "
+            "None, :]`"
+            if t.dtype == torch.bool and name == "valid_lens"
+            else ""
+        )
         raise TypeError(
             f"Expected `{name}` to be an integer tensor (or a floating tensor of whole "
-            f"numbers), but got dtype {t.dtype} instead."
+            f"numbers{where}), but got dtype {t.dtype} instead."
         )
     if t.device != device:
         raise ValueError(
@@ -139,8 +148,9 @@ def build_mask(
         query_valid_lens: query lengths, shape (B,) or ``batch_shape``; queries at or beyond
             it attend nothing (their weights and outputs are zero).
         attend_mask: bool, broadcastable to ``batch_shape + (n, m)``; **True = may attend**
-            (as in ``scaled_dot_product_attention``; the opposite of
-            ``nn.MultiheadAttention``'s ``key_padding_mask``, where True = ignore).
+            (as ``scaled_dot_product_attention``'s bool ``attn_mask``; the opposite of
+            ``nn.MultiheadAttention``'s ``key_padding_mask`` and bool ``attn_mask``, where
+            True = ignore, True = not allowed: pass ``~mask``).
         causal: query i may attend keys j <= i only (top-left alignment, as
             ``scaled_dot_product_attention(is_causal=True)``; when n > m the last queries
             see every key, when n < m the last m - n keys are seen by no query).
@@ -191,7 +201,8 @@ def build_mask(
         attend = check_tensor(attend_mask, "attend_mask")
         if attend.dtype != torch.bool:
             raise TypeError(
-                "Expected `attend_mask` to be a bool tensor (True = may attend), but got dtype "
+                "Expected `attend_mask` to be a bool tensor (True = may attend; an additive "
+                "float mask of 0 and -inf is `attend_mask=mask == 0`), but got dtype "
                 f"{attend.dtype} instead."
             )
         if attend.device != device:

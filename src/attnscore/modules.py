@@ -34,6 +34,7 @@ from ._engine import (
     owned,
     prepare,
 )
+from ._lazy import LazyLinear
 from .kernels import _ops
 from .kernels._attention import (
     projected_call,
@@ -305,7 +306,8 @@ class ScorerAttention(Attention):
     textbook's arguments). Each parameter of the spec (:class:`attnscore.registry.Param`)
     becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
     bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
-    call), any other an ``nn.Parameter``. Scores are ``spec.score(queries, keys,
+    call or by ``load_state_dict`` of a trained checkpoint), any other an
+    ``nn.Parameter``. Scores are ``spec.score(queries, keys,
     **parameters)``; the spec's fused path, if any, is taken where it applies.
 
     Args:
@@ -365,7 +367,7 @@ class ScorerAttention(Attention):
         if param.is_matrix:
             out, inp = shape
             assert out is not None
-            module = nn.Linear(inp, out, bias=False) if inp else nn.LazyLinear(out, bias=False)
+            module = nn.Linear(inp, out, bias=False) if inp else LazyLinear(out, bias=False)
         else:
             module = nn.Parameter(torch.full(shape, param.init))  # type: ignore[arg-type]
         setattr(self, param.name, module)

@@ -121,7 +121,7 @@ def test_feature_sizes_are_fixed_by_the_first_call(name):
     x = torch.randn(2, 3, 16)
     mha(x, x, x)
     inputs = {"queries": x, "keys": x, "values": x} | {name: torch.randn(2, 3, 12)}
-    with pytest.raises(ValueError, match=rf"`{name}` with last dimension 16 \(fixed by the first"):
+    with pytest.raises(ValueError, match=rf"`{name}` with last dimension 16 \(the projection"):
         mha(**inputs)
 
 
