@@ -165,3 +165,46 @@ def test_onnx_export_of_models_holding_the_modules_runs_without_torch(tmp_path):
     for name, want in wanted.items():
         got = np.load(tmp_path / f"{name}.out.npy")
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+class EveryMask(nn.Module):
+    """A user's model calling one module with every mask kind: none, lengths (B, n), a
+    boolean mask, causal, causal + lengths (B,), key and query lengths."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, queries, keys, values, lengths, attend):
+        a = self.attention
+        return (
+            a(queries, keys, values),
+            a(queries, keys, values, lengths),
+            a(queries, keys, values, attend_mask=attend),
+            a(queries, keys, values, causal=True),
+            a(queries, keys, values, lengths[:, 0], causal=True),
+            a(queries, keys, values, lengths[:, 0], query_valid_lens=lengths[:, 1]),
+        )
+
+
+def _mask_inputs(B: int, n: int, m: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, size, K, generator=g) for size in (n, m, m))
+    lengths = torch.randint(0, m + 2, (B, n), generator=g)  # 0 and above m among them
+    return q, k, v, lengths, torch.rand(B, n, m, generator=g) > 0.4
+
+
+@pytest.mark.parametrize("case", ["additive", "multihead"])
+def test_torch_export_with_every_mask_kind(case):
+    attention = _attention(case)[0] if case == "multihead" else attnscore.make_scorer(case, K, K)
+    model = EveryMask(attention).eval()
+    _eager(model, _mask_inputs(2, 3, 5, 0))  # lazy sizes
+    B, n, m = Dim("B"), Dim("n"), Dim("m")
+    shapes = ({0: B, 1: n}, {0: B, 1: m}, {0: B, 1: m}, {0: B, 1: n}, {0: B, 1: n, 2: m})
+    program = torch.export.export(model, _mask_inputs(2, 3, 5, 1), dynamic_shapes=shapes)
+    for sizes in ((3, 6, 4), (1, 2, 7)):  # n > m, then n < m with B = 1
+        inputs = _mask_inputs(*sizes, seed=2)
+        for kind, (got, want) in enumerate(
+            zip(program.module()(*inputs), _eager(model, inputs), strict=True)
+        ):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"mask kind {kind}")
