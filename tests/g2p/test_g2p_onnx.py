@@ -66,8 +66,10 @@ def test_onnx_greedy_decoding_gives_predicts_phonemes(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "g2p.onnx"
-    assert main(["export", str(run), "--out", str(out), "--max-letters", "6"]) == 0
-    assert out.is_file() and "wrote" in capsys.readouterr().out
+    out.write_bytes(b"mine")  # replaced with --overwrite (refused without it: below)
+    assert main(["export", str(run), "--out", str(out), "--max-letters", "6", "--overwrite"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["g2p.onnx"]  # no temporary file left
     words = [line.split()[0] for line in toy_lexicon_text(400, seed=7).splitlines()][::8][:50]
     words[0] = words[0].upper()  # letters are lower-cased, as predict does
     assert main(["predict", str(run), "--beam", "1", *words]) == 0
