@@ -14,8 +14,9 @@ entry point                                 cpu                   cuda          
 =========================================== ===================== ================== =====
 
 The first two are registered ``torch.library`` ops as well (``attnscore::masked_softmax``,
-``attnscore::additive_scores``, each with a backward op), which ``torch.compile``,
-``torch.export`` and FakeTensor see, so compiled code keeps the kernels; eager calls reach
+``attnscore::additive_scores``, each with a backward op), which ``torch.compile`` and
+FakeTensor see, so compiled code keeps the kernels (exported code does not: see below);
+eager calls reach
 the same backend functions through an ``autograd.Function`` (:mod:`._ops`). The backend of
 a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`, contract
 :class:`~attnscore.kernels._dispatch.Backend`); a missing module or function means the plain
