@@ -134,6 +134,8 @@ assert "torch" not in sys.modules and "attnscore" not in sys.modules, sorted(sys
 """
 
 
+# torch.onnx names the dimensions once per Dim; it notes each repeat of one.
+@pytest.mark.filterwarnings("ignore:# The axis name:UserWarning")
 def test_onnx_export_of_models_holding_the_modules_runs_without_torch(tmp_path):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
