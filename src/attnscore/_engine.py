@@ -237,22 +237,23 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
     can be skipped; on the CPU the C kernel by lengths, so padded keys cost nothing) and
     returns a weights function that recomputes the weights through the plain pipeline only
     when asked. Declines (returns None) for empty inputs, whose documented results the
-    plain path gives.
+    plain path gives, and while exporting (:func:`attnscore.kernels._attention.declines`).
 
     ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
     of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
     than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
-    mask, no dropout); elsewhere they decline. In training the padding is made inert once
-    the call is taken (the projections' gradients read it).
+    mask, no dropout); elsewhere they decline. While ``torch.export`` traces, every call is
+    declined (:func:`attnscore.kernels._attention.declines`). In training the padding is
+    made inert once the call is taken (the projections' gradients read it).
     """
 
     def fused(
         q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float
     ) -> tuple[Tensor, WeightsFn] | None:
-        n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
-        if min(q.numel(), n, m, d, v.shape[-1]) == 0:
+        if _attention.declines(q, k, v):
             return None
+        d = q.shape[-1]
         scale_ = default_scale(d) if scale is None else scale
         if project is None:
             out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)

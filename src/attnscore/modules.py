@@ -546,7 +546,8 @@ class AdditiveAttention(ScorerAttention):
         anything while tracing or compiling (a graph must hold the projection).
         """
         weight = self.W_k.weight
-        if torch.is_grad_enabled() or keys.is_inference() or in_transform(keys):
+        # in_transform first: tracers (torch.compile) cannot evaluate is_inference().
+        if torch.is_grad_enabled() or in_transform(keys) or keys.is_inference():
             self.__dict__["_keys_cache"] = None
             return self.W_k(keys)  # type: ignore[no-any-return]
         stamp = (keys._version, weight._version, weight.data_ptr(), weight.dtype)

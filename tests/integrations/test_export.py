@@ -153,7 +153,7 @@ def test_lazy_sizes_are_fixed_by_the_example():
 @pytest.mark.parametrize(
     ("module", "inputs", "kwargs", "error", "message"),
     [
-        (torch.nn.Linear(2, 2), "example", {}, TypeError, r"`module`.*but got Linear"),
+        (len, "example", {}, TypeError, r"`module` to be an nn.Module.*but got builtin_function"),
         ("dot", torch.ones(2, 3, 4), {}, TypeError, r"`example_inputs`.*but got Tensor"),
         ("dot", (torch.ones(2, 3, 4),) * 2, {}, TypeError, r"`example_inputs`.*tuple of Tensor"),
         ("dot", "2-D", {}, ValueError, r"`queries` of shape \(B, n, q\).*\(3, 4\)"),

@@ -1,4 +1,4 @@
-"""The handlers of ``attnscore g2p train|eval|predict|compare|table``: ``handler(args) -> int``.
+"""The handlers of ``attnscore g2p train|eval|predict|export|compare|table``.
 
 Each ``cmd_*`` takes its command's parsed options, turns them into calls of
 :mod:`attnscore.g2p`, prints the results, writes the files asked for (through
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,6 +50,7 @@ __all__ = [
     "check_words",
     "cmd_compare",
     "cmd_eval",
+    "cmd_export",
     "cmd_predict",
     "cmd_table",
     "cmd_train",
@@ -233,6 +235,40 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"{w}\t{' '.join(p)}")
     if args.heatmap is not None:
         print(f"attention heatmap: {args.heatmap}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``g2p export RUN --out FILE.onnx``: the model's greedy decoding as one ONNX file
+    (:func:`attnscore.g2p.onnx_export.export_greedy`), which ONNX Runtime runs without torch
+    or attnscore (``examples/g2p_onnx_decode.py``).
+
+    The output path is checked before any work; an existing file is replaced only with
+    ``--overwrite``; the file is written whole or not at all.
+
+    Returns:
+        0.
+
+    Raises:
+        UsageError: an ``--out`` path that cannot be written (or exists, without
+            ``--overwrite``), not ending in .onnx; the [onnx] extra missing; a checkpoint
+            that cannot be loaded.
+    """
+    out = check_output(Path(args.out), "--out", (".onnx",), overwrite=args.overwrite)
+    for package in ("onnx", "onnxscript"):
+        require_extra(package, f"--out {out.name}")
+    from ..g2p.onnx_export import export_greedy
+
+    model, letters, phones, _ = load_model(args.checkpoint, "cpu")
+    with warnings.catch_warnings():  # the exporter's notes on its own internals
+        warnings.simplefilter("ignore")
+        data = export_greedy(model, letters, phones, args.max_letters)
+    write_atomic(out, lambda f: f.write(data), "--out", overwrite=args.overwrite)
+    print(
+        f"wrote {out}: letters (B, {args.max_letters}) int64 padded with 0, valid_lens (B,) "
+        f"int64 -> phonemes (B, {args.max_letters + 10}) int64 (greedy; vocabularies in its "
+        "metadata)"
+    )
     return 0
 
 

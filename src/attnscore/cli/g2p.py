@@ -1,4 +1,4 @@
-"""``attnscore g2p train|eval|predict|compare|table``: the G2P task's command line.
+"""``attnscore g2p train|eval|predict|export|compare|table``: the G2P task's command line.
 
 :func:`add_parser` hangs the ``g2p`` command (with its sub-commands) under the ``attnscore``
 parser; each sub-command sets ``handler=fn`` with ``fn(args) -> int`` (the handlers are in
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ..g2p.config import DEFAULT_STEPS, PRECISIONS, ModelConfig, TrainConfig
 from ..registry import scorer_names
-from ._g2p_handlers import cmd_compare, cmd_eval, cmd_predict, cmd_table, cmd_train
+from ._g2p_handlers import cmd_compare, cmd_eval, cmd_export, cmd_predict, cmd_table, cmd_train
 from ._usage import (
     ArgumentParser,
     UsageError,
@@ -202,6 +202,26 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     _add_overwrite(p, "--heatmap")
     _add_device(p)
     p.set_defaults(handler=_usage_errors(cmd_predict))
+
+    p = sub.add_parser(
+        "export",
+        help="write the model's greedy decoding as one .onnx file (ONNX Runtime, no torch)",
+        description="Write the model's greedy decoding (encoder and max-letters + 10 decoder "
+        "steps) as one ONNX file with its vocabularies in the metadata; "
+        "examples/g2p_onnx_decode.py pronounces words with it using onnxruntime and numpy "
+        "only, as `g2p predict --beam 1` does. Needs the [onnx] extra.",
+    )
+    p.add_argument("checkpoint", help="checkpoint file or run folder (uses best.pt)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the .onnx file to write")
+    p.add_argument(
+        "--max-letters",
+        type=positive_int,
+        default=40,
+        metavar="L",
+        help="the longest word the file takes (the graph is unrolled for L + 10 steps)",
+    )
+    _add_overwrite(p, "--out")
+    p.set_defaults(handler=_usage_errors(cmd_export))
 
     p = sub.add_parser("compare", help="train every scorer x seed with one budget; table")
     p.add_argument("--out", default="runs/g2p-compare", help="folder of the runs and tables")

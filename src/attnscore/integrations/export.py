@@ -1,19 +1,21 @@
-"""``torch.export`` programs and ONNX files of attnscore's attention modules.
+"""``torch.export`` programs and ONNX files of models that hold attnscore's modules.
 
-Two routes to a deployed attention module, both with dynamic batch, query and key sizes:
+The standard routes work on any model that holds attnscore modules, with no wrapper:
+``torch.export.export(model, args, dynamic_shapes=...)`` and ``torch.onnx.export(model,
+args, dynamic_shapes=..., dynamo=True)``. While ``torch.export`` traces, attnscore's kernels
+package runs every op as its plain PyTorch formulation (:func:`attnscore.kernels._dispatch.
+exporting`), so the program holds plain PyTorch (or ONNX) operators only and runs without
+attnscore or its C kernels, at every size its dynamic dimensions allow.
 
-- :func:`export_program`: a ``torch.export.ExportedProgram`` (save it with
-  ``torch.export.save`` as ``.pt2``; ``torch.export.load`` and ``.module()`` run it, in a
-  process that needs torch only, not attnscore);
-- :func:`export_onnx`: an ONNX model (``torch.onnx.export(..., dynamo=True)``), run by ONNX
-  Runtime in a process that imports neither torch nor attnscore. Needs the ``[onnx]`` extra
-  (onnx, onnxscript, onnxruntime), imported only here.
+This module adds two conveniences over those routes, for an attention module or any model
+called as ``model(queries, keys, values[, valid_lens])``:
 
-The exported graph holds plain PyTorch (or ONNX) operators only: attnscore's registered
-kernel ops (``attnscore::masked_softmax``, ``attnscore::additive_scores``) are traced as such
-and then replaced by their plain formulas (:data:`PLAIN_DECOMPOSITIONS`), so no C kernel
-and no attnscore code is needed to run the result. The module is exported in eval mode
-(dropout off), for the dtype and device of the example inputs.
+- :func:`export_program`: ``torch.export.export`` with dynamic B, n and m
+  (:func:`dynamic_shapes`) in eval mode; save it with ``torch.export.save`` as ``.pt2``;
+- :func:`export_onnx`: that program through ``torch.onnx.export(..., dynamo=True)``, inputs
+  and dimensions named after the legend, run by ONNX Runtime in a process that imports
+  neither torch nor attnscore. Needs the ``[onnx]`` extra (onnx, onnxscript, onnxruntime),
+  imported only here.
 
 Shape legend: B batch, n queries, m keys, q / k / v feature sizes, E the output size of
 :class:`~attnscore.MultiHeadAttention`. B, n and m are dynamic; feature sizes are fixed.
@@ -25,18 +27,14 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from unittest import mock
 
 import torch
 from torch import Tensor, nn
 
-from .._checks import compute_dtype
-from ..kernels import _ops, _plain
 from ..modules import Attention
-from ..multihead import MultiHeadAttention
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = [
     "INPUT_NAMES",
     "OUTPUT_NAMES",
-    "PLAIN_DECOMPOSITIONS",
     "dynamic_shapes",
     "export_onnx",
     "export_program",
@@ -59,43 +56,14 @@ OUTPUT_NAMES = ("output",)
 _SHAPES = ("(B, n, q)", "(B, m, k)", "(B, m, v)")
 
 
-# ---- the plain formulas of the registered ops --------------------------------------------------
-
-
-def _masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
-    """``attnscore::masked_softmax`` in plain ops: softmax of x (..., m) over its first
-    lengths[...] positions, exact zeros beyond and on rows of length 0."""
-    return _plain.masked_softmax(x, lengths)
-
-
-def _additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    """``attnscore::additive_scores`` in plain ops, in one block: (B, n, m) scores
-    ``w_vᵀ tanh(qh_i + kh_j)`` for j < lengths (B, n), exact zeros elsewhere. Holds the
-    (B, n, m, h) tanh tensor (a graph cannot loop over blocks of a dynamic size)."""
-    cdt = compute_dtype(qh.dtype)
-    q, k, w = qh.to(cdt), kh.to(cdt), w_v.to(cdt)
-    scores = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ w
-    valid = torch.arange(k.shape[-2], device=k.device) < lengths.unsqueeze(-1)
-    return torch.where(valid, scores, 0.0).to(qh.dtype)
-
-
-#: What :func:`export_program` replaces attnscore's registered ops with (a
-#: ``run_decompositions`` table): their plain PyTorch formulas.
-PLAIN_DECOMPOSITIONS: dict[Any, Callable[..., Tensor]] = {
-    torch.ops.attnscore.masked_softmax.default: _masked_softmax,
-    torch.ops.attnscore.additive_scores.default: _additive_scores,
-}
-
-
 # ---- checks --------------------------------------------------------------------------------------
 
 
 def _check_module(module: object) -> nn.Module:
-    if not isinstance(module, (Attention, MultiHeadAttention)):
+    if not isinstance(module, nn.Module):
         raise TypeError(
-            "Expected `module` to be an attnscore Attention module (e.g. AdditiveAttention, "
-            "DotProductAttention, make_scorer(...)) or a MultiHeadAttention, but got "
-            f"{type(module).__name__} instead."
+            "Expected `module` to be an nn.Module (an attnscore attention module, or a model "
+            f"that holds them), but got {type(module).__name__} instead."
         )
     return module
 
@@ -163,10 +131,6 @@ def dynamic_shapes(example_inputs: Sequence[Tensor]) -> tuple[dict[int, Any], ..
     return tuple(shapes)
 
 
-def _no_fused_path() -> None:
-    return None
-
-
 @contextlib.contextmanager
 def _for_export(module: nn.Module) -> Iterator[None]:
     """Eval mode (dropout off) while exporting; the module's mode and its last call's
@@ -183,49 +147,30 @@ def _for_export(module: nn.Module) -> Iterator[None]:
             m.__dict__["_weights"] = weights
 
 
-@contextlib.contextmanager
-def _traceable(module: nn.Module) -> Iterator[None]:
-    """Keep B, n and m dynamic while tracing: two branches of the eager code on sizes are
-    steered to the ones a graph needs (each a no-op for results).
-
-    - The plain pipeline, not the fused dot-product path: ``fused_dot_product`` declines
-      empty inputs with ``min(numel, n, m, d, v) == 0``, which compares n with d and fixes
-      n's range (``n <= d``); and the plain pipeline's masked softmax gives rows with no
-      key exact zeros in every runtime, where an exported SDPA need not.
-    - The registered additive op even where kernels are disabled: its plain twin loops over
-      blocks of queries (a loop over n fixes n); the op is replaced by its plain formula
-      afterwards anyway, so no kernel runs.
-    """
-    attentions = [m for m in module.modules() if isinstance(m, Attention)]
-    for m in attentions:
-        m.__dict__["fused_path"] = _no_fused_path
-    try:
-        with mock.patch.object(_ops, "_enabled_when_compiling", lambda: True):
-            yield
-    finally:
-        for m in attentions:
-            m.__dict__.pop("fused_path", None)
-
-
 # ---- the two routes --------------------------------------------------------------------------
 
 
 def export_program(
     module: nn.Module, example_inputs: Sequence[Tensor], *, dynamic: bool = True
 ) -> ExportedProgram:
-    """``torch.export`` an attention module, with dynamic batch, query and key sizes.
+    """``torch.export.export`` a model called as ``model(queries, keys, values[,
+    valid_lens])``, with dynamic batch, query and key sizes, in eval mode.
 
-    The program computes what ``module.eval()(queries, keys, values[, valid_lens])``
-    computes, at any B, n and m (``dynamic=True``), in plain PyTorch operators: attnscore's
-    registered ops are replaced by their plain formulas (:data:`PLAIN_DECOMPOSITIONS`), so
-    loading and running it needs torch only. Save it with ``torch.export.save(program,
-    "attention.pt2")``; run ``torch.export.load(path).module()(q, k, v, valid_lens)``.
+    A convenience over the standard route, which works as well on any model that holds
+    attnscore modules (``torch.export.export(model, args, dynamic_shapes=...)``): this adds
+    the dynamic sizes of the attention legend (:func:`dynamic_shapes`), checks of the
+    example, and eval mode. The program computes what ``module.eval()(*example_inputs)``
+    computes, at any B, n and m (``dynamic=True``), in plain PyTorch operators (attnscore's
+    kernels run their plain formulations while exporting), so loading and running it needs
+    torch only. Save it with ``torch.export.save(program, "attention.pt2")``; run
+    ``torch.export.load(path).module()(q, k, v, valid_lens)``.
 
     Args:
         module: an :class:`~attnscore.Attention` module (``AdditiveAttention``,
-            ``DotProductAttention``, :func:`~attnscore.make_scorer`'s, ...) or a
-            :class:`~attnscore.MultiHeadAttention`. Exported in eval mode (dropout off; its
-            mode is restored afterwards); lazy sizes are fixed by one call on the examples.
+            ``DotProductAttention``, :func:`~attnscore.make_scorer`'s, ...), a
+            :class:`~attnscore.MultiHeadAttention`, or any ``nn.Module`` that holds them and
+            takes the same inputs. Exported in eval mode (dropout off; its mode is restored
+            afterwards); lazy sizes are fixed by one call on the examples.
         example_inputs: ``(queries (B, n, q), keys (B, m, k), values (B, m, v))`` of the
             module's floating dtype, optionally with ``valid_lens`` (B,) or (B, n)
             (integer): the exported program takes the same tuple, of the same dtypes,
@@ -235,13 +180,13 @@ def export_program(
 
     Returns:
         The ``ExportedProgram``: ``program.module()(queries, keys, values[, valid_lens])``
-        gives the output (B, n, v) ((B, n, E) for multi-head attention) in the inputs'
-        dtype. Queries with no valid key (length 0) give zeros (multi-head: ``W_o``'s
-        bias), never NaN; keys beyond the lengths change nothing.
+        gives the module's output, e.g. (B, n, v) ((B, n, E) for multi-head attention) in
+        the inputs' dtype. Queries with no valid key (length 0) give zeros (multi-head:
+        ``W_o``'s bias), never NaN; keys beyond the lengths change nothing.
 
     Raises:
-        TypeError: ``module`` not an attnscore attention module; ``example_inputs`` not a
-            tuple of 3 or 4 tensors; ``dynamic`` not a bool; inputs of the wrong dtype.
+        TypeError: ``module`` not an ``nn.Module``; ``example_inputs`` not a tuple of 3 or 4
+            tensors; ``dynamic`` not a bool; inputs of the wrong dtype.
         ValueError: inputs that are not 3-D, ``valid_lens`` not integer (B,) or (B, n),
             example sizes below 2 with ``dynamic``; anything the module itself refuses
             (shapes, feature sizes, lengths), with its message.
@@ -262,10 +207,7 @@ def export_program(
         with torch.no_grad():
             module(*inputs)  # the module's own checks; fixes lazy sizes
         shapes = dynamic_shapes(inputs) if dynamic else None
-        with _traceable(module):
-            program = torch.export.export(module, inputs, dynamic_shapes=shapes)
-    plain: ExportedProgram = program.run_decompositions(PLAIN_DECOMPOSITIONS)
-    return plain
+        return torch.export.export(module, inputs, dynamic_shapes=shapes)
 
 
 def _require_onnx() -> None:
@@ -286,8 +228,11 @@ def export_onnx(
     *,
     dynamic: bool = True,
 ) -> ONNXProgram:
-    """Export an attention module to ONNX (``torch.onnx.export(..., dynamo=True)``).
+    """Export a model called as ``model(queries, keys, values[, valid_lens])`` to ONNX
+    (``torch.onnx.export(..., dynamo=True)``).
 
+    A convenience over the standard route, which works as well on any model that holds
+    attnscore modules (``torch.onnx.export(model, args, dynamic_shapes=..., dynamo=True)``).
     The model is :func:`export_program`'s program in ONNX operators: inputs named
     ``queries``, ``keys``, ``values`` (and ``valid_lens``, int64) with dynamic dimensions
     ``B``, ``n`` and ``m``; output ``output``. ONNX Runtime runs it without torch or

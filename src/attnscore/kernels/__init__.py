@@ -14,8 +14,9 @@ entry point                                 cpu                   cuda          
 =========================================== ===================== ================== =====
 
 The first two are registered ``torch.library`` ops as well (``attnscore::masked_softmax``,
-``attnscore::additive_scores``, each with a backward op), which ``torch.compile``,
-``torch.export`` and FakeTensor see, so compiled code keeps the kernels; eager calls reach
+``attnscore::additive_scores``, each with a backward op), which ``torch.compile`` and
+FakeTensor see, so compiled code keeps the kernels (exported code does not: see below);
+eager calls reach
 the same backend functions through an ``autograd.Function`` (:mod:`._ops`). The backend of
 a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`, contract
 :class:`~attnscore.kernels._dispatch.Backend`); a missing module or function means the plain
@@ -25,7 +26,12 @@ every device: where nothing can be skipped, PyTorch's ``scaled_dot_product_atten
 
 The plain twins run instead, as differentiable PyTorch ops, when kernels are disabled
 (``ATTNSCORE_DISABLE_KERNELS=1``, :func:`set_enabled`, :func:`disabled`) and inside
-``torch.func`` transforms (vmap, grad, ...), which cannot take the registered ops.
+``torch.func`` transforms (vmap, grad, ...), which cannot take the registered ops. While
+``torch.export`` traces (``torch.export.export``, ``torch.onnx.export(..., dynamo=True)``;
+:func:`~._dispatch.exporting`), every op runs its plain formulation in one block and the
+fused dot-product path declines (:func:`._attention.declines`): an exported program holds
+plain PyTorch operators only, which every exporter translates, at every size its dynamic
+dimensions allow, and runs without attnscore.
 
 The functions here check their arguments; the library's own layers, which check once at
 their public entry, call the unchecked forms in :mod:`._ops` and :mod:`._attention`.
@@ -42,7 +48,15 @@ from .._checks import check_floating, check_tensor, in_functorch
 from .._mask import AttentionMask
 from . import _attention, _ops, _plain
 from ._build import build_info, load_library
-from ._dispatch import Backend, backend_name, disabled, enabled, set_enabled, use_backend
+from ._dispatch import (
+    Backend,
+    backend_name,
+    disabled,
+    enabled,
+    exporting,
+    set_enabled,
+    use_backend,
+)
 
 __all__ = [
     "Backend",
@@ -171,6 +185,8 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None 
         )
     if lengths is not None:
         lengths = _check_int64_lengths(lengths, (*batch, n), device=qh.device)
+    if exporting():  # one block of plain operators (any batch dimensions, broadcast too)
+        return _plain.additive_scores_whole(qh, kh, w_v, lengths)
     if list(kh.shape[:-2]) != batch or not batch:
         return _plain.additive_scores_dense(qh, kh, w_v, lengths)
     rows = 1

@@ -49,13 +49,21 @@ from .._checks import in_transform
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from . import _ops, _plain, _sdpa
-from ._dispatch import AdditiveProjection, Projection, backend_for, backend_function, enabled
+from ._dispatch import (
+    AdditiveProjection,
+    Projection,
+    backend_for,
+    backend_function,
+    enabled,
+    exporting,
+)
 
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
 
 __all__ = [
     "causal_alone",
+    "declines",
     "dot_product_attention",
     "finite_inputs",
     "may_hold_garbage",
@@ -67,6 +75,18 @@ __all__ = [
     "unpadded_call",
     "weighted_values",
 ]
+
+
+def declines(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the fused dot-product path declines a call of q (..., n, d), k (..., m, d),
+    v (..., m, dv), which the plain pipeline then runs: empty inputs (whose documented
+    results the plain pipeline gives), and every call while ``torch.export`` traces
+    (:func:`~._dispatch.exporting`): the plain formulation traces to plain operators that
+    hold at every size, where the fused path's branches on sizes (empty or not, which side
+    is smaller) would hold the program to the example's case."""
+    if exporting():
+        return True
+    return min(q.numel(), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]) == 0
 
 
 def finite_inputs(*tensors: Tensor) -> bool:

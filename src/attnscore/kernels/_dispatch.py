@@ -34,6 +34,7 @@ __all__ = [
     "backend_name",
     "disabled",
     "enabled",
+    "exporting",
     "set_enabled",
     "use_backend",
 ]
@@ -250,6 +251,15 @@ def enabled() -> bool:
     if getattr(_local, "disabled", 0):
         return False
     return _env if _override is None else _override
+
+
+def exporting() -> bool:
+    """Whether ``torch.export`` is tracing (``torch.export.export``, and
+    ``torch.onnx.export(..., dynamo=True)``, which runs it). An exported program must run
+    without attnscore, at every size its dynamic dimensions allow, and must carry no opaque
+    op an exporter cannot translate: every op then runs its plain PyTorch formulation, in
+    one block (see :mod:`attnscore.kernels._ops`)."""
+    return bool(torch.compiler.is_exporting())
 
 
 def set_enabled(flag: bool | None) -> None:

@@ -11,8 +11,12 @@ eager code, kernels enabled                         the device's backend, throug
                                                     ``autograd.Function`` (or directly when
                                                     no gradient is needed): a few
                                                     microseconds per call
-``torch.compile``, ``torch.export``, tracing, fake  the registered ``torch.library`` op (same
+``torch.compile``, ``torch.jit`` tracing, fake      the registered ``torch.library`` op (same
 tensors                                             backend functions), so graphs keep it
+``torch.export`` (and ``torch.onnx.export``, which  the plain formulation in PyTorch
+runs it)                                            operators, in one block: an exported
+                                                    program runs without attnscore, at
+                                                    every size, in any exporter's runtime
 ``torch.func`` transforms, kernels disabled         the plain backend's differentiable twin
 =================================================== ========================================
 
@@ -35,7 +39,7 @@ from torch import Tensor
 
 from .._checks import fake_tensor_type, in_functorch
 from . import _plain
-from ._dispatch import backend_for, enabled
+from ._dispatch import backend_for, enabled, exporting
 
 __all__ = [
     "additive_scores",
@@ -91,7 +95,7 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     """Softmax of x (..., m) over its first lengths[...] positions, exact zeros beyond (the
     backend contract's ``masked_softmax``, dispatched as the table above says)."""
     if _graph_capture():
-        if torch.compiler.is_compiling() and not _enabled_when_compiling():
+        if exporting() or (torch.compiler.is_compiling() and not _enabled_when_compiling()):
             return _plain.masked_softmax(x, lengths)
         return masked_softmax_op(x.contiguous(), lengths.contiguous())  # type: ignore[no-any-return]
     if not enabled() or in_functorch(x):
@@ -336,6 +340,8 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     """Additive scores (B, n, m) of qh (B, n, h), kh (B, m, h), w_v (h,) for j < lengths
     (B, n), exact zeros elsewhere (the backend contract's ``additive_scores``)."""
     if _graph_capture():
+        if exporting():
+            return _plain.additive_scores_whole(qh, kh, w_v, lengths)
         if torch.compiler.is_compiling() and not _enabled_when_compiling():
             return _plain.additive_scores_dense(qh, kh, w_v, lengths)
         return additive_scores_op(qh, kh, w_v, lengths)  # type: ignore[no-any-return]

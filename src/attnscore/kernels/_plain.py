@@ -28,6 +28,7 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "additive_scores_dense",
+    "additive_scores_whole",
     "all_finite",
     "dot_product_attention",
     "finite_copies",
@@ -242,6 +243,22 @@ def additive_scores_dense(
     if lengths is None:
         return scores
     return torch.where(_valid(lengths, m), scores, 0.0)
+
+
+def additive_scores_whole(
+    qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor | None = None
+) -> Tensor:
+    """The additive op's formula in one block, for exported programs: qh (..., n, h), kh
+    (..., m, h) (batch dimensions broadcastable), w_v (h,), lengths (..., n) or None ->
+    scores (..., n, m), ``w_vᵀ tanh(qh_i + kh_j)`` for j < lengths, exact zeros elsewhere,
+    computed in float32 for 16-bit inputs. Holds the (..., n, m, h) tanh tensor: a graph of
+    dynamic sizes cannot loop over blocks of them. Scores at padded keys are selected away
+    (not multiplied), so garbage there, NaN included, reaches no output."""
+    cdt = compute_dtype(qh.dtype)
+    scores = (_tanh_block(qh.to(cdt), kh.to(cdt)) @ w_v.to(cdt)).to(qh.dtype)
+    if lengths is None:
+        return scores
+    return torch.where(_valid(lengths, kh.shape[-2]), scores, 0.0)
 
 
 # ---- dot-product attention ---------------------------------------------------------------
