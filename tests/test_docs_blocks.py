@@ -33,8 +33,6 @@ FENCE = re.compile(r"^( *)```(\S*)[^\n]*$")
 # Blocks that fail when pasted, on pages being rewritten beside this change (their NameErrors
 # are the ones the docs issue found); strict, so that a fixed block must leave this list.
 KNOWN_BROKEN = {
-    ("deploy.md", 1): "uses names defined in the block before it (torch, queries)",
-    ("deploy.md", 2): "uses q, k, v that it never defines",
     ("huggingface.md", 0): "loads a checkpoint from `path`, which it never defines",
 }
 
