@@ -10,7 +10,8 @@
 #   OUT/tests.log        the CUDA tests (tests/kernels/test_cuda_*.py, test_flex.py), not skipped
 #   OUT/g2p/, g2p.log    the G2P headline recipe for --steps optimizer steps on the GPU
 #   OUT/bench-ROW.json   attnscore bench --device cuda --json, one file per row, rows in
-#                        order until --budget seconds (default 420) have passed
+#                        order until --budget seconds (default 420) have passed; all of them
+#                        in OUT/bench.json (attnscore bench --from-json OUT/bench.json)
 #
 # Nothing is installed from a registry: the GPU machines of this project reach none, so the
 # package runs from src/ (PYTHONPATH) with the machine's own torch and triton; a missing
@@ -92,5 +93,8 @@ else
         run_step "bench $row" "$left" "$py" -m attnscore bench --device cuda --min-time 0.1 \
             --cases "$row" --json "$file" --quiet
     done
+fi
+if [ "$dry" -eq 0 ] && ls "$out"/bench-*.json >/dev/null 2>&1; then # one file for --from-json
+    "$py" tools/gpu_measure.py --merge-bench "$out/bench.json" "$out"/bench-*.json
 fi
 log "gpu_check: $((SECONDS - start)) s"

@@ -359,12 +359,125 @@ def additive() -> list[dict[str, Any]]:
 SECTIONS = ["copy", "softmax", "overhead", "flex", "flex_compile", "additive"]
 
 
+def _f(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """Markdown tables of a measure.json (``--render``)."""
+    e = result["env"]
+    lines = [
+        f"{e['gpu']} ({e['multiprocessors']} SMs, {e['l2_mib']:.0f} MiB L2), torch {e['torch']}, "
+        f"CUDA {e['cuda']}, Triton {e['triton']}, Python {e['python']}; medians of "
+        "triton.testing.do_bench (ms).",
+        "",
+    ]
+    if "copy" in result:
+        c = result["copy"]
+        lines += [f"`copy_` of 1 GiB: {c['ms']:.3f} ms, {c['gb_s']:.0f} GB/s (read + written).", ""]
+    if "softmax" in result:
+        lines += [
+            "| masked softmax forward (64, 1024, 1024) | dtype | ms | GB/s | of copy_ |",
+            "|---|---|---|---|---|",
+        ]
+        for r in result["softmax"]:
+            lines.append(
+                f"| {r['impl']} | {r['dtype']} | {r['ms']:.3f} | {r['gb_s']:.0f} | "
+                f"{r['of_copy']:.2f} |"
+            )
+        lines.append("")
+    if "overhead" in result:
+        o = result["overhead"]
+        lines += [
+            "One call, bfloat16 (B, n, m, d) = (32, 1024, 1024, 64), lengths (B,), forward: "
+            f"DotProductAttention {o['attnscore_ms']:.3f} ms, "
+            f"attnscore.dot_product_attention {o['functional_ms']:.3f} ms, SDPA with the key "
+            f"mask {o['sdpa_ms']:.3f} ms.",
+            "",
+        ]
+    if "flex" in result:
+        lines += [
+            "| (B, H, n, m, d) | dtype | mask | step | SDPA + bool mask | attnscore's SDPA "
+            "route | flex_attention | flex / SDPA |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["flex"]["rows"]:
+            ms = r["ms"]
+            lines.append(
+                f"| {tuple(r['shape'])} | {r['dtype']} | {r['mask']} | {r['step']} | "
+                f"{_f(ms.get('sdpa_bool_mask'))} | {_f(ms.get('attnscore_sdpa'))} | "
+                f"{_f(ms.get('flex'))} | {_f(r['flex_over_sdpa'], 2)} |"
+            )
+        lines += ["", "flex_attention against float64 (relative Frobenius error):", ""]
+        lines += ["| dtype, mask | output | grad q | grad k | grad v | idle rows zero |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for name, err in result["flex"]["errors"].items():
+            lines.append(
+                f"| {name} | {err['out']:.1e} | {err['grad_q']:.1e} | {err['grad_k']:.1e} | "
+                f"{err['grad_v']:.1e} | {err['idle_rows_zero']} |"
+            )
+        lines.append("")
+    if "flex_compile" in result:
+        lines += ["| flex at (16, 16, 1024, 1024, 64) bfloat16 forward | ms |", "|---|---|"]
+        for name, value in result["flex_compile"].items():
+            if name != "dynamo_counters":
+                lines.append(f"| {name} | {value if isinstance(value, str) else _f(value)} |")
+        lines += ["", f"dynamo counters: {result['flex_compile'].get('dynamo_counters')}", ""]
+    if "additive" in result:
+        lines += [
+            "| additive fwd + bwd (B, n, m, h, d) | dtype | attnscore ms | textbook ms | "
+            "speed-up | attnscore MiB | textbook MiB | memory ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["additive"]:
+            lines.append(
+                f"| {tuple(r['shape'])} | {r['dtype']} | {_f(r.get('attnscore_ms'))} | "
+                f"{_f(r.get('textbook_ms'))} | {_f(r.get('speedup'), 2)}x | "
+                f"{_f(r.get('attnscore_peak_mib'), 0)} | {_f(r.get('textbook_peak_mib'), 0)} | "
+                f"{_f(r.get('peak_ratio'), 3)} |"
+            )
+    return "\n".join(lines)
+
+
+def merge_bench(out: str, files: list[str]) -> None:
+    """One ``attnscore bench --json`` file of the rows of several (one per row name), for
+    ``attnscore bench --from-json``."""
+    merged: dict[str, Any] | None = None
+    for name in files:
+        with open(name) as fh:
+            part = json.load(fh)
+        if merged is None:
+            merged = part
+        else:
+            merged["rows"].extend(part["rows"])
+    if merged is None:
+        raise SystemExit("gpu_measure: --merge-bench needs files")
+    with open(out, "x") as fh:
+        json.dump(merged, fh, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="write the measurements here (JSON)")
+    parser.add_argument("--render", metavar="JSON", help="print a measure.json as tables")
+    parser.add_argument(
+        "--merge-bench",
+        nargs="+",
+        metavar=("OUT", "FILE"),
+        help="write one bench JSON of the rows of the FILEs (refuses an existing OUT)",
+    )
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None)
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as fh:
+            print(render(json.load(fh)))
+        return 0
+    if args.merge_bench:
+        merge_bench(args.merge_bench[0], args.merge_bench[1:])
+        return 0
+    if not args.out:
+        parser.error("--out is required to measure")
     if not torch.cuda.is_available():
         print("gpu_measure: no CUDA GPU", file=sys.stderr)
         return 2
