@@ -133,3 +133,17 @@ def test_bad_biases_are_refused() -> None:
         dot_product_attention(q, k, v, score_bias=torch.zeros(3, 5, 6))
     with pytest.raises(TypeError, match=r"Expected `score_bias` to be a torch.Tensor"):
         dot_product_attention(q, k, v, score_bias=[0.0])
+
+
+def test_torch_export_with_a_bias() -> None:
+    q, k, v = _inputs((2, 3))
+    bias = torch.randn(2, 1, 5, 6)
+    attend = torch.rand(2, 1, 5, 6, generator=torch.Generator().manual_seed(3)) > 0.3
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, bias, attend):
+            return dot_product_attention(q, k, v, score_bias=bias, attend_mask=attend)
+
+    program = torch.export.export(Attend(), (q, k, v, bias, attend))
+    allowed = attend.expand(2, 3, 5, 6).numpy()
+    _close(program.module()(q, k, v, bias, attend), _expected(q, k, v, bias, allowed)[0])
