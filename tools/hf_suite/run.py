@@ -3,6 +3,7 @@ attnscore in place of ``"sdpa"`` (the ``sdpa_is_attnscore`` plugin beside this f
 then a table of both and of every test whose outcome differs.
 
     python tools/hf_suite/run.py --checkout PATH [--models llama,t5] [--out DIR]
+    python tools/hf_suite/run.py --checkout PATH --table-only --out DIR   # from reports
 
 ``PATH`` is a transformers checkout (its ``tests/`` and ``src/``): the tests import the
 checkout's own ``src/transformers`` (put first on ``PYTHONPATH``), so library and tests are
@@ -10,6 +11,8 @@ one version by construction; attnscore comes from this repository's ``src/``. Ea
 ``python -m pytest tests/models/M/test_modeling_M.py -m "not slow" -p no:cacheprovider``
 from the checkout's root, with a JUnit XML report read afterwards (``--out``, default
 ``hf_suite_results/``: one report per model and mode, ``differences.txt``, ``table.md``).
+``--table-only`` runs nothing and makes the table from the reports already in ``--out``
+(suites run in several sittings or processes, their reports gathered in one folder).
 ``nox -s hf_suite`` gets the checkout and the dependencies and runs this.
 
 Exit status 0 when no test's outcome differs, 1 when some does, 2 on bad arguments.
@@ -118,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkout", type=Path, required=True, help="a transformers checkout")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated suites")
     parser.add_argument("--out", type=Path, default=Path("hf_suite_results"))
+    parser.add_argument(
+        "--table-only", action="store_true", help="run nothing: the table of --out's reports"
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     checkout = args.checkout.resolve()
@@ -132,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     differences: list[str] = []
     for model in models:
-        base = outcomes(run_pytest(checkout, model, "baseline", out, args.pytest_args))
-        ours = outcomes(run_pytest(checkout, model, "attnscore", out, args.pytest_args))
+        if args.table_only:
+            base = outcomes(out / f"{model}-baseline.xml")
+            ours = outcomes(out / f"{model}-attnscore.xml")
+        else:
+            base = outcomes(run_pytest(checkout, model, "baseline", out, args.pytest_args))
+            ours = outcomes(run_pytest(checkout, model, "attnscore", out, args.pytest_args))
         rows.append((model, base, ours))
         for test in sorted(base.keys() | ours.keys()):
             if base.get(test) != ours.get(test):
