@@ -25,7 +25,14 @@ ROOT = Path(__file__).resolve().parent
 #: The transformers release whose own tests ``hf_suite`` clones by default (tag v<this>).
 HF_SUITE_TRANSFORMERS = "5.24.0"
 #: What transformers' model tests import beyond transformers itself and pytest.
-HF_SUITE_DEPS = ("parameterized", "pytest-xdist", "pytest-timeout", "datasets", "accelerate")
+HF_SUITE_DEPS = (
+    "parameterized",
+    "pytest-xdist",
+    "pytest-timeout",
+    "timeout-decorator",
+    "datasets",
+    "accelerate",
+)
 
 
 def _install(session: nox.Session, extras: str = "test") -> None:
