@@ -96,7 +96,7 @@ def hf_suite(session: nox.Session) -> None:
     """transformers' own model tests (llama, mistral, qwen2, bert, gpt2, bart, t5;
     ``-m "not slow"``), once as they are and once with attnscore registered as ``"sdpa"``;
     a table of both and the tests whose outcome differs (tools/hf_suite/run.py; exit 1 if
-    any does). Not in CI: it needs the network (a clone) and takes about an hour on 2 cores.
+    any does). Not in CI: it needs the network (a clone) and takes about 90 minutes on 2 cores.
 
         nox -s hf_suite                                   # clone v5.24.0, all suites
         nox -s hf_suite -- --checkout ~/src/transformers  # a checkout you have
