@@ -147,3 +147,17 @@ def test_torch_export_with_a_bias() -> None:
     program = torch.export.export(Attend(), (q, k, v, bias, attend))
     allowed = attend.expand(2, 3, 5, 6).numpy()
     _close(program.module()(q, k, v, bias, attend), _expected(q, k, v, bias, allowed)[0])
+
+
+def test_nan_in_an_attended_value_reaches_only_its_feature() -> None:
+    # Inputs that are not finite take the plain formulation, bias included.
+    q, k, v = _inputs((2, 3))
+    v[0, 1, 2, 1] = float("nan")
+    bias = torch.randn(5, 6)
+    allowed = torch.ones(5, 6, dtype=torch.bool).tril(1)
+    out = dot_product_attention(q, k, v, score_bias=bias, attend_mask=allowed)
+    nan = torch.zeros(out.shape, dtype=torch.bool)
+    nan[0, 1, 1:, 1] = True  # queries 1.. attend key 2 (tril(1))
+    assert torch.equal(torch.isnan(out), nan)
+    expected, _ = _expected(q, k, v.nan_to_num(), bias, allowed.numpy())
+    torch.testing.assert_close(out[~nan].double(), expected[~nan], rtol=1e-5, atol=1e-6)
