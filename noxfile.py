@@ -6,6 +6,7 @@
     nox -s dist       # sdist + wheel (python -m build), twine check
     nox -s bench      # attnscore bench --quick (a smoke run)
     nox -s sanitize   # the C kernels under ASan + UBSan: tests/kernels and the fuzz
+    nox -s hf_suite   # transformers' own model tests with attnscore as "sdpa" (not in CI)
 
 Each session installs the package as the README says (CPU torch pinned). ``nox -R``
 reuses existing session environments; ``nox --no-venv`` runs in the current one.
@@ -22,6 +23,17 @@ nox.options.sessions = ["lint", "tests", "docs"]
 TORCH = "torch==2.13.0"
 CI_EXTRAS = "test,docs,dist,hf,onnx"  # what .ci/run and the README's test command install
 ROOT = Path(__file__).resolve().parent
+#: The transformers release whose own tests ``hf_suite`` clones by default (tag v<this>).
+HF_SUITE_TRANSFORMERS = "5.24.0"
+#: What transformers' model tests import beyond transformers itself and pytest.
+HF_SUITE_DEPS = (
+    "parameterized",
+    "pytest-xdist",
+    "pytest-timeout",
+    "timeout-decorator",
+    "datasets",
+    "accelerate",
+)
 
 
 def _install(session: nox.Session, extras: str = "test") -> None:
@@ -78,3 +90,38 @@ def sanitize(session: nox.Session) -> None:
     fails. posargs go to the fuzz (default ``--cases 2000``)."""
     _install(session)
     session.run("bash", "tools/sanitize.sh", *session.posargs, external=True)
+
+
+@nox.session
+def hf_suite(session: nox.Session) -> None:
+    """transformers' own model tests (llama, mistral, qwen2, bert, gpt2, bart, t5;
+    ``-m "not slow"``), once as they are and once with attnscore registered as ``"sdpa"``;
+    a table of both and the tests whose outcome differs (tools/hf_suite/run.py; exit 1 if
+    any does). Not in CI: it needs the network (a clone) and takes about 90 minutes on 2 cores.
+
+        nox -s hf_suite                                   # clone v5.24.0, all suites
+        nox -s hf_suite -- --checkout ~/src/transformers  # a checkout you have
+        nox -s hf_suite -- --models llama,t5 -- -x         # some suites; pytest arguments
+
+    The tests run against the checkout's own ``src/transformers`` (library and tests of one
+    version); this session installs the checkout (so its dependencies, pinned by it) and
+    ``HF_SUITE_DEPS``. Without ``--checkout`` it clones the tag
+    ``v{HF_SUITE_TRANSFORMERS}`` into .nox/hf_suite-transformers (kept for the next run).
+    Results: hf_suite_results/ (table.md, differences.txt, one log and JUnit report per
+    suite and mode).
+    """
+    args = list(session.posargs)
+    if "--checkout" in args:
+        checkout = Path(args[args.index("--checkout") + 1]).expanduser().resolve()
+    else:
+        checkout = ROOT / ".nox" / "hf_suite-transformers"
+        if not (checkout / "tests" / "models").is_dir():
+            session.run(
+                "git", "clone", "--depth", "1", "--branch", f"v{HF_SUITE_TRANSFORMERS}",
+                "https://github.com/huggingface/transformers", str(checkout), external=True,
+            )  # fmt: skip
+        args = ["--checkout", str(checkout), *args]
+    if session.venv_backend != "none":
+        _install(session, "test,hf")
+        session.install(str(checkout), *HF_SUITE_DEPS)
+    session.run("python", "tools/hf_suite/run.py", *args, env={"HF_HUB_OFFLINE": "1"})

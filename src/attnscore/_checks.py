@@ -183,6 +183,39 @@ def check_attention_inputs(
     return q, k, v
 
 
+def check_score_bias(bias: object, queries: Tensor, m: int) -> Tensor:
+    """Check ``score_bias`` against queries (..., n, d) and m keys: a floating tensor on the
+    queries' device, broadcastable to the scores (..., n, m). A boolean one is refused with
+    the option that takes it (``attend_mask``)."""
+    bias = check_tensor(bias, "score_bias")
+    scores = (*queries.shape[:-1], m)
+    if bias.dtype == torch.bool:
+        raise TypeError(
+            "Expected `score_bias` to have a floating-point dtype (added to the scores, as "
+            "SDPA adds a float `attn_mask`), but got torch.bool instead; a boolean mask "
+            "(True = may attend) is `attend_mask`."
+        )
+    if not bias.is_floating_point():
+        raise TypeError(
+            f"Expected `score_bias` to have a floating-point dtype, but got {bias.dtype} instead."
+        )
+    if bias.device != queries.device:
+        raise ValueError(
+            f"Expected `score_bias` on the device of `queries` ({queries.device}), but got "
+            f"{bias.device} instead."
+        )
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, scores)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(scores):
+        raise ValueError(
+            f"Expected `score_bias` broadcastable to the scores (..., n, m) = {scores}, but got "
+            f"shape {tuple(bias.shape)} instead."
+        )
+    return bias
+
+
 def check_registration(
     name: object,
     registry: Mapping[str, object],

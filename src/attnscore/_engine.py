@@ -60,8 +60,11 @@ __all__ = [
 Scoring = Callable[[Tensor, Tensor], Tensor]
 WeightsFn = Callable[[], Tensor]
 FusedPath = Callable[
-    [Tensor, Tensor, Tensor, AttentionMask, float], "tuple[Tensor, WeightsFn] | None"
+    [Tensor, Tensor, Tensor, AttentionMask, float, "Tensor | None"],
+    "tuple[Tensor, WeightsFn] | None",
 ]
+"""(queries, keys, values, mask, dropout_p, score_bias) -> (output, weights function), or
+None where the path declines the call (the plain pipeline runs it)."""
 
 
 class MaskOptions(TypedDict, total=False):
@@ -194,8 +197,14 @@ def attend(
     dropout_p: float = 0.0,
     normalizer: str | Normalizer = "softmax",
     fused: FusedPath | None = None,
+    score_bias: Tensor | None = None,
 ) -> tuple[Tensor, WeightsFn]:
     """Run the pipeline on prepared inputs; return the output and a weights function.
+
+    ``score_bias`` (floating, broadcastable to the scores (..., n, m), checked by the
+    caller: :func:`attnscore._checks.check_score_bias`) is added to the scores before the
+    normalizer, as SDPA adds a float ``attn_mask``; the mask then decides which keys may be
+    attended (masked scores are filled whatever the bias holds there).
 
     The weights function returns the (..., n, m) attention weights taken before dropout:
     on the plain path the tensor already computed (a :class:`ComputedWeights`), on a fused
@@ -205,7 +214,9 @@ def attend(
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
     if fused is not None and normalize is softmax:
-        result = fused(prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p)
+        result = fused(
+            prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p, score_bias
+        )
         if result is not None:
             return result
     # Keys and queries matter to gradients only, but also to custom normalizers (which may
@@ -216,6 +227,8 @@ def attend(
     # In the inputs' dtype throughout, as the plain formulation computes it; the softmax
     # reduces 16-bit scores in float32.
     scores = scoring(prepared.queries, prepared.keys)
+    if score_bias is not None:
+        scores = scores + score_bias.to(scores.dtype)
     weights = normalize(scores, prepared.mask).to(prepared.values.dtype)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     output = _attention.weighted_values(dropped, prepared.values, prepared.mask)
@@ -249,16 +262,25 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
     """
 
     def fused(
-        q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        dropout_p: float,
+        score_bias: Tensor | None = None,
     ) -> tuple[Tensor, WeightsFn] | None:
         if _attention.declines(q, k, v):
             return None
         d = q.shape[-1]
         scale_ = default_scale(d) if scale is None else scale
         if project is None:
-            out = _attention.dot_product_attention(q, k, v, mask, scale=scale_, dropout_p=dropout_p)
-            return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask))
-        if dropout_p != 0.0 or mask.attend is not None:  # never taken
+            out = _attention.dot_product_attention(
+                q, k, v, mask, scale=scale_, dropout_p=dropout_p, score_bias=score_bias
+            )
+            bias = None if score_bias is None else owned(score_bias)
+            weights = dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
+            return out, weights
+        if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             return None
 
         def inert(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -366,19 +388,24 @@ def dot_weights_later(
     scale: float,
     mask: AttentionMask,
     batch: tuple[int, ...] | None = None,
+    *,
+    bias: Tensor | None = None,
 ) -> WeightsFn:
     """The weights function of a call that ran dot-product attention without computing its
     weights: ``softmax(qp kpᵀ · scale, mask)`` computed when asked from ``qp`` (..., n, d)
     and ``kp`` (..., m', d), which the call owns (:func:`owned`; the mask too,
     :func:`owned_mask`), never from the caller's tensors. ``batch``: the weights' leading
     shape where the projections were laid out otherwise (4-D); m' < m: the keys causal
-    masking left unseen were cut off (their weights are zero)."""
+    masking left unseen were cut off (their weights are zero). ``bias``: the call's score
+    bias (owned), added to the scores (its calls cut off no key)."""
 
     def weights() -> Tensor:
         n, seen = mask.n, kp.shape[-2]
         scores = dot_product_scores(qp, kp, scale)
         if batch is not None:
             scores = scores.reshape(*batch, n, seen)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
         if seen == mask.m:
             return softmax(scores, mask)
         cut = AttentionMask(n=n, m=seen, lengths=mask.lengths, causal=mask.causal)

@@ -30,7 +30,7 @@ import torch  # noqa: F401  (the doctests use it)
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import check_tensor
+from ._checks import check_score_bias, check_tensor
 from ._engine import (
     MASK_NAMES,
     FusedPath,
@@ -63,7 +63,7 @@ Result = Tensor | tuple[Tensor, Tensor]
 
 class PoolingOptions(MaskOptions, total=False):
     """The keyword options every functional form takes, beyond its tensors: the masks of
-    :class:`MaskOptions` and these three.
+    :class:`MaskOptions` and these four.
 
     Attributes:
         dropout_p: dropout on the weights, in [0, 1) (default 0; pass 0 in evaluation).
@@ -71,7 +71,14 @@ class PoolingOptions(MaskOptions, total=False):
             a name added with :func:`attnscore.register_normalizer`, or a callable
             ``(scores, mask) -> weights``.
         return_weights: also return the weights (..., n, m), taken before dropout
-            (default False); they carry gradients.
+            (default False); they carry gradients: the output is computed from them.
+        score_bias: a floating tensor broadcastable to the scores (..., n, m), on the
+            queries' device, added to the scores before the normalizer (cast to the
+            scores' dtype; it may require grad): what SDPA does with a float
+            ``attn_mask``. An additive mask (0 where allowed, -inf or the dtype's lowest
+            value where not), ALiBi's or T5's relative position bias. It masks nothing by
+            itself (a row that is all -inf gives NaN, as in SDPA); the masks above still
+            decide which keys may be attended, whatever the bias holds at the others.
 
     >>> options: PoolingOptions = {"causal": True, "return_weights": True}
     >>> q = torch.randn(1, 3, 4)
@@ -83,6 +90,7 @@ class PoolingOptions(MaskOptions, total=False):
     dropout_p: float
     normalizer: str | Normalizer
     return_weights: bool
+    score_bias: Tensor | None
 
 
 _OPTION_NAMES = frozenset(PoolingOptions.__annotations__)
@@ -143,8 +151,9 @@ def attention(
             gives (``get_scorer(name).params``; matrices (out, in) as an ``nn.Linear``'s
             ``weight``), e.g. ``{"W_a": W_a}`` (q, k) for ``"general"``. None for scorers
             without parameters.
-        **options: ``dropout_p``, ``normalizer``, ``return_weights`` and the masks
-            ``query_valid_lens``, ``attend_mask``, ``causal``; see :class:`PoolingOptions`.
+        **options: ``dropout_p``, ``normalizer``, ``return_weights``, ``score_bias`` and
+            the masks ``query_valid_lens``, ``attend_mask``, ``causal``; see
+            :class:`PoolingOptions`.
 
     Returns:
         output (..., n, v) in the inputs' dtype, and the weights if asked. Queries that
@@ -171,8 +180,10 @@ def attention(
             return torch.dropout(weights, dropout_p, train=True) @ values
 
     Raises:
-        TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes.
-        ValueError: inconsistent shapes, bad lengths or masks (see :func:`build_mask`),
+        TypeError: non-tensor or non-floating inputs, mixed dtypes, bad mask dtypes, a
+            ``score_bias`` that is not floating.
+        ValueError: inconsistent shapes, bad lengths or masks (see :func:`build_mask`), a
+            ``score_bias`` that does not broadcast to (..., n, m) or on another device,
             ``dropout_p`` outside [0, 1), an unknown scorer name, ``params`` missing,
             extra or of the wrong shape.
 
@@ -259,14 +270,19 @@ def _masks(options: PoolingOptions) -> MaskOptions:
 def _attend(
     prepared: Prepared, scoring: Scoring, options: PoolingOptions, fused: FusedPath | None
 ) -> Result:
-    """The pipeline on checked inputs, with ``options``' dropout, normalizer and weights."""
+    """The pipeline on checked inputs, with ``options``' dropout, normalizer, score bias
+    and weights."""
     return_weights = options.get("return_weights", False)
+    score_bias = options.get("score_bias")
+    if score_bias is not None:
+        score_bias = check_score_bias(score_bias, prepared.queries, prepared.keys.shape[-2])
     result = attend(
         prepared,
         scoring,
         dropout_p=options.get("dropout_p", 0.0),
         normalizer=options.get("normalizer", "softmax"),
         fused=None if return_weights else fused,
+        score_bias=score_bias,
     )
     return finish(result, return_weights)
 

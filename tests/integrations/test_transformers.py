@@ -398,11 +398,15 @@ def test_unknown_normalizer() -> None:
 def test_bad_inputs_are_refused() -> None:
     q, k, v = _qkv(4, 4)
     fn = attention_function()
-    additive = torch.zeros(2, 1, 4, 4)
-    with pytest.raises(TypeError, match=r"Expected `attention_mask` .* got dtype torch.float32"):
-        fn(_module(), q, k, v, additive)
+    integers = torch.ones(2, 1, 4, 4, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"Expected `attention_mask` .* got dtype torch.int64"):
+        fn(_module(), q, k, v, integers)
     with pytest.raises(ValueError, match=r"Expected `attention_mask` of shape .* \(2, 4\)"):
         fn(_module(), q, k, v, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"Expected `position_bias` .* got dtype torch.bool"):
+        fn(_module(), q, k, v, None, position_bias=torch.ones(1, 4, 4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"Expected `position_bias` of shape .* \(1, 4, 4, 3\)"):
+        fn(_module(), q, k, v, None, position_bias=torch.zeros(1, 4, 4, 3))
     with pytest.raises(ValueError, match=r"Expected no `softcap`"):
         fn(_module(), q, k, v, None, softcap=30.0)
     with pytest.raises(ValueError, match=r"multiple of the key/value heads"):
@@ -416,3 +420,234 @@ def test_register_without_transformers_says_which_extra(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install 'attnscore\[hf\]'"):
         register()
+
+
+# --- float masks, score biases, weights on the autograd path, compile (issue 36) -------
+
+
+def _biased_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """Textbook attention in float64 with ``bias`` added to the scores, then masked with
+    -inf where ``allowed`` is False (rows with no allowed key: zeros); (B, n, H, dv)."""
+    groups = query.shape[1] // key.shape[1]
+    q, k, v = (t.double() for t in (query, key, value))
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.mT * scaling + bias.double()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    return (weights @ v).transpose(1, 2)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """transformers' float form of a boolean mask: 0 where allowed, the lowest value not."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_float_4d_mask_equals_sdpa_and_the_reference(n: int) -> None:
+    q, k, v = _qkv(n, 6)
+    g = torch.Generator().manual_seed(4)
+    allowed = torch.rand(2, 4, n, 6, generator=g) > 0.4
+    allowed[..., 0] = True  # every query attends some key (a row of lowest values: uniform)
+    mask = _additive(allowed)
+    fn = attention_function()
+    out, _ = fn(_module(), q, k, v, mask, scaling=0.4)
+    _close(out, _reference(q, k, v, allowed, 0.4)[0])
+    sdpa, _ = sdpa_attention_forward(_module(), q, k, v, mask, scaling=0.4)
+    torch.testing.assert_close(out, sdpa)
+    # A float mask is additive, as in "sdpa": any finite values, not only 0 and the lowest.
+    soft = torch.randn(2, 1, n, 6, generator=g)
+    out, weights = fn(_module(), q, k, v, soft, scaling=0.4, output_attentions=True)
+    _close(out, _biased_reference(q, k, v, soft, None, 0.4))
+    torch.testing.assert_close(
+        out, sdpa_attention_forward(_module(), q, k, v, soft, scaling=0.4)[0]
+    )
+    assert weights.shape == (2, 4, n, 6)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_position_bias_equals_sdpa_and_the_reference(n: int) -> None:
+    q, k, v = _qkv(n, 6, H=4, H_kv=4)
+    module = _module(num_key_value_groups=1, is_causal=False)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(1, 4, n, 6, generator=g)
+    allowed = torch.ones(2, 1, n, 6, dtype=torch.bool)
+    allowed[1, ..., 4:] = False  # right padding of example 1's keys
+    fn = attention_function()
+    for mask, expected_allowed in ((None, None), (allowed, allowed)):
+        out, _ = fn(module, q, k, v, mask, scaling=1.0, position_bias=bias)
+        _close(out, _biased_reference(q, k, v, bias, expected_allowed, 1.0))
+        sdpa, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=1.0, position_bias=bias)
+        torch.testing.assert_close(out, sdpa)
+    # With a float mask the two are summed; causal without a mask, as "sdpa" does.
+    out, _ = fn(module, q, k, v, _additive(allowed), scaling=1.0, position_bias=bias)
+    _close(out, _biased_reference(q, k, v, bias, allowed, 1.0))
+    causal = _module(num_key_value_groups=1, is_causal=True)
+    out, _ = fn(causal, q, k, v, None, scaling=1.0, position_bias=bias)
+    expected, _ = sdpa_attention_forward(causal, q, k, v, None, scaling=1.0, position_bias=bias)
+    torch.testing.assert_close(out, expected)
+    if n > 1:
+        tril = torch.ones(n, 6, dtype=torch.bool).tril()
+        _close(out, _biased_reference(q, k, v, bias, tril, 1.0))
+
+
+def test_position_bias_gets_gradients_and_padded_queries_stay_zero() -> None:
+    q, k, v = _qkv(4, 4, H=4, H_kv=4)
+    bias = torch.randn(1, 4, 4, 4, requires_grad=True)
+    allowed = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    allowed[1, :, 0] = False  # a query that may attend nothing
+    module = _module(num_key_value_groups=1)
+    out, weights = attention_function()(
+        module, q, k, v, allowed, position_bias=bias, output_attentions=True
+    )
+    assert (out[1, 0] == 0).all() and (weights[1, :, 0] == 0).all()
+    (grad,) = torch.autograd.grad(out.square().sum(), bias)
+    b64 = bias.detach().double().requires_grad_()
+    expected = _biased_reference(q, k, v, b64, allowed, 8**-0.5)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), b64)
+    torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_custom_4d_mask_in_a_llama(llama: LlamaForCausalLM) -> None:
+    # As transformers' test_custom_4d_attention_mask: two sequences sharing a prefix,
+    # packed into one with a float 4-D mask (the second continuation does not see the
+    # first) and restarted positions, give the logits of the two sequences run alone.
+    g = torch.Generator().manual_seed(6)
+    prefix, first, second = (torch.randint(3, 64, (1, size), generator=g) for size in (4, 2, 2))
+    packed = torch.cat([prefix, first, second], 1)
+    allowed = torch.ones(8, 8, dtype=torch.bool).tril()
+    allowed[6:, 4:6] = False
+    mask = _additive(allowed)[None, None]
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 4, 5]])
+    logits = {}
+    for impl in ("sdpa", "attnscore"):
+        logits[impl] = _run(
+            llama, impl, input_ids=packed, attention_mask=mask, position_ids=positions
+        )
+    torch.testing.assert_close(logits["attnscore"].logits, logits["sdpa"].logits)
+    alone = _run(llama, "sdpa", input_ids=torch.cat([prefix, first], 1)).logits
+    torch.testing.assert_close(logits["attnscore"].logits[:, :6], alone, rtol=1e-4, atol=1e-5)
+    alone = _run(llama, "sdpa", input_ids=torch.cat([prefix, second], 1)).logits
+    torch.testing.assert_close(
+        logits["attnscore"].logits[:, 6:], alone[:, 4:], rtol=1e-4, atol=1e-5
+    )
+
+
+def test_returned_attentions_are_on_the_autograd_path(llama: LlamaForCausalLM) -> None:
+    # As transformers' test_retain_grad_hidden_states_attentions, and the gradients that
+    # reach the inputs through the maps equal eager's (its softmax written out).
+    ids, attention_mask = _padded_batch(64)
+    embeds = llama.get_input_embeddings()(ids).detach()
+    r = torch.randn(B, 4, N, N, generator=torch.Generator().manual_seed(7))
+    r = r * attention_mask[:, None, :, None]  # padded queries: eager's weights are not zeros
+    grads = {}
+    for impl in ("eager", "attnscore"):
+        llama.set_attn_implementation(impl)
+        x = embeds.clone().requires_grad_()
+        out = llama(
+            inputs_embeds=x,
+            attention_mask=attention_mask,
+            output_attentions=True,
+            output_hidden_states=True,
+        )
+        attentions, hidden = out.attentions[0], out.hidden_states[0]
+        attentions.retain_grad()
+        hidden.retain_grad()
+        out.logits.flatten()[0].backward(retain_graph=True)
+        assert attentions.grad is not None and attentions.grad.abs().sum() > 0
+        assert hidden.grad is not None
+        x.grad = None
+        (out.attentions[1] * r).sum().backward()
+        assert x.grad is not None
+        grads[impl] = x.grad[attention_mask.bool()]
+    assert grads["attnscore"].abs().sum() > 0
+    torch.testing.assert_close(grads["attnscore"], grads["eager"], rtol=1e-4, atol=1e-6)
+
+
+def _t5() -> transformers.T5ForConditionalGeneration:
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def test_t5_equals_sdpa_with_its_position_bias() -> None:
+    model = _t5()
+    ids, attention_mask = _padded_batch(64)
+    decoder_ids = torch.randint(3, 64, (B, 6), generator=torch.Generator().manual_seed(8))
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": decoder_ids,
+        "labels": decoder_ids,
+    }
+    results = {}
+    for impl in ("sdpa", "attnscore"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results[impl] = out, grads
+    (ours, our_grads), (sdpa, sdpa_grads) = results["attnscore"], results["sdpa"]
+    real = attention_mask.bool()
+    torch.testing.assert_close(
+        ours.encoder_last_hidden_state[real], sdpa.encoder_last_hidden_state[real]
+    )
+    torch.testing.assert_close(ours.logits, sdpa.logits)  # decoder: cross-attends padding
+    assert our_grads.keys() == sdpa_grads.keys()
+    bias_weights = [name for name in our_grads if "relative_attention_bias" in name]
+    assert bias_weights and all(our_grads[name].abs().sum() > 0 for name in bias_weights)
+    for name, grad in our_grads.items():
+        torch.testing.assert_close(grad, sdpa_grads[name], rtol=1e-4, atol=1e-6)
+    tokens = {}
+    for impl in ("sdpa", "attnscore"):
+        model.set_attn_implementation(impl)
+        tokens[impl] = model.generate(
+            input_ids=ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False
+        )
+    assert torch.equal(tokens["attnscore"], tokens["sdpa"])
+
+
+def test_fullgraph_compile_of_a_llama_with_attnscore() -> None:
+    torch.manual_seed(0)
+    config = _llama().config
+    config.num_hidden_layers = 1
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("attnscore")
+    ids, attention_mask = _padded_batch(64)
+    allowed = torch.ones(N, N, dtype=torch.bool).tril()[None, None].repeat(B, 1, 1, 1)
+    allowed[2, :, :, 6:] = False
+    float_mask = _additive(allowed)
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask).logits
+
+    compiled = torch.compile(forward, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for mask, real in (
+            (attention_mask, attention_mask.bool()),
+            (float_mask, allowed.any(-1)[:, 0]),
+        ):
+            expected = forward(ids, mask)
+            torch.testing.assert_close(compiled(ids, mask)[real], expected[real])

@@ -19,7 +19,9 @@ and values (so the library's fast paths and guarantees apply: padded keys get ex
 weight, queries that may attend no key get zero output and zero gradient, never NaN) and
 builds its masks with transformers' own ``sdpa_mask``: a boolean mask (B, 1, n, m),
 True = may attend (attnscore's convention too), or None where causal masking alone (or no
-mask) says everything. The sparse normalizers need the optional ``entmax`` package
+mask) says everything. What ``"sdpa"`` adds to the scores it adds too, with
+``score_bias``: a float 4-D mask a user passes (additive: 0 / the dtype's lowest value)
+and T5's relative ``position_bias``. The sparse normalizers need the optional ``entmax`` package
 (``pip install 'attnscore[entmax]'``); they change what a pretrained model computes, so
 they are for models trained with them (from scratch or fine-tuned).
 
@@ -55,10 +57,10 @@ DEFAULT_NORMALIZERS = ("softmax", "sparsemax", "entmax15")
 AttentionFunction = Callable[..., "tuple[Tensor, Tensor | None]"]
 
 # Keyword arguments some models pass that change the maths in a way this function does not
-# implement (transformers' "sdpa" refuses or ignores them too): refused, never ignored.
+# implement: refused, never ignored. (transformers' "sdpa" refuses `softcap` too; attention
+# sinks and paged caches have implementations of their own there.)
 _UNSUPPORTED = {
     "softcap": "logit soft-capping (`softcap`)",
-    "position_bias": "an additive position bias (`position_bias`)",
     "s_aux": "attention sinks (`s_aux`)",
     "cache": "a paged cache (continuous batching)",
 }
@@ -86,24 +88,40 @@ def _repeat_kv(t: Tensor, groups: int) -> Tensor:
     return t[:, :, None].expand(B, H_kv, groups, m, d).reshape(B, H_kv * groups, m, d)
 
 
-def _check_mask(mask: object, query: Tensor, key: Tensor) -> Tensor | None:
-    if mask is None:
+def _check_4d(t: object, name: str, query: Tensor, key: Tensor, what: str) -> Tensor | None:
+    """``t`` if it is None or a tensor of ``what`` dtype ("bool or floating", "floating")
+    and shape (B or 1, 1 or H, n, m); else the error naming ``name``."""
+    if t is None:
         return None
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        what = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(
-            "Expected `attention_mask` to be None or a bool tensor (True = may attend), as "
-            f"transformers' `sdpa_mask` builds it, but got {what} instead (additive float "
-            "masks are not supported)."
-        )
+    ok = isinstance(t, Tensor) and (
+        t.is_floating_point() or (what.startswith("bool") and t.dtype == torch.bool)
+    )
+    if not ok:
+        got = f"dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+        raise TypeError(f"Expected `{name}` to be None or a {what} tensor, but got {got} instead.")
+    assert isinstance(t, Tensor)
     B, H, n, _ = query.shape
     m = key.shape[2]
-    if mask.ndim != 4 or mask.shape[1] not in (1, H) or mask.shape[-2:] != (n, m):
+    if (
+        t.ndim != 4
+        or t.shape[0] not in (1, B)
+        or t.shape[1] not in (1, H)
+        or t.shape[-2:] != (n, m)
+    ):
         raise ValueError(
-            f"Expected `attention_mask` of shape (B, 1, n, m) or (B, H, n, m) = ({B}, 1 or "
-            f"{H}, {n}, {m}), but got {tuple(mask.shape)} instead."
+            f"Expected `{name}` of shape (B or 1, 1 or H, n, m) = ({B} or 1, 1 or {H}, {n}, "
+            f"{m}), but got {tuple(t.shape)} instead."
         )
-    return mask
+    return t
+
+
+def _pack_heads(t: Tensor | None, H_kv: int, groups: int) -> Tensor | None:
+    """A mask or bias (B or 1, 1 or H, 1, m) of a decoding step laid out for the queries
+    (B, H_kv, groups, d) that :func:`_build` makes of one query's heads: one shared by the
+    heads broadcasts as it is; one per head becomes (B or 1, H_kv, groups, m)."""
+    if t is None or t.shape[1] == 1:
+        return t
+    return t.reshape(t.shape[0], H_kv, groups, t.shape[-1])
 
 
 def attention_function(normalizer: str = "softmax") -> AttentionFunction:
@@ -119,19 +137,26 @@ def attention_function(normalizer: str = "softmax") -> AttentionFunction:
       shapes; each key/value head serves H / H_kv consecutive query heads). One floating
       dtype and one device for the three (any that attnscore takes; 16-bit inputs are
       normalised in float32).
-    - ``attention_mask``: None or bool (B, 1 or H, n, m), **True = may attend**, as
-      transformers' ``sdpa_mask`` makes it (the mask function registered with the name).
+    - ``attention_mask``: None; bool (B or 1, 1 or H, n, m), **True = may attend**, as
+      transformers' ``sdpa_mask`` makes it (the mask function registered with the name);
+      or floating of that shape, an additive mask (a custom 4-D mask: 0 where allowed,
+      the dtype's lowest value where not), added to the scores as ``"sdpa"`` adds it.
       With None, ``is_causal`` (else ``module.is_causal``, default True) masks causally
       when n > 1, top-left aligned; a single query (KV-cache decoding, m > 1) attends
       every key, as in ``"sdpa"``.
+    - ``position_bias`` (keyword; T5 and its kin): None or floating (B or 1, H, n, m),
+      added to the scores before the softmax (with a float mask: their sum), as
+      ``"sdpa"`` does; gradients reach it.
     - ``scaling``: the factor on ``Q Kᵀ`` (None: 1 / sqrt(d)). ``dropout``: applied to the
       weights only while ``module.training``.
     - Returns ``output`` (B, n, H, dv) (contiguous, in the inputs' dtype) and, when the
       model asks (``output_attentions=True``, which transformers passes down), ``weights``
-      (B, H, n, m), taken before dropout and carrying gradients; else None. Weights at
-      keys the mask forbids are exact zeros, each row of a query that may attend some key
-      sums to 1, and a query that may attend no key (a padded position) gets zero weights
-      and zero output, with zero gradient: never NaN.
+      (B, H, n, m), taken before dropout, the very tensor the output is computed from (so
+      ``weights.retain_grad()`` gets a gradient); else None. Weights at keys a boolean
+      mask forbids are exact zeros, each row of a query that may attend some key sums to
+      1, and a query that may attend no key (a padded position) gets zero weights and zero
+      output, with zero gradient: never NaN. (An additive mask forbids nothing by itself:
+      a row that is all the lowest value gets uniform weights, as in ``"sdpa"``.)
 
     Args:
         normalizer: a name from :func:`attnscore.normalizer_names` (``"softmax"``,
@@ -140,10 +165,10 @@ def attention_function(normalizer: str = "softmax") -> AttentionFunction:
             same name.
 
     The returned function refuses what it would get wrong rather than ignore it: a mask
-    that is not bool (an additive float mask: TypeError), a mask of another shape, H not a
-    multiple of H_kv, and arguments that change the maths it does not implement
-    (``softcap``, ``position_bias``, ``s_aux``, a paged ``cache``: ValueError); bad
-    tensors raise what :func:`attnscore.dot_product_attention` raises.
+    that is neither bool nor floating, or a ``position_bias`` that is not floating
+    (TypeError), either of another shape, H not a multiple of H_kv, and arguments that
+    change the maths it does not implement (``softcap``, ``s_aux``, a paged ``cache``:
+    ValueError); bad tensors raise what :func:`attnscore.dot_product_attention` raises.
 
     Raises:
         ValueError: ``normalizer`` is not a registered normalizer's name.
@@ -186,7 +211,17 @@ def _build(normalizer: str) -> AttentionFunction:
                     f"Expected no `{argument}` for attn_implementation {_name(normalizer)!r}, "
                     f"but got one instead: {what} is not supported; use 'eager'."
                 )
-        mask = _check_mask(attention_mask, query, key)
+        mask = _check_4d(attention_mask, "attention_mask", query, key, "bool or floating")
+        position_bias = _check_4d(
+            kwargs.get("position_bias"), "position_bias", query, key, "floating"
+        )
+        # Boolean masks say which keys may be attended (True = may attend); a float mask is
+        # additive, as transformers' 4-D custom masks are (0 / the dtype's lowest value):
+        # both it and a position bias are added to the scores before the normalizer.
+        attend = mask if mask is not None and mask.dtype == torch.bool else None
+        bias = None if attend is not None else mask
+        if position_bias is not None:
+            bias = position_bias if bias is None else position_bias + bias
         B, H, n, _ = query.shape
         H_kv = key.shape[1]
         if H_kv == 0 or H % H_kv:
@@ -200,25 +235,27 @@ def _build(normalizer: str) -> AttentionFunction:
         want = bool(kwargs.get("output_attentions"))  # transformers passes it down
         options: dict[str, Any] = {
             "scale": scaling,
-            "attend_mask": mask,
+            "attend_mask": attend,
+            "score_bias": bias,
             "causal": causal,
             "normalizer": normalizer,
             "dropout_p": dropout if getattr(module, "training", False) else 0.0,
         }
-        if n == 1 and groups > 1:
-            # Decoding: each key/value head's query heads become its queries (no copy of the
-            # cache); a mask shared by the heads broadcasts over them.
-            q = query.reshape(B, H_kv, groups, query.shape[-1])
-            if mask is not None and mask.shape[1] != 1:
-                mask = mask.reshape(mask.shape[0], H_kv, groups, mask.shape[-1])
-                options["attend_mask"] = mask
-            k, v = key, value
-        else:
-            q, k, v = query, _repeat_kv(key, groups), _repeat_kv(value, groups)
         if want:
+            # The weights come back as computed, (B, H, n, m): the output is computed from
+            # this very tensor, so gradients reach it (no reshaped view off the path).
+            q, k, v = query, _repeat_kv(key, groups), _repeat_kv(value, groups)
             out, weights = dot_product_attention(q, k, v, return_weights=True, **options)
-            weights = weights.reshape(B, H, n, weights.shape[-1])
         else:
+            if n == 1 and groups > 1:
+                # Decoding: each key/value head's query heads become its queries (no copy of
+                # the cache); a mask or bias shared by the heads broadcasts over them.
+                q = query.reshape(B, H_kv, groups, query.shape[-1])
+                options["attend_mask"] = _pack_heads(attend, H_kv, groups)
+                options["score_bias"] = _pack_heads(bias, H_kv, groups)
+                k, v = key, value
+            else:
+                q, k, v = query, _repeat_kv(key, groups), _repeat_kv(value, groups)
             out, weights = dot_product_attention(q, k, v, **options), None
         out = out.reshape(B, H, n, out.shape[-1]).transpose(1, 2).contiguous()
         return out, weights

@@ -23,6 +23,10 @@ causal)                                      of the backend contract): on the CP
                                              kernel by lengths (else a padding-free loop
                                              where skipping pays, or SDPA with the mask);
                                              elsewhere SDPA + mask
+a score bias (with any of the above)         SDPA with a float mask: the bias where the
+                                             mask allows, -inf elsewhere (the bias alone
+                                             where nothing is masked); rows with no key
+                                             zeros (:func:`~._sdpa.biased`)
 ============================================ ==============================================
 
 SDPA always gets the 4-D layout (B, H, n, d) (3-D inputs get H = 1 as a view; more leading
@@ -171,6 +175,17 @@ def _mask_4d(mask: AttentionMask, batch: tuple[int, ...], heads: int) -> Attenti
     )
 
 
+def _bias_4d(bias: Tensor, batch: tuple[int, ...], n: int, m: int) -> Tensor:
+    """A score bias broadcastable to (*batch, n, m) laid out for inputs reshaped by
+    :func:`~._sdpa.as_4d` (still broadcastable, expanded only where leading dimensions are
+    flattened)."""
+    if len(batch) > 2:
+        return bias.expand(*batch, n, m).reshape(batch[0], -1, n, m)
+    while bias.ndim < len(batch) + 2:
+        bias = bias.unsqueeze(0)
+    return bias.unsqueeze(1) if len(batch) == 1 else bias
+
+
 def _inert(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v with the keys (and values) no query attends and the queries that attend
     nothing zeroed: copies, for inputs known to hold NaN or inf somewhere. Whatever is left
@@ -200,33 +215,55 @@ def _inert_unless_finite(
 
 
 def _plain_maths(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    scale: float,
+    dropout_p: float,
+    score_bias: Tensor | None = None,
 ) -> Tensor:
     """Dot-product attention as the plain formulation computes it, for inputs that hold
     NaN or inf (:func:`finite_inputs`): masked scores filled before the softmax, values
     summed over attended keys only (:func:`weighted_values`). The caller has made the
     padding inert (:func:`_inert_unless_finite`: the gradients of the scores' product read
     it)."""
-    weights = softmax_dense(_ops.matmul(q, k.transpose(-1, -2)) * scale, mask.dense())
+    scores = _ops.matmul(q, k.transpose(-1, -2)) * scale
+    if score_bias is not None:
+        scores = scores + score_bias.to(scores.dtype)
+    weights = softmax_dense(scores, mask.dense())
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return weighted_values(dropped, v, mask)
 
 
 def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    scale: float,
+    dropout_p: float,
+    score_bias: Tensor | None = None,
 ) -> Tensor:
     """Dot-product attention of checked inputs q (..., n, d), k (..., m, d), v (..., m, dv)
-    with a checked ``mask`` (from :func:`attnscore.masking.build_mask`); -> (..., n, dv).
+    with a checked ``mask`` (from :func:`attnscore.masking.build_mask`) and an optional
+    checked ``score_bias`` broadcastable to (..., n, m), added to the scores; -> (..., n, dv).
 
     Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
     that attend nothing) changes nothing, whatever it holds.
     """
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
     if not finite:
-        return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+        return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p, score_bias=score_bias)
     batch = q.shape[:-2]
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    if mask.unmasked or causal_alone(mask):
+    if score_bias is not None:
+        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
+        bias4 = _bias_4d(score_bias, tuple(batch), mask.n, mask.m)
+        out = _sdpa.biased(q4, k4, v4, mask4, bias4, scale=scale, dropout_p=dropout_p)
+    elif mask.unmasked or causal_alone(mask):
         out = unpadded(q4, k4, v4, causal=mask.causal, scale=scale, dropout_p=dropout_p)
     else:
         mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])

@@ -3,7 +3,8 @@ library's guarantees: the one place that calls it.
 
 Dot-product attention runs here whenever there is nothing to skip: no mask, causal
 masking alone (``is_causal``), boolean masks, and key lengths where skipping does not pay
-(:func:`masked`, also the plain backend's ``dot_product_attention``). What SDPA does not
+(:func:`masked`, also the plain backend's ``dot_product_attention``), and every call with a
+score bias, which goes to SDPA as its float mask (:func:`biased`). What SDPA does not
 promise by itself, this module adds:
 
 - **Padding is inert.** Keys that no query may attend, their values, and queries that may
@@ -31,6 +32,7 @@ from . import _ops
 
 __all__ = [
     "as_4d",
+    "biased",
     "causal",
     "compact",
     "empty_rows_are_zero",
@@ -232,3 +234,34 @@ def masked(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
     return out if fix is None else out.masked_fill(fix, 0.0)
+
+
+def biased(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    bias: Tensor,
+    *,
+    scale: float,
+    dropout_p: float,
+) -> Tensor:
+    """SDPA with a score bias (float, broadcastable to (B, H, n, m), cast to q's dtype) added
+    to the scores, as its float ``attn_mask``: the bias itself where nothing is masked,
+    else the bias where ``mask`` allows and -inf where it does not. Rows with no allowed
+    key attend every key with their bias inside the call (finite, whatever SDPA does with a
+    row of -inf) and are zeroed after, with zero gradients. The caller has made the padding
+    inert where it is not finite. No data-dependent Python: tracing takes it as it is."""
+    bias = bias.to(q.dtype)
+    if mask.unmasked:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
+        )
+    lengths = None if mask.lengths is None else compact(mask.lengths)
+    allowed = _allowed(mask, lengths, k.shape[-2], q.device)
+    idle = ~allowed.any(dim=-1, keepdim=True)
+    attn_mask = torch.where(allowed | idle, bias, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
+    )
+    return out.masked_fill(idle, 0.0)
