@@ -30,11 +30,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_REASONS = ("needs a GPU", "long run")
 SHELLS = ("bash", "console", "sh", "shell")
 FENCE = re.compile(r"^( *)```(\S*)[^\n]*$")
-# Blocks that fail when pasted, on pages being rewritten beside this change (their NameErrors
-# are the ones the docs issue found); strict, so that a fixed block must leave this list.
-KNOWN_BROKEN = {
-    ("huggingface.md", 0): "loads a checkpoint from `path`, which it never defines",
-}
+# Blocks known to fail when pasted, (page, index) -> why; strict xfails, so that a fixed
+# block must leave this list. Empty: every block runs.
+KNOWN_BROKEN: dict[tuple[str, int], str] = {}
 
 
 @dataclass

@@ -69,12 +69,13 @@ import os
 import torch
 from torch import Tensor
 
+from .._mask import AttentionMask
+
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
 # checked by mypy), nine of them the plain backend's, re-exported as they are.
 from . import _flex, _sdpa, _triton_softmax
 from ._flex import FLEX_MIN_KEYS as FLEX_MIN_KEYS
 from ._flex import flex_takes as flex_takes
-from .._mask import AttentionMask
 from ._plain import all_finite as all_finite
 from ._plain import finite_copies as finite_copies
 from ._plain import lengths_mask as lengths_mask

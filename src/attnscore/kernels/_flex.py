@@ -120,17 +120,23 @@ def block_mask(lengths: Tensor, B: int, H: int, n: int, m: int) -> Any:
 def _compiled() -> Callable[..., Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=True)  # type: ignore[no-any-return]
+    compiled: Callable[..., Tensor] = torch.compile(flex_attention, dynamic=True)
+    return compiled
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float) -> Tensor:
     """Dot-product attention, query i over keys j < lengths[b, h, i]: q (B, H, n, d), k (B,
-    H, m, d), v (B, H, m, dv), lengths int64 in [0, m] broadcastable to (B, H, n) -> (B, H, n, dv) in q's
-    dtype; rows of length 0 are zeros (zero gradients). Inputs must be finite (see the
-    module docstring). Differentiable on CUDA; on the CPU forward only (eager)."""
+    H, m, d), v (B, H, m, dv), lengths int64 in [0, m] broadcastable to (B, H, n) -> (B, H,
+    n, dv) in q's dtype; rows of length 0 are zeros (zero gradients). Inputs must be finite
+    (see the module docstring), else NaN may reach other queries. Differentiable on CUDA;
+    on the CPU forward only (eager).
+
+    Source: ``torch.nn.attention.flex_attention`` with :func:`block_mask`; D2L "Attention
+    Scoring Functions" (scaled dot-product attention with valid lengths)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     B, H, n = q.shape[:3]
     mask = block_mask(lengths, B, H, n, k.shape[-2])
-    run = _compiled() if q.is_cuda else flex_attention
-    return run(q, k, v, block_mask=mask, scale=scale)
+    run: Callable[..., Any] = _compiled() if q.is_cuda else flex_attention
+    out: Tensor = run(q, k, v, block_mask=mask, scale=scale)
+    return out
