@@ -137,6 +137,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float)
 
     B, H, n = q.shape[:3]
     mask = block_mask(lengths, B, H, n, k.shape[-2])
-    run: Callable[..., Any] = _compiled() if q.is_cuda else flex_attention
-    out: Tensor = run(q, k, v, block_mask=mask, scale=scale)
+    if q.is_cuda:
+        return _compiled()(q, k, v, block_mask=mask, scale=scale)
+    out: Tensor = flex_attention(q, k, v, block_mask=mask, scale=scale)  # eager: forward only
     return out
