@@ -13,6 +13,7 @@ Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value si
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -21,7 +22,6 @@ from torch import Tensor
 from .._checks import compute_dtype
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
-from . import _sdpa
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -270,7 +270,21 @@ def dot_product_attention(
     """Backend contract: PyTorch's ``scaled_dot_product_attention`` with the boolean mask
     of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
     rows zeros. Works on any device and under tracing (no data-dependent Python)."""
-    return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    return _sdpa_masked()(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+
+
+@functools.cache
+def _sdpa_masked() -> Callable[..., Tensor]:
+    """:func:`attnscore.kernels._sdpa.masked`, imported on first use, not with this module.
+
+    It is the one function of this backend that sits above the dispatcher: SDPA with a mask
+    takes the mask helpers of the tensors' backend through :mod:`._ops`, whose fallback is
+    this module, so a module-level import would close the cycle _plain -> _sdpa -> _ops ->
+    _plain (and, through the backend table, _dispatch -> _plain -> ... -> _dispatch). Cached:
+    calls pay one cache hit, not an import statement."""
+    from ._sdpa import masked
+
+    return masked
 
 
 # ---- inputs ---------------------------------------------------------------------------------
