@@ -1,8 +1,9 @@
 """Every command in the README and docs/*.md exists and takes the options shown (issue 21.1).
 
-The fenced shell blocks are read, split into commands, and each ``attnscore ...`` or
-``python -m attnscore...`` command is parsed by the very parser that would run it (a
-misspelt command or option, or a missing required one, fails here). The commands that
+The fenced shell blocks are read, split into commands, and each ``attnscore ...``,
+``python -m attnscore...`` or ``python tools/...`` command of a tool in :data:`TOOLS_PARSED`
+is parsed by the very parser that would run it (a misspelt command or option, or a missing
+required one, fails here). The commands that
 cost seconds are also run; the ones that train or benchmark for minutes are parsed only.
 """
 
@@ -19,12 +20,16 @@ import pytest
 from attnscore.cli import main
 from attnscore.cli._root import build_parser
 from attnscore.cli._usage import UsageError
+from tool_modules import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # What the pages leave to the reader, given a value that parses.
 PLACEHOLDERS = {"$N": "100", "$s": "0", "T": "1", "P": "1"}
 RUN = {("demo",), ("--version",)}  # commands quick enough to run, by their first words
+# The developer tools (tools/, outside the package) whose ``main(argv)`` parses its
+# arguments with ``parse_args`` before it does anything.
+TOOLS_PARSED = {"tools/triton_aot.py", "tools/tanh_error.py"}
 
 
 def _commands() -> list[tuple[str, list[str]]]:
@@ -41,7 +46,8 @@ def _commands() -> list[tuple[str, list[str]]]:
                     if words[:3] == ["python", "-m", "attnscore"]:
                         words = ["attnscore", *words[3:]]  # the same command
                     ours = words[:2] == ["python", "-m"] and words[2].startswith("attnscore")
-                    if words[:1] == ["attnscore"] or ours:
+                    tool = len(words) > 1 and words[0] == "python" and words[1] in TOOLS_PARSED
+                    if words[:1] == ["attnscore"] or ours or tool:
                         found.append((page.name, words))
     return found
 
@@ -58,7 +64,8 @@ class _ParsedError(Exception):
 
 
 def _parse_module_command(module: str, argv: list[str], monkeypatch) -> None:
-    """Parse ``python -m module argv`` with the module's own parser, running nothing."""
+    """Parse ``python -m module argv`` (or ``python tools/NAME.py argv`` for a module
+    ``tools/NAME.py``) with the module's own parser, running nothing."""
     real = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
@@ -66,16 +73,23 @@ def _parse_module_command(module: str, argv: list[str], monkeypatch) -> None:
         raise _ParsedError
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    if module.startswith("tools/"):
+        loaded = load_tool(Path(module).stem)
+    else:
+        loaded = importlib.import_module(module)
     with pytest.raises(_ParsedError):
-        importlib.import_module(module).main(argv)
+        loaded.main(argv)
 
 
 @pytest.mark.parametrize(
     ("page", "words"), [pytest.param(p, w, id=f"{p}: {' '.join(w)[:70]}") for p, w in COMMANDS]
 )
 def test_every_command_shown_parses(page, words, monkeypatch, tmp_path, capsys):
-    if words[0] == "python":
+    if words[:2] == ["python", "-m"]:
         _parse_module_command(words[2], words[3:], monkeypatch)
+        return
+    if words[0] == "python":  # a tool of TOOLS_PARSED
+        _parse_module_command(words[1], words[2:], monkeypatch)
         return
     argv = words[1:]
     try:

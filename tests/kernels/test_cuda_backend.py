@@ -13,7 +13,7 @@ Tests marked ``cuda`` (larger shapes, the hardware tanh) need a GPU and skip wit
 Every autotune candidate of the additive forward and every backward tile runs here (one
 forced at a time); the plain PyTorch twins (``attnscore.kernels._plain``) are a second,
 independent reference. The compiled form of the same kernels is checked by
-tests/test_triton_aot.py.
+tests/kernels/test_triton_aot.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor
+
+from tool_modules import load_tool
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -458,7 +460,7 @@ def test_tanh_error_table(cuda_mod: ModuleType, capsys: pytest.CaptureFixture[st
     bound * max_ij sum_h |w_h tanh_ijh|, computed here directly)."""
     if HAS_CUDA:  # the study feeds CPU tensors to the kernel, as the interpreter runs it
         pytest.skip("the tanh error study runs the kernel under Triton's interpreter")
-    from attnscore.kernels import _tanh_error as te
+    te = load_tool("tanh_error")  # tools/tanh_error.py, outside the package
 
     def kernel(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
         return cuda_mod.additive_scores(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
@@ -487,7 +489,7 @@ def test_tanh_error_table(cuda_mod: ModuleType, capsys: pytest.CaptureFixture[st
 
 
 def test_tanh_error_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnscore.kernels import _tanh_error as te
+    te = load_tool("tanh_error")  # tools/tanh_error.py, outside the package
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert te.main([]) == 2

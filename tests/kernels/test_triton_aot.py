@@ -1,10 +1,11 @@
 """Issue 17: every Triton kernel compiled ahead of time for sm_80 and sm_90, without a GPU.
 
-The compile runs once per session in a fresh interpreter (``python -m
-attnscore.kernels._aot --json``): this suite interprets Triton kernels
-(``TRITON_INTERPRET=1``, tests/test_cuda_backend.py), and an interpreting Triton cannot
-compile. When this session measures coverage, that process is measured too (``coverage
-run --parallel-mode``; pytest-cov combines its data file at the end).
+The compile report is a developer tool outside the package (tools/triton_aot.py, loaded
+here by its path). It runs once per session in a fresh interpreter (``python
+tools/triton_aot.py --json``): this suite interprets Triton kernels (``TRITON_INTERPRET=1``,
+tests/kernels/test_cuda_backend.py), and an interpreting Triton cannot compile. When this
+session measures coverage, that process is measured too (``coverage run --parallel-mode``;
+pytest-cov combines its data file at the end).
 
 The tests check the compiled kernels against the issue's rules, stated here independently
 of the tool's own ``check``: cubin produced, no spills (float64 excepted: its rows hold
@@ -31,8 +32,10 @@ from typing import Any
 
 import pytest
 
-from attnscore.kernels import _aot
-from attnscore.kernels._aot import Result
+from tool_modules import TOOLS, load_tool
+
+aot = load_tool("triton_aot")
+Result = aot.Result
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_SMS = 132
@@ -47,7 +50,7 @@ KERNELS = {
 
 def _command(json_path: Path) -> list[str]:
     """The report's command line, under coverage when this session measures it."""
-    tool = ["-m", "attnscore.kernels._aot", "--json", str(json_path), "--jobs", "2"]
+    tool = [str(TOOLS / "triton_aot.py"), "--json", str(json_path), "--jobs", "2"]
     try:
         import coverage
     except ImportError:  # pragma: no cover - coverage is a test dependency
@@ -86,7 +89,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 @pytest.fixture(scope="module")
 def results(report: dict[str, Any]) -> list[Result]:
-    return [_aot.result_from_dict(d) for d in report["results"]]
+    return [aot.result_from_dict(d) for d in report["results"]]
 
 
 def _name(r: Result) -> str:
@@ -101,7 +104,7 @@ def test_report_compiles_every_case(report: dict[str, Any]) -> None:
     asserted: speed targets are not timed tests; the budget is 60 s on CI's 2 cores)."""
     print(f"AOT compile report: {len(report['results'])} kernels in {report['seconds']:.1f} s")
     compiled = {(r["op"], r["shape"], r["dtype"], r["tanh"], r["arch"]) for r in report["results"]}
-    expected = {(c.op, c.shape, c.dtype, c.tanh, a) for c in _aot.cases() for a in (80, 90)}
+    expected = {(c.op, c.shape, c.dtype, c.tanh, a) for c in aot.cases() for a in (80, 90)}
     assert compiled == expected
 
 
@@ -194,12 +197,12 @@ def test_docs_table_is_the_reports(report: dict[str, Any], results: list[Result]
     """docs/benchmarks.md carries the table of this Triton version's compile: its registers,
     spills, shared memory and grids equal a fresh compile's."""
     text = (ROOT / "docs" / "benchmarks.md").read_text()
-    assert "python -m attnscore.kernels._aot --markdown" in text
+    assert "python tools/triton_aot.py --markdown" in text
     found = re.search(r"^Triton (\S+), \d+ compiles", text, re.MULTILINE)
     assert found is not None
     if found.group(1) != report["triton"]:
         pytest.skip(f"docs table made with Triton {found.group(1)}, not {report['triton']}")
-    fresh = _table_cells(_aot.markdown(results, report["triton"]))
+    fresh = _table_cells(aot.markdown(results, report["triton"]))
     documented = _table_cells(text[found.start() :])  # the compile table, not the bench's
     assert documented == fresh
 
@@ -229,7 +232,7 @@ def _result(**changes: Any) -> Result:
 
 
 def test_check_accepts_a_good_kernel() -> None:
-    assert _aot.check(_result()) == []
+    assert aot.check(_result()) == []
 
 
 @pytest.mark.parametrize(
@@ -250,13 +253,13 @@ def test_check_accepts_a_good_kernel() -> None:
     ],
 )
 def test_check_flags_each_broken_rule(changes: dict[str, Any], message: str) -> None:
-    problems = _aot.check(_result(**changes))
+    problems = aot.check(_result(**changes))
     assert len(problems) == 1 and message in problems[0]
 
 
 def test_check_tolerates_float64_spills_and_small_odd_grids() -> None:
-    assert _aot.check(_result(dtype="float64", spill_stores=8, f64=9)) == []
-    assert _aot.check(_result(bench=False, grid=6)) == []
+    assert aot.check(_result(dtype="float64", spill_stores=8, f64=9)) == []
+    assert aot.check(_result(bench=False, grid=6)) == []
 
 
 def test_parse_ptxas_log() -> None:
@@ -266,12 +269,12 @@ ptxas info    : Function properties for _bwd_kernel
     24 bytes stack frame, 24 bytes spill stores, 40 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 512 bytes smem
 """
-    assert _aot.parse_ptxas_log(log) == {
+    assert aot.parse_ptxas_log(log) == {
         "regs": 255, "stack": 24, "spill_stores": 24, "spill_loads": 40, "smem": 512
     }  # fmt: skip
-    assert _aot.parse_ptxas_log("Used 30 registers")["spill_stores"] == 0
+    assert aot.parse_ptxas_log("Used 30 registers")["spill_stores"] == 0
     with pytest.raises(ValueError, match="Expected 'Used N registers'"):
-        _aot.parse_ptxas_log("ptxas fatal : Unsupported .version 9.4")
+        aot.parse_ptxas_log("ptxas fatal : Unsupported .version 9.4")
 
 
 def test_ptx_facts() -> None:
@@ -287,7 +290,7 @@ def test_ptx_facts() -> None:
 \tbar.sync 0;
 \tbarrier.sync 1;
 """
-    assert _aot.ptx_facts(ptx) == {
+    assert aot.ptx_facts(ptx) == {
         "vector_loads": 2, "tanh_approx": 1, "f64": 2, "shuffles": 1, "barriers": 2
     }  # fmt: skip
 
@@ -302,8 +305,8 @@ def test_longest_loop() -> None:
         /*0050*/                   EXIT ;
         /*0060*/                   BRA 0x60;
 """
-    assert _aot.longest_loop(sass) == 3
-    assert _aot.longest_loop("        /*0000*/                   EXIT ;") == 0
+    assert aot.longest_loop(sass) == 3
+    assert aot.longest_loop("        /*0000*/                   EXIT ;") == 0
 
 
 def test_loop_exchanges() -> None:
@@ -323,12 +326,12 @@ def test_loop_exchanges() -> None:
     }
     %4 = "tt.reduce"(%acc) <{axis = 0 : i32}> ({
 """
-    assert _aot.loop_exchanges(ttgir) == 3
+    assert aot.loop_exchanges(ttgir) == 3
 
 
 def test_markdown_lays_architectures_side_by_side() -> None:
     rows = [_result(arch=80, regs=64, cuobjdump_regs=64), _result(loop_sass=240)]
-    table = _aot.markdown(rows, "9.9.9")
+    table = aot.markdown(rows, "9.9.9")
     assert table.startswith("Triton 9.9.9, 2 compiles;")
     line = next(x for x in table.splitlines() if x.startswith("| additive_fwd"))
     cells = [c.strip() for c in line.strip("|").split("|")]
@@ -338,7 +341,7 @@ def test_markdown_lays_architectures_side_by_side() -> None:
 
 
 def test_cases_cover_the_issue(monkeypatch: pytest.MonkeyPatch) -> None:
-    cases = _aot.cases()
+    cases = aot.cases()
     assert len({(c.op, c.shape, c.dtype, c.tanh) for c in cases}) == len(cases)
     shapes = {c.shape for c in cases}
     assert {"B=4 n=100 m=300 h=100", "B=2 n=3 m=16384", "B=64 n=256 m=1024"} <= shapes
@@ -350,11 +353,11 @@ def test_unavailable_with_an_interpreting_triton(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    reason = _aot.unavailable()
+    reason = aot.unavailable()
     assert reason is not None and "TRITON_INTERPRET" in reason
     with pytest.raises(RuntimeError, match="Cannot compile Triton kernels here"):
-        _aot.report()
+        aot.report()
     out = tmp_path / "report.json"
-    assert _aot.main(["--json", str(out)]) == 2
+    assert aot.main(["--json", str(out)]) == 2
     assert json.loads(out.read_text()) == {"unavailable": reason}
     assert "cannot compile here" in capsys.readouterr().err

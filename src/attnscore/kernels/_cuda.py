@@ -25,8 +25,8 @@ backward uses the same tiling: each tile recomputes tanh once per (i, j, h) and 
 partial sums of grad_qh, grad_kh and grad_w_v, which ``torch.sum`` adds up:
 deterministic, no atomics, nothing of size B*n*m*h.
 
-**Compile-time evidence** (no GPU has run these kernels): ``python -m
-attnscore.kernels._aot --markdown`` compiles every kernel for sm_80 and sm_90 at the
+**Compile-time evidence** (no GPU has run these kernels): ``python
+tools/triton_aot.py --markdown`` compiles every kernel for sm_80 and sm_90 at the
 launch configurations of the benchmark shapes and prints registers, spills, shared memory,
 grid sizes and PTX facts; ``tests/kernels/test_triton_aot.py`` asserts them (docs/benchmarks.md).
 

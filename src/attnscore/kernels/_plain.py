@@ -21,7 +21,6 @@ from torch import Tensor
 from .._checks import compute_dtype
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
-from . import _sdpa
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -270,7 +269,22 @@ def dot_product_attention(
     """Backend contract: PyTorch's ``scaled_dot_product_attention`` with the boolean mask
     of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
     rows zeros. Works on any device and under tracing (no data-dependent Python)."""
-    return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    global _sdpa_masked
+    if _sdpa_masked is None:  # the first call: see _sdpa_masked
+        from ._sdpa import masked
+
+        _sdpa_masked = masked
+    return _sdpa_masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+
+
+# :func:`attnscore.kernels._sdpa.masked`, imported on the first call, not with this module:
+# the one function of this backend above the dispatcher. SDPA with a mask takes the mask
+# helpers of the tensors' backend through _ops, whose fallback is this module, so importing
+# _sdpa here would close the cycle _plain -> _sdpa -> _ops -> _plain (and, through the
+# backend table, _dispatch -> _plain -> ... -> _dispatch). Kept in a global, not behind
+# functools.cache: a call pays one global read, and torch.compile traces it without the
+# warning it gives for lru_cache wrappers.
+_sdpa_masked: Callable[..., Tensor] | None = None
 
 
 # ---- inputs ---------------------------------------------------------------------------------

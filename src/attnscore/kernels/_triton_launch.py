@@ -2,8 +2,9 @@
 
 The launchers of :mod:`._triton_softmax` and :mod:`._triton_additive` describe each launch
 as a :class:`Launch` (kernel, arguments, meta-parameters, grid) and run it; the
-ahead-of-time report (:mod:`attnscore.kernels._aot`) builds the same launches from
-``meta`` tensors and compiles them without a GPU, so what it checks is what would run.
+ahead-of-time report (``tools/triton_aot.py``, outside the package) builds the same
+launches from ``meta`` tensors and compiles them without a GPU, so what it checks is what
+would run.
 
 Autotuned kernels (a ``triton.autotune`` wrapper) carry their candidate configurations after
 pruning: on CUDA the autotuner times them and keeps the fastest; under ``TRITON_INTERPRET=1``

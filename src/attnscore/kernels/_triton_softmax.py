@@ -22,7 +22,7 @@ float16/bfloat16, 2 float64; fewer if m is not a multiple of that) the loads are
 by L rounded up to a multiple of VEC (declared with ``tl.multiple_of``) and the tail
 [L, round_up(L)) is replaced by ``tl.where``: the kernels then read at most VEC - 1
 positions past L, inside the vector that holds position L - 1, and never use them.
-The compile report (:mod:`attnscore.kernels._aot`) checks that the PTX of the float32
+The compile report (``tools/triton_aot.py``) checks that the PTX of the float32
 and 16-bit kernels has ``ld.global.v4``/``.v2`` loads.
 
 Device: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (the test suite).

@@ -15,10 +15,13 @@
 Inputs are shaped like the benchmark's additive attention: qh, kh ~ N(0, 1), w_v ~
 U(-1/sqrt(h), 1/sqrt(h)) (``nn.Linear``'s initialisation), all keys valid; errors are
 ``max |scores - reference| / max |reference|`` with the float64 textbook formula on the
-same (rounded) inputs as reference. ``TRITON_INTERPRET=1 python -m
-attnscore.kernels._tanh_error`` prints the Markdown table of docs/benchmarks.md (the
-variable must be set before Python starts: importing attnscore imports torch's compiler
-stack, which imports triton, which decides then whether it interprets).
+same (rounded) inputs as reference. ``TRITON_INTERPRET=1 python tools/tanh_error.py``
+prints the Markdown table of docs/benchmarks.md (the variable must be set before Python
+starts: importing attnscore imports torch's compiler stack, which imports triton, which
+decides then whether it interprets).
+
+A developer tool, not part of the package (the wheel leaves tools/ out);
+``tests/kernels/test_cuda_backend.py`` checks its table in every test run.
 """
 
 from __future__ import annotations
@@ -153,16 +156,16 @@ def markdown(rows: Sequence[Row], shape: Sequence[int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``TRITON_INTERPRET=1 python -m attnscore.kernels._tanh_error``: print the table
-    (exit 2 when the variable was not set)."""
-    parser = argparse.ArgumentParser(prog="python -m attnscore.kernels._tanh_error")
+    """``TRITON_INTERPRET=1 python tools/tanh_error.py``: print the table (exit 2 when the
+    variable was not set)."""
+    parser = argparse.ArgumentParser(prog="python tools/tanh_error.py")
     parser.add_argument("--shape", type=int, nargs=4, default=[2, 32, 64, 128],
                         metavar=("B", "n", "m", "h"))  # fmt: skip
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
-        print("run as TRITON_INTERPRET=1 python -m attnscore.kernels._tanh_error", file=sys.stderr)
+        print("run as TRITON_INTERPRET=1 python tools/tanh_error.py", file=sys.stderr)
         return 2
-    from . import _triton_additive
+    from attnscore.kernels import _triton_additive
 
     def kernel(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
         return _triton_additive.additive_fwd(qh, kh, w_v, lengths, approx=False)

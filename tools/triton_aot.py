@@ -1,5 +1,9 @@
 """Compile report of the Triton kernels, ahead of time and without a GPU (issue 17).
 
+A developer tool, not part of the package (the wheel leaves tools/ out): it reads the
+kernels' launchers and the benchmark's CUDA shapes from an installed or checked-out
+attnscore. ``tests/kernels/test_triton_aot.py`` runs it in every test run.
+
 Every Triton kernel is compiled for sm_80 (A100) and sm_90 (H100) at the launch
 configurations its launcher picks for the benchmark shapes of
 :mod:`attnscore.bench.matrix` (its CUDA shapes) and for a few odd ones, on a machine without a GPU:
@@ -23,11 +27,11 @@ Autotuned kernels are compiled once per candidate configuration left after pruni
 
 Usage (without ``TRITON_INTERPRET``: an interpreting Triton cannot compile, and Triton is
 imported with attnscore, so the variable must be unset before Python starts; the test
-suite, which interprets, runs this module in a fresh process)::
+suite, which interprets, runs this script in a fresh process), from the repository root::
 
-    python -m attnscore.kernels._aot                   # one line per kernel
-    python -m attnscore.kernels._aot --markdown --sass # the table of docs/benchmarks.md
-    python -m attnscore.kernels._aot --json PATH       # every result as JSON
+    python tools/triton_aot.py                   # one line per kernel
+    python tools/triton_aot.py --markdown --sass # the table of docs/benchmarks.md
+    python tools/triton_aot.py --json PATH       # every result as JSON
 
 The command sets ``TRITON_DEFAULT_FP_FUSION=1`` (Triton 3.9's default) unless it is set.
 The exit status is 1 when a check fails, 2 when kernels cannot be compiled here.
@@ -50,9 +54,9 @@ from typing import Any
 
 import torch
 
-from ..bench.matrix import ADDITIVE_MEMORY as ADDITIVE_LARGE
-from ..bench.matrix import SHAPES
-from ._triton_launch import MIN_PROGRAMS, Launch, hardware_tanh
+from attnscore.bench.matrix import ADDITIVE_MEMORY as ADDITIVE_LARGE
+from attnscore.bench.matrix import SHAPES
+from attnscore.kernels._triton_launch import MIN_PROGRAMS, Launch, hardware_tanh
 
 SOFTMAX = SHAPES["cuda"]["masked_softmax"]
 ADDITIVE_SMALL = SHAPES["cuda"]["additive"]
@@ -141,7 +145,7 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def _softmax_case(op: str, rows: tuple[int, ...], m: int, dtype: str, bench: bool) -> Case:
-    from . import _triton_softmax as S
+    from attnscore.kernels import _triton_softmax as S
 
     def build() -> Launch:
         x = _meta(*rows, m, dtype=DTYPES[dtype])
@@ -155,7 +159,7 @@ def _softmax_case(op: str, rows: tuple[int, ...], m: int, dtype: str, bench: boo
 
 
 def _additive_case(op: str, s: dict[str, int], dtype: str, tanh: str, bench: bool) -> Case:
-    from . import _triton_additive as A
+    from attnscore.kernels import _triton_additive as A
 
     def build() -> Launch:
         dt = DTYPES[dtype]
@@ -469,7 +473,7 @@ def report(
         only: the cases to compile (default: all of :func:`cases`).
         sass: count the SASS instructions of each main loop (0.4 s more per kernel).
         jobs: with 2 or more, the last architecture is compiled at the same time in a
-            second process (``python -m attnscore.kernels._aot``; ``only`` must be None).
+            second process (this script again; ``only`` must be None).
 
     Raises:
         RuntimeError: :func:`unavailable` gives a reason, or the second process failed.
@@ -483,7 +487,7 @@ def report(
         return [r for case in todo for a in archs for r in compile_case(case, a, sass=sass)]
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
-    cmd = [sys.executable, "-m", "attnscore.kernels._aot", "--json", path, "--jobs", "1"]
+    cmd = [sys.executable, os.path.abspath(__file__), "--json", path, "--jobs", "1"]
     cmd += ["--arch", str(archs.pop()), *(["--sass"] if sass else [])]
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     try:
@@ -560,10 +564,10 @@ def _line(r: Result) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnscore.kernels._aot``: compile, print, exit 1 on a failed check
+    """``python tools/triton_aot.py``: compile, print, exit 1 on a failed check
     (2 when kernels cannot be compiled here)."""
     parser = argparse.ArgumentParser(
-        prog="python -m attnscore.kernels._aot",
+        prog="python tools/triton_aot.py",
         description="Compile every Triton kernel for sm_80 and sm_90 without a GPU and "
         "check registers, spills, shared memory, grid sizes and the PTX (issue 17).",
     )
