@@ -268,11 +268,10 @@ def test_unmasked_softmax_in_training(counted, dtype, shape, kernel):
 
 
 @needs_c
-def test_unmasked_softmax_double_backward(monkeypatch):
+def test_unmasked_softmax_double_backward(thresholds):
     """The kernel's softmax in training keeps double backward exact (float64, the kernel
     allowed at this size)."""
-    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING", 1)
-    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING_DTYPES", frozenset({torch.float64}))
+    thresholds(softmax_training=1, softmax_training_dtypes={torch.float64})
     x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(attnscore.masked_softmax, (x,))
 

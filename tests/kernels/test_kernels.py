@@ -294,11 +294,11 @@ def test_additive_gradcheck(fast):
     assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, lens), args)
 
 
-def test_additive_plain_chunks(monkeypatch):
+def test_additive_plain_chunks(thresholds):
     """Force tiny blocks so the chunked twin's blocking logic is exercised."""
     from attnscore.kernels import _plain
 
-    monkeypatch.setattr(_plain, "CHUNK_ELEMENTS", 1)
+    thresholds(plain_chunk_elements=1)
     qh, kh, w, lens = _additive_inputs(B=2, n=7, m=5, h=3)
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
     expected = ref_additive(qh, kh, w, lens)
@@ -345,7 +345,7 @@ def test_build_info_and_threads():
 
 @needs_c
 @pytest.mark.parametrize("openmp", [True, False], ids=["openmp-drivers", "python-threads"])
-def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
+def test_both_parallel_runners_match_the_references(monkeypatch, thresholds, openmp):
     """The row ranges run on torch's OpenMP threads (C drivers) or on Python threads; both
     must give the float64 reference, forward and backward, with two ranges or more."""
     from attnscore.kernels import _build, _cpu
@@ -353,7 +353,7 @@ def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
     if openmp and not _build.parallel_in_c():
         pytest.skip("the kernels were not built with torch's OpenMP runtime here")
     monkeypatch.setattr(_cpu, "parallel_in_c", lambda: openmp)
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)  # always split
+    thresholds(min_work_per_thread=1)  # always split
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -667,13 +667,13 @@ HALF_SHAPES = {
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "transposed"])
 @pytest.mark.parametrize("shapes", list(HALF_SHAPES.values()), ids=list(HALF_SHAPES))
-def test_float16_matmul_accumulates_in_float32(monkeypatch, shapes, strided, threads):
+def test_float16_matmul_accumulates_in_float32(thresholds, shapes, strided, threads):
     """Every entry within half a float16 ulp of the exact product (plus float32 rounding),
     for contiguous and transposed operands, on one thread and split over two (ranges that
     cross batch entries)."""
     from attnscore.kernels import _cpu
 
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    thresholds(min_work_per_thread=1)
     (sa, sb) = shapes
     a, b = torch.randn(*sa).half(), torch.randn(*sb).half()
     if strided:  # the same values, read through transposed strides
