@@ -14,6 +14,7 @@ import torch
 import attnscore
 from attnscore import kernels as K
 from attnscore.kernels import _cpu, _dispatch, _ops, _plain
+from observed_backend import observed_cpu
 
 HAVE_C = K.available(torch.zeros(1))
 needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
@@ -38,18 +39,16 @@ def ref_additive(qh, kh, w, lengths):
 
 
 @pytest.fixture
-def counted(monkeypatch):
-    """Count calls of the CPU backend's op functions (the C kernels)."""
+def counted():
+    """Count the dispatch's calls of the CPU backend's op functions (the C kernels)."""
     calls: dict[str, int] = dict.fromkeys(FUNCTIONS, 0)
-    for name in FUNCTIONS:
-        original = getattr(_cpu, name)
 
-        def wrapper(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
+    def count(name, _args, _result):
+        if name in calls:
+            calls[name] += 1
 
-        monkeypatch.setattr(_cpu, name, wrapper)
-    return calls
+    with observed_cpu(count):
+        yield calls
 
 
 # ---- the backend table ---------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from attnscore import kernels as K
 from attnscore.kernels import _cpu, _sdpa
 from attnscore.masking import build_mask
+from observed_backend import observed_cpu
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 4e-2, torch.float16: 6e-3}
@@ -423,30 +424,29 @@ def test_loop_backward_leaves_no_thread_behind(thresholds, monkeypatch):
 # ---- small module calls: one backend step from the caller's arguments --------------------
 
 
-def _returns(monkeypatch, name):
-    """Whether the CPU backend's small path ``name`` took each call (returned a tensor)."""
+def _returns(wanted):
+    """Whether the CPU backend's small path ``wanted`` took each call (returned a result),
+    while the body of the fixture that yields it runs."""
     results: list[bool] = []
-    original = getattr(_cpu, name)
 
-    def counted(*args):
-        out = original(*args)
-        results.append(out is not None)
-        return out
+    def seen(name, _args, out):
+        if name == wanted:
+            results.append(out is not None)
 
-    monkeypatch.setattr(_cpu, name, counted)
-    return results
+    with observed_cpu(seen):
+        yield results
 
 
 @pytest.fixture
-def lane(monkeypatch):
+def lane():
     """What the CPU backend's small-call dot-product attention returned, call by call."""
-    return _returns(monkeypatch, "small_dot_product_attention")
+    yield from _returns("small_dot_product_attention")
 
 
 @pytest.fixture
-def lane_additive(monkeypatch):
+def lane_additive():
     """What the CPU backend's small-call additive attention returned, call by call."""
-    return _returns(monkeypatch, "small_additive_attention")
+    yield from _returns("small_additive_attention")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)

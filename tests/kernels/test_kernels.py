@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnscore import kernels as K
+from observed_backend import observed_cpu
 
 HAVE_C = K.available(torch.zeros(1))
 needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
@@ -155,20 +156,16 @@ def test_masked_softmax_gradcheck(fast):
 
 
 @pytest.fixture
-def small_calls(monkeypatch):
+def small_calls():
     """What the CPU backend's small-call masked softmax returned, call by call."""
-    from attnscore.kernels import _cpu
-
     results: list[bool] = []
-    original = _cpu.small_masked_softmax
 
-    def counted(x, valid_lens):
-        out = original(x, valid_lens)
-        results.append(out is not None)
-        return out
+    def seen(name, _args, out):
+        if name == "small_masked_softmax":
+            results.append(out is not None)
 
-    monkeypatch.setattr(_cpu, "small_masked_softmax", counted)
-    return results
+    with observed_cpu(seen):
+        yield results
 
 
 @needs_c
@@ -722,28 +719,26 @@ def test_float16_matmul_gradients(fast, weight):
 
 
 @needs_c
-def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
+def test_float16_attention_products_run_in_the_c_kernel():
     """General attention in float16 on the CPU, plain path (the weights asked for; by
     lengths alone the call takes the kernel by lengths): its products (q W_a, scores,
     weights @ V, and their gradients) go to the backend's matmul, and the output and
     gradients match the float64 formulation."""
     import attnscore
-    from attnscore.kernels import _cpu
 
     calls = []
-    original = _cpu.matmul
 
-    def counted(a, b):
-        calls.append((a.dtype, b.dtype))
-        return original(a, b)
+    def seen(name, args, _out):
+        if name == "matmul":
+            calls.append((args[0].dtype, args[1].dtype))
 
-    monkeypatch.setattr(_cpu, "matmul", counted)
     module = attnscore.make_scorer("general", 8, 8).half()
     q = torch.randn(2, 3, 8).half().requires_grad_()
     k, v = torch.randn(2, 5, 8).half(), torch.randn(2, 5, 4).half()
     lens = torch.tensor([2, 5])
-    out, _ = module(q, k, v, lens, return_weights=True)
-    (gq,) = torch.autograd.grad(out.sum(), q)
+    with observed_cpu(seen):
+        out, _ = module(q, k, v, lens, return_weights=True)
+        (gq,) = torch.autograd.grad(out.sum(), q)
     # forward: q W_a, scores, weights @ V; backward: the weights', q W_a's, q's and W_a's
     assert len(calls) == 3 + 4
     assert set(calls) == {(torch.float16, torch.float16)}
