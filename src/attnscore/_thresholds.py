@@ -74,8 +74,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "huge_min_bytes",
         4 << 20,
         "CPU C kernels: outputs from this many bytes get the transparent-huge-page hint.",
-        "First-touch page faults dominated large masked softmax outputs; small ones fault "
-        "few pages and the hint's system call would cost more.",
+        "First-touch page faults dominated large masked softmax outputs; small outputs "
+        "touch few pages.",
         None,
         None,
         "Set with the hint (commit 9f7f0fe); no bench row compares values.",
@@ -98,8 +98,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         1 << 19,
         "The same in training (PyTorch's softmax backward of the kernel's output), from "
         "this many elements on, for the dtypes of softmax_training_dtypes.",
-        "A training step repays the kernel's call only at twice the inference size; our "
-        "own backward kernel did not pay and is not used there.",
+        "From here the kernel's forward with PyTorch's backward measured faster than "
+        "torch.softmax's step; our own backward kernel did not pay and is not used there.",
         _ZEN5,
         f"masked_softmax, mask none, fwd+bwd ({_CPU_RUN})",
         "The crossover itself was measured at shapes outside the matrix (commit eaed4bd).",
@@ -156,8 +156,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         64,
         "A task of the kernel by lengths is one (example, head) or a chunk of at least this "
         "many of its sorted queries.",
-        "A few examples and heads still give every thread work; shorter chunks would "
-        "repeat the key reads per tile.",
+        "A few examples and heads still give every thread work.",
         None,
         None,
         "Task geometry, set with the kernel (commit 7991b28); no bench row compares values.",
