@@ -1621,7 +1621,8 @@ def dot_product_attention(
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
         return with_mask()
     # With fewer heads than threads the loop's backward needs threads of its own, whose
-    # start only a large backward repays: below that, training takes the grouped calls.
+    # start only a large backward repays: below that, training takes one flash call per
+    # group of examples of similar length (SDPA with the mask where that saves too little).
     threads = torch.get_num_threads()
     if needs_grad and threads > H and kept * work < _THREADS_WORK:
         groups = _groups(longest, lengths, -(-threads // H))
