@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -20,3 +21,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def thresholds():
+    """``thresholds(**values)``: :func:`attnscore.kernels.thresholds` for the rest of the
+    test, as ``monkeypatch`` would set them (later calls add to earlier ones; all are
+    undone when the test ends). How tests steer which implementation runs."""
+    from attnscore import kernels
+
+    with contextlib.ExitStack() as stack:
+
+        def set_values(**values):
+            return stack.enter_context(kernels.thresholds(**values))
+
+        yield set_values

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from ._thresholds import value
+
 __all__ = [
     "LOOK_NUMEL",
     "all_finite",
@@ -36,7 +38,7 @@ except ImportError:  # pragma: no cover - a torch without it
         return False
 
 
-LOOK_NUMEL = 1 << 15
+LOOK_NUMEL: int = value("look_numel")
 """Tensors of at least this many elements (together) have their padding looked at (one
 read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally (a few
 ``masked_fill`` calls cost less than the looking)."""
@@ -74,7 +76,7 @@ def fake_tensor_type() -> type:
     return FakeTensor
 
 
-SMALL_VALUES = 256
+SMALL_VALUES: int = value("small_values")
 """Integer tensors up to this many values are read into Python at once by
 :func:`value_range` (cheaper than a reduction op and its ``.item()``)."""
 

@@ -192,9 +192,9 @@ MODULES = {
 
 @pytest.mark.parametrize("looked", [False, True], ids=["small: zeroed", "large: looked at"])
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_padded_garbage_changes_nothing(name, looked, monkeypatch):
+def test_padded_garbage_changes_nothing(name, looked, thresholds):
     if looked:  # padding is looked at (read for NaN/inf) before zeroing, as in large calls
-        monkeypatch.setattr(attnscore._engine, "LOOK_NUMEL", 0)
+        thresholds(look_numel=0)
     attention = MODULES[name]().double()
     q, k, v = _random_case(d_q=3)
     lens = torch.tensor([2, 0, 4])
@@ -228,13 +228,13 @@ def test_padded_garbage_changes_nothing(name, looked, monkeypatch):
         torch.testing.assert_close(attention(q, k2, v2, lens), clean[0].detach())
 
 
-def test_padding_off_the_cpu_is_zeroed_without_looking(monkeypatch):
+def test_padding_off_the_cpu_is_zeroed_without_looking(thresholds, monkeypatch):
     """Off the CPU a look would cost a device sync: the padding is zeroed unconditionally,
     whatever the size (meta tensors stand in for a device here)."""
     from attnscore import _engine
     from attnscore.masking import build_mask
 
-    monkeypatch.setattr(_engine, "LOOK_NUMEL", 0)  # as large as calls come
+    thresholds(look_numel=0)  # as large as calls come
 
     def no_look(*args):
         raise AssertionError("looked at padding off the CPU")

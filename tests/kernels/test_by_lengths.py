@@ -31,12 +31,10 @@ LAYOUTS = {
 
 
 @pytest.fixture
-def kernel_calls(monkeypatch):
+def kernel_calls(thresholds, monkeypatch):
     """The kernel at every size (no small-call pass first, causal masking at any work);
     records the forward's calls."""
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
-    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 0)
+    thresholds(small_work=-1, unpadded_work=0, unpadded_inference=0)
     return _record(monkeypatch, _cpu, "_by_lengths_forward", True)
 
 
@@ -98,13 +96,14 @@ def test_inference_matches_the_reference(dtype, mask_kind, layout, shape, kernel
 
 @pytest.mark.parametrize("python_threads", [False, True], ids=["C driver", "Python threads"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_chunks_of_sorted_queries_over_threads(threads, python_threads, kernel_calls, monkeypatch):
+def test_chunks_of_sorted_queries_over_threads(
+    threads, python_threads, kernel_calls, thresholds, monkeypatch
+):
     """Few examples and heads: each (example, head) is cut into chunks of its sorted
     queries (here of 8), which the threads take one at a time as they finish one, on the C
     driver's OpenMP threads or on Python threads sharing the task counter; same result as
     the reference either way."""
-    monkeypatch.setattr(_cpu, "_BY_LENGTHS_CHUNK", 8)
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    thresholds(by_lengths_chunk=8, min_work_per_thread=1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     if python_threads:
         monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
@@ -153,12 +152,10 @@ def test_logsumexp_is_the_flash_ops(kernel_calls):
 
 
 @pytest.fixture
-def training_route(monkeypatch):
+def training_route(thresholds, monkeypatch):
     """Training by lengths in the C kernel, forward and backward, at every size; records
     the lengths each call gets."""
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 0)
-    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 0)
+    thresholds(small_work=-1, unpadded_work=0, unpadded_inference=0)
     seen = []
     real = _cpu._ByLengthsAttention
 
@@ -217,10 +214,10 @@ def test_training_matches_the_reference(dtype, mask_kind, layout, shape, trainin
 
 
 @pytest.mark.parametrize("python_threads", [False, True], ids=["C driver", "Python threads"])
-def test_training_over_threads(python_threads, training_route, monkeypatch):
+def test_training_over_threads(python_threads, training_route, thresholds, monkeypatch):
     """The backward's tasks, one per (example, head), shared by 3 threads (OpenMP or
     Python): gradients as the reference's."""
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    thresholds(min_work_per_thread=1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     if python_threads:
         monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
@@ -235,7 +232,7 @@ def test_training_over_threads(python_threads, training_route, monkeypatch):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
 
-def test_where_it_runs(kernel_calls, monkeypatch):
+def test_where_it_runs(kernel_calls):
     """Lengths of every kind and causal alone, in inference and training: the kernel. Not:
     float64, more keys than ``_BY_LENGTHS_KEYS``, dropout."""
     (q, k, v), by_query, _ = _case("4-D heads", 16, 24, torch.float32, "lengths (B, n)")
@@ -252,8 +249,7 @@ def test_where_it_runs(kernel_calls, monkeypatch):
         assert runs(by_query) and runs(causal) and runs(by_example)
         assert not runs(by_query, *(t.double() for t in (q, k, v)))
         assert not runs(by_query, dropout_p=0.5) and not runs(causal, dropout_p=0.5)
-    with monkeypatch.context() as patch:
-        patch.setattr(_cpu, "_BY_LENGTHS_KEYS", 23)
+    with K.thresholds(by_lengths_keys=23):
         assert not runs(by_query) and not runs(causal)
 
 
@@ -328,11 +324,10 @@ def test_general_and_cosine_run_as_dot_products_of_their_projections(
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
-def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls, monkeypatch):
+def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls, thresholds):
     """No mask at a size where the kernel did not measure faster than SDPA, a boolean mask,
     dropout, or the weights asked for: the plain pipeline (no kernel call)."""
-    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
-    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 1 << 17)
+    thresholds(unpadded_work=1 << 22, unpadded_inference=1 << 17)
     (q, k, v), mask, _ = _case("3-D", 13, 17, torch.float32, "lengths (B, n)", d=16, dv=8)
     module = attnscore.make_scorer(name, 16, dropout=0.5)
     lengths = mask.lengths
@@ -385,7 +380,7 @@ def test_no_mask_matches_the_reference(dtype, layout, shape, unmasked_calls):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=4 * tol, rtol=4 * tol)
 
 
-def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
+def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
     """Without a mask or with causal masking alone, the kernel runs only where it measured
     faster than SDPA: float32 and bfloat16 in inference from ``_UNPADDED_INFERENCE`` on,
     in training from ``_UNPADDED_WORK`` on with an (example, head) per thread, either with
@@ -393,9 +388,7 @@ def test_where_nothing_padded_runs_it(kernel_calls, monkeypatch):
     shape); float16 from the small calls' size on. Never with dropout, in float64, or with
     kernels disabled."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", 1 << 14)
-    monkeypatch.setattr(_cpu, "_UNPADDED_WORK", 1 << 22)
-    monkeypatch.setattr(_cpu, "_UNPADDED_INFERENCE", 1 << 17)
+    thresholds(small_work=1 << 14, unpadded_work=1 << 22, unpadded_inference=1 << 17)
     g = torch.Generator().manual_seed(5)
 
     def runs(B, H, n, m, d, dtype=torch.float32, grad=False, causal=False, **kwargs):

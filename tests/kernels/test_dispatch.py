@@ -14,6 +14,7 @@ import torch
 import attnscore
 from attnscore import kernels as K
 from attnscore.kernels import _cpu, _dispatch, _ops, _plain
+from observed_backend import observed_cpu
 
 HAVE_C = K.available(torch.zeros(1))
 needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
@@ -38,18 +39,16 @@ def ref_additive(qh, kh, w, lengths):
 
 
 @pytest.fixture
-def counted(monkeypatch):
-    """Count calls of the CPU backend's op functions (the C kernels)."""
+def counted():
+    """Count the dispatch's calls of the CPU backend's op functions (the C kernels)."""
     calls: dict[str, int] = dict.fromkeys(FUNCTIONS, 0)
-    for name in FUNCTIONS:
-        original = getattr(_cpu, name)
 
-        def wrapper(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
+    def count(name, _args, _result):
+        if name in calls:
+            calls[name] += 1
 
-        monkeypatch.setattr(_cpu, name, wrapper)
-    return calls
+    with observed_cpu(count):
+        yield calls
 
 
 # ---- the backend table ---------------------------------------------------------------------
@@ -268,11 +267,10 @@ def test_unmasked_softmax_in_training(counted, dtype, shape, kernel):
 
 
 @needs_c
-def test_unmasked_softmax_double_backward(monkeypatch):
+def test_unmasked_softmax_double_backward(thresholds):
     """The kernel's softmax in training keeps double backward exact (float64, the kernel
     allowed at this size)."""
-    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING", 1)
-    monkeypatch.setattr(_cpu, "_SOFTMAX_TRAINING_DTYPES", frozenset({torch.float64}))
+    thresholds(softmax_training=1, softmax_training_dtypes={torch.float64})
     x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(attnscore.masked_softmax, (x,))
 

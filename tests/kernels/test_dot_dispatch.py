@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from attnscore import kernels as K
 from attnscore.kernels import _cpu, _sdpa
 from attnscore.masking import build_mask
+from observed_backend import observed_cpu
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 4e-2, torch.float16: 6e-3}
@@ -92,38 +93,36 @@ def _inputs(batch, n, m, d=8, dv=8, dtype=torch.float64, seed=0, heads_inner=Fal
     return q.to(dtype), k.to(dtype), v.to(dtype), g
 
 
-def _always_loop(monkeypatch):
+def _always_loop(thresholds):
     """The padding-free loop at any size: cutting always pays, and so do the backward's
     threads (with fewer heads than threads)."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
-    monkeypatch.setattr(_cpu, "_THREADS_WORK", 0)
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)  # no call is small
-    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)  # nor runs the C kernel
+    thresholds(
+        call_work=0,
+        threads_work=0,
+        small_work=-1,  # no call is small
+        by_lengths_work=1 << 60,  # nor runs the C kernel
+    )
 
 
-def _groups(monkeypatch, threads=3):
+def _groups(thresholds, monkeypatch, threads=3):
     """The grouped training route at any size: cutting pays, the loop's backward threads
     never do, and ``threads`` threads (groups of ceil(threads / H) examples)."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)
-    monkeypatch.setattr(_cpu, "_THREADS_WORK", 1 << 60)
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-    monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
+    thresholds(call_work=0, threads_work=1 << 60, small_work=-1, by_lengths_work=1 << 60)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
 
 
-def run(route, q, k, v, mask, scale, monkeypatch):
+def run(route, q, k, v, mask, scale, thresholds, monkeypatch):
     if route == "loop":
-        _always_loop(monkeypatch)
+        _always_loop(thresholds)
     elif route == "groups":
-        _groups(monkeypatch)
+        _groups(thresholds, monkeypatch)
         if not any(t.requires_grad for t in (q, k, v)):  # the route is taken in training
             q = q.detach().requires_grad_(True)
     elif route.startswith("masked"):
-        monkeypatch.setattr(_cpu, "_CALL_WORK", 1 << 60)  # cutting never pays
-        monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
-        monkeypatch.setattr(_cpu, "_BY_LENGTHS_WORK", 1 << 60)
+        # cutting never pays
+        thresholds(call_work=1 << 60, small_work=-1, by_lengths_work=1 << 60)
         if route == "masked, looked":
-            monkeypatch.setattr(_sdpa, "LOOK_NUMEL", 0)  # as for large inputs
+            thresholds(look_numel=0)  # as for large inputs
     if route == "plain":
         with K.disabled():
             return K.dot_product_attention(q, k, v, mask, scale=scale)
@@ -142,7 +141,9 @@ LAYOUTS = {
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(5, 7), (7, 5)], ids=["n<m", "n>m"])
-def test_every_route_matches_the_reference(route, mask_kind, layout, shape, monkeypatch):
+def test_every_route_matches_the_reference(
+    route, mask_kind, layout, shape, thresholds, monkeypatch
+):
     n, m = shape
     spec = LAYOUTS[layout]
     q, k, v, g = _inputs(spec["batch"], n, m, heads_inner=spec.get("heads_inner", False))
@@ -151,7 +152,7 @@ def test_every_route_matches_the_reference(route, mask_kind, layout, shape, monk
     if mask_kind == "lengths per head" and len(batch) == 1:
         kwargs = MASKS["lengths (B, n)"](tuple(batch), n, m, g)
     mask = build_mask(torch.Size(batch), n, m, q.device, **kwargs)
-    out = run(route, q, k, v, mask, 0.4, monkeypatch)
+    out = run(route, q, k, v, mask, 0.4, thresholds, monkeypatch)
     assert out.shape == (*batch, n, 8) and out.dtype == q.dtype
     torch.testing.assert_close(out, reference(q, k, v, mask, 0.4), atol=1e-10, rtol=1e-10)
 
@@ -161,10 +162,10 @@ def test_every_route_matches_the_reference(route, mask_kind, layout, shape, monk
 @pytest.mark.parametrize(
     "mask_kind", ["none", "lengths (B,)", "lengths (B, n)", "causal + lengths"]
 )
-def test_dtypes(dtype, route, mask_kind, monkeypatch):
+def test_dtypes(dtype, route, mask_kind, thresholds, monkeypatch):
     q, k, v, g = _inputs((4, 2), 9, 11, dtype=dtype, seed=1)
     mask = build_mask(q.shape[:-2], 9, 11, q.device, **MASKS[mask_kind]((4, 2), 9, 11, g))
-    out = run(route, q, k, v, mask, 1 / math.sqrt(8), monkeypatch)
+    out = run(route, q, k, v, mask, 1 / math.sqrt(8), thresholds, monkeypatch)
     assert out.dtype == dtype
     expected = reference(q, k, v, mask, 1 / math.sqrt(8))
     torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
@@ -172,7 +173,7 @@ def test_dtypes(dtype, route, mask_kind, monkeypatch):
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "bool", "all"])
-def test_garbage_in_padding_changes_nothing(route, mask_kind, monkeypatch):
+def test_garbage_in_padding_changes_nothing(route, mask_kind, thresholds, monkeypatch):
     """NaN / inf in keys and values no query may attend, and in queries that attend nothing:
     same output as with clean padding, finite everywhere, zero gradients there."""
     q, k, v, g = _inputs((3, 2), 6, 8, seed=2)
@@ -185,7 +186,7 @@ def test_garbage_in_padding_changes_nothing(route, mask_kind, monkeypatch):
         torch.where(padded, float("inf"), v),
     ]
     qd, kd, vd = (t.clone().requires_grad_(True) for t in dirty)
-    out = run(route, qd, kd, vd, mask, 0.5, monkeypatch)
+    out = run(route, qd, kd, vd, mask, 0.5, thresholds, monkeypatch)
     torch.testing.assert_close(out, reference(q, k, v, mask, 0.5), atol=1e-10, rtol=1e-10)
     out.backward(torch.randn(out.shape, generator=g, dtype=out.dtype))
     wheres = (idle, padded.expand_as(k), padded.expand_as(v))
@@ -198,7 +199,9 @@ def test_garbage_in_padding_changes_nothing(route, mask_kind, monkeypatch):
 @pytest.mark.parametrize("value_size", [8, 6], ids=["dv=d", "dv!=d"])
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths", "all"])
-def test_gradients_match_the_reference(route, mask_kind, value_size, upstream, monkeypatch):
+def test_gradients_match_the_reference(
+    route, mask_kind, value_size, upstream, thresholds, monkeypatch
+):
     """Gradients against the float64 reference, for a random upstream gradient and for a
     sum's (one value broadcast: strides 0, which the flash backward cannot read)."""
     q, k, v, g = _inputs((3, 2), 5, 7, dv=value_size, seed=3, heads_inner=True)
@@ -208,7 +211,7 @@ def test_gradients_match_the_reference(route, mask_kind, value_size, upstream, m
         grad_out = torch.tensor(1.5, dtype=torch.float64).expand(3, 2, 5, value_size)
     ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     theirs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    run(route, *ours, mask, 0.6, monkeypatch).backward(grad_out)
+    run(route, *ours, mask, 0.6, thresholds, monkeypatch).backward(grad_out)
     reference(*theirs, mask, 0.6).backward(grad_out)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
@@ -217,14 +220,14 @@ def test_gradients_match_the_reference(route, mask_kind, value_size, upstream, m
 @pytest.mark.parametrize("route", ["loop", "groups"])
 @pytest.mark.parametrize("dropout", [False, True], ids=["one node", "through SDPA"])
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths (B, n)", "causal + lengths"])
-def test_loop_gradcheck(mask_kind, dropout, route, monkeypatch):
+def test_loop_gradcheck(mask_kind, dropout, route, thresholds, monkeypatch):
     """Both forms of the loop and of the grouped path: one autograd node (no dropout) and
     SDPA's autograd (taken with dropout; checked here with dv != d, which the flash op does
     not take either)."""
     if route == "loop":
-        _always_loop(monkeypatch)
+        _always_loop(thresholds)
     else:
-        _groups(monkeypatch)
+        _groups(thresholds, monkeypatch)
     q, k, v, g = _inputs((2, 2), 3, 4, d=2, dv=3 if dropout else 2, seed=4)
     mask = build_mask(q.shape[:-2], 3, 4, q.device, **MASKS[mask_kind]((2, 2), 3, 4, g))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -233,8 +236,8 @@ def test_loop_gradcheck(mask_kind, dropout, route, monkeypatch):
     )
 
 
-def test_an_example_with_nothing_to_attend_still_gives_zero_gradients(monkeypatch):
-    _always_loop(monkeypatch)
+def test_an_example_with_nothing_to_attend_still_gives_zero_gradients(thresholds, monkeypatch):
+    _always_loop(thresholds)
     q, k, v, _ = _inputs((2,), 3, 4)
     mask = build_mask(torch.Size([2]), 3, 4, q.device, valid_lens=torch.tensor([0, 0]))
     args = [t.requires_grad_(True) for t in (q, k, v)]
@@ -302,10 +305,10 @@ def _recording_flash(monkeypatch, what):
     return calls
 
 
-def test_lengths_run_one_flash_call_per_example_on_cut_keys(monkeypatch):
+def test_lengths_run_one_flash_call_per_example_on_cut_keys(thresholds, monkeypatch):
     """One flash call per example with all its heads, keys cut to its length; no mask
     inside the cut for per-example lengths; the backward likewise."""
-    _always_loop(monkeypatch)
+    _always_loop(thresholds)
     calls = _recording_flash(monkeypatch, lambda q, k, mask: (tuple(k.shape), mask, q.shape[2]))
     q, k, v, _ = _inputs((3, 4), 6, 10)
     mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
@@ -357,13 +360,12 @@ def test_small_call_with_non_finite_values_where_attended_gives_the_plain_maths(
     assert sdpa_calls == []
 
 
-def test_training_with_fewer_heads_than_threads_groups_examples_by_length(monkeypatch):
+def test_training_with_fewer_heads_than_threads_groups_examples_by_length(thresholds, monkeypatch):
     """Where the loop's backward would need threads whose start its work does not repay,
     training makes one flash call (forward and backward) per group of ceil(threads / H)
     examples of similar length, on keys cut to the group's longest, with the mask inside;
     inference keeps the loop (one call per example)."""
-    monkeypatch.setattr(_cpu, "_CALL_WORK", 0)  # cutting pays; the threads do not
-    monkeypatch.setattr(_cpu, "_SMALL_WORK", -1)
+    thresholds(call_work=0, small_work=-1)  # cutting pays; the threads do not
     calls = _recording_flash(
         monkeypatch, lambda q, k, mask: (q.shape[0], k.shape[2], mask is not None)
     )
@@ -397,13 +399,13 @@ def test_empty_rows_probe_on_this_torch():
     assert _sdpa.empty_rows_are_zero("cuda") is False
 
 
-def test_loop_backward_leaves_no_thread_behind(monkeypatch):
+def test_loop_backward_leaves_no_thread_behind(thresholds, monkeypatch):
     """With fewer heads than threads the loop's backward runs examples on threads of its
     own; they end with it. (A live thread that has run a PyTorch op slows every later small
     op of the main thread, about 35 us each: measured with ``attnscore bench``.)"""
     import threading
 
-    _always_loop(monkeypatch)  # the loop, threads in its backward, at a small shape
+    _always_loop(thresholds)  # the loop, threads in its backward, at a small shape
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -422,30 +424,29 @@ def test_loop_backward_leaves_no_thread_behind(monkeypatch):
 # ---- small module calls: one backend step from the caller's arguments --------------------
 
 
-def _returns(monkeypatch, name):
-    """Whether the CPU backend's small path ``name`` took each call (returned a tensor)."""
+def _returns(wanted):
+    """Whether the CPU backend's small path ``wanted`` took each call (returned a result),
+    while the body of the fixture that yields it runs."""
     results: list[bool] = []
-    original = getattr(_cpu, name)
 
-    def counted(*args):
-        out = original(*args)
-        results.append(out is not None)
-        return out
+    def seen(name, _args, out):
+        if name == wanted:
+            results.append(out is not None)
 
-    monkeypatch.setattr(_cpu, name, counted)
-    return results
+    with observed_cpu(seen):
+        yield results
 
 
 @pytest.fixture
-def lane(monkeypatch):
+def lane():
     """What the CPU backend's small-call dot-product attention returned, call by call."""
-    return _returns(monkeypatch, "small_dot_product_attention")
+    yield from _returns("small_dot_product_attention")
 
 
 @pytest.fixture
-def lane_additive(monkeypatch):
+def lane_additive():
     """What the CPU backend's small-call additive attention returned, call by call."""
-    return _returns(monkeypatch, "small_additive_attention")
+    yield from _returns("small_additive_attention")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)

@@ -148,9 +148,14 @@ def _masks(m):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("training", [False, True])
-def test_selection_declines_with_a_reason(dtype, training):
+@pytest.mark.parametrize("table", ["as measured", "an entry"])
+def test_selection_declines_with_a_reason(dtype, training, table, thresholds):
     """``flex_takes`` takes only what FLEX_MIN_KEYS lists (dtype, training, keys), on CUDA,
-    by lengths, without dropout; each refusal says why."""
+    by lengths, without dropout; each refusal says why. With the table as measured (empty
+    today) and with an entry for this (dtype, training) put in (``flex_min_keys``), so
+    that both kinds of refusal run."""
+    if table == "an entry":
+        thresholds(flex_min_keys={(dtype, training): 1024})
     least = _flex.FLEX_MIN_KEYS.get((dtype, training))
     m = least or 4096
     by_lengths, by_bool = _masks(m)

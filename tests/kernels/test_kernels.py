@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnscore import kernels as K
+from observed_backend import observed_cpu
 
 HAVE_C = K.available(torch.zeros(1))
 needs_c = pytest.mark.skipif(not HAVE_C, reason="C kernels unavailable (disabled, or no compiler)")
@@ -155,20 +156,16 @@ def test_masked_softmax_gradcheck(fast):
 
 
 @pytest.fixture
-def small_calls(monkeypatch):
+def small_calls():
     """What the CPU backend's small-call masked softmax returned, call by call."""
-    from attnscore.kernels import _cpu
-
     results: list[bool] = []
-    original = _cpu.small_masked_softmax
 
-    def counted(x, valid_lens):
-        out = original(x, valid_lens)
-        results.append(out is not None)
-        return out
+    def seen(name, _args, out):
+        if name == "small_masked_softmax":
+            results.append(out is not None)
 
-    monkeypatch.setattr(_cpu, "small_masked_softmax", counted)
-    return results
+    with observed_cpu(seen):
+        yield results
 
 
 @needs_c
@@ -294,11 +291,11 @@ def test_additive_gradcheck(fast):
     assert torch.autograd.gradcheck(lambda a, b, c: K.additive_scores(a, b, c, lens), args)
 
 
-def test_additive_plain_chunks(monkeypatch):
+def test_additive_plain_chunks(thresholds):
     """Force tiny blocks so the chunked twin's blocking logic is exercised."""
     from attnscore.kernels import _plain
 
-    monkeypatch.setattr(_plain, "CHUNK_ELEMENTS", 1)
+    thresholds(plain_chunk_elements=1)
     qh, kh, w, lens = _additive_inputs(B=2, n=7, m=5, h=3)
     args = [t.requires_grad_(True) for t in (qh, kh, w)]
     expected = ref_additive(qh, kh, w, lens)
@@ -345,7 +342,7 @@ def test_build_info_and_threads():
 
 @needs_c
 @pytest.mark.parametrize("openmp", [True, False], ids=["openmp-drivers", "python-threads"])
-def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
+def test_both_parallel_runners_match_the_references(monkeypatch, thresholds, openmp):
     """The row ranges run on torch's OpenMP threads (C drivers) or on Python threads; both
     must give the float64 reference, forward and backward, with two ranges or more."""
     from attnscore.kernels import _build, _cpu
@@ -353,7 +350,7 @@ def test_both_parallel_runners_match_the_references(monkeypatch, openmp):
     if openmp and not _build.parallel_in_c():
         pytest.skip("the kernels were not built with torch's OpenMP runtime here")
     monkeypatch.setattr(_cpu, "parallel_in_c", lambda: openmp)
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)  # always split
+    thresholds(min_work_per_thread=1)  # always split
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -667,13 +664,13 @@ HALF_SHAPES = {
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "transposed"])
 @pytest.mark.parametrize("shapes", list(HALF_SHAPES.values()), ids=list(HALF_SHAPES))
-def test_float16_matmul_accumulates_in_float32(monkeypatch, shapes, strided, threads):
+def test_float16_matmul_accumulates_in_float32(thresholds, shapes, strided, threads):
     """Every entry within half a float16 ulp of the exact product (plus float32 rounding),
     for contiguous and transposed operands, on one thread and split over two (ranges that
     cross batch entries)."""
     from attnscore.kernels import _cpu
 
-    monkeypatch.setattr(_cpu, "_MIN_WORK_PER_THREAD", 1)
+    thresholds(min_work_per_thread=1)
     (sa, sb) = shapes
     a, b = torch.randn(*sa).half(), torch.randn(*sb).half()
     if strided:  # the same values, read through transposed strides
@@ -722,28 +719,26 @@ def test_float16_matmul_gradients(fast, weight):
 
 
 @needs_c
-def test_float16_attention_products_run_in_the_c_kernel(monkeypatch):
+def test_float16_attention_products_run_in_the_c_kernel():
     """General attention in float16 on the CPU, plain path (the weights asked for; by
     lengths alone the call takes the kernel by lengths): its products (q W_a, scores,
     weights @ V, and their gradients) go to the backend's matmul, and the output and
     gradients match the float64 formulation."""
     import attnscore
-    from attnscore.kernels import _cpu
 
     calls = []
-    original = _cpu.matmul
 
-    def counted(a, b):
-        calls.append((a.dtype, b.dtype))
-        return original(a, b)
+    def seen(name, args, _out):
+        if name == "matmul":
+            calls.append((args[0].dtype, args[1].dtype))
 
-    monkeypatch.setattr(_cpu, "matmul", counted)
     module = attnscore.make_scorer("general", 8, 8).half()
     q = torch.randn(2, 3, 8).half().requires_grad_()
     k, v = torch.randn(2, 5, 8).half(), torch.randn(2, 5, 4).half()
     lens = torch.tensor([2, 5])
-    out, _ = module(q, k, v, lens, return_weights=True)
-    (gq,) = torch.autograd.grad(out.sum(), q)
+    with observed_cpu(seen):
+        out, _ = module(q, k, v, lens, return_weights=True)
+        (gq,) = torch.autograd.grad(out.sum(), q)
     # forward: q W_a, scores, weights @ V; backward: the weights', q W_a's, q's and W_a's
     assert len(calls) == 3 + 4
     assert set(calls) == {(torch.float16, torch.float16)}

@@ -33,6 +33,12 @@ fused dot-product path declines (:func:`._attention.declines`): an exported prog
 plain PyTorch operators only, which every exporter translates, at every size its dynamic
 dimensions allow, and runs without attnscore.
 
+Which implementation runs also depends on sizes: every size and work threshold that decides
+it is one entry of :data:`THRESHOLDS` (value, what it decides, why, the machine and bench
+row behind it). Tests steer the choice with :func:`thresholds` (e.g. ``with
+thresholds(small_work=-1):`` keeps every call off the small path), with :func:`disabled`
+(the plain twins) and :func:`use_backend`, never by patching private names.
+
 The functions here check their arguments; the library's own layers, which check once at
 their public entry, call the unchecked forms in :mod:`._ops` and :mod:`._attention`.
 
@@ -46,6 +52,7 @@ from torch import Tensor
 
 from .._checks import check_floating, check_tensor, in_functorch
 from .._mask import AttentionMask
+from .._thresholds import THRESHOLDS, Threshold, thresholds
 from . import _attention, _ops, _plain
 from ._build import build_info, load_library
 from ._dispatch import (
@@ -59,7 +66,9 @@ from ._dispatch import (
 )
 
 __all__ = [
+    "THRESHOLDS",
     "Backend",
+    "Threshold",
     "additive_scores",
     "available",
     "backend_name",
@@ -70,6 +79,7 @@ __all__ = [
     "load_library",
     "masked_softmax",
     "set_enabled",
+    "thresholds",
     "use_backend",
 ]
 

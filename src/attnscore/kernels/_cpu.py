@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .._checks import compute_dtype, value_range
 from .._mask import AttentionMask
+from .._thresholds import value
 from . import _plain, _sdpa
 from ._build import has_float16, load_library, parallel_in_c
 
@@ -53,8 +54,9 @@ __all__ = [
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
-# Below this much work (roughly element operations) a second thread costs more than it saves.
-_MIN_WORK_PER_THREAD = 1 << 15
+# The size and work thresholds below are bound once from the one table of them
+# (attnscore._thresholds: what each decides, why, and the measurement behind it).
+_MIN_WORK_PER_THREAD: int = value("min_work_per_thread")
 
 
 def _lib() -> ctypes.CDLL:
@@ -65,7 +67,7 @@ def _lib() -> ctypes.CDLL:
 
 
 # Outputs at least this large get a transparent-huge-page hint (see attnscore_advise_huge).
-_HUGE_MIN_BYTES = 4 << 20
+_HUGE_MIN_BYTES: int = value("huge_min_bytes")
 
 
 def _huge(t: Tensor) -> Tensor:
@@ -259,20 +261,12 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
-#: A softmax without a mask runs the C masked softmax with every length m in inference
-#: from this many elements on: it measured 0.61x-0.91x ``torch.softmax`` there (Zen 5, 2
-#: threads; float32, bfloat16, float16, float64; (8, 128, 256), (4, 256, 256), (2, 8, 128,
-#: 128), (2, 64, 2048); 0.3x-0.6x at (32, 256, 1024), where PyTorch's float32 output
-#: faults in fresh pages), against 0.72x-1.09x at 2^17 and 1.4x-3x below (its per-call
-#: cost). ...
-_SOFTMAX_INFERENCE = 1 << 18
-#: ... In training from this many on (float32, bfloat16, float16), with PyTorch's backward
-#: of its output: forward and backward measured 0.81x-0.96x ``torch.softmax``'s ((8, 256,
-#: 256), (2, 4, 256, 256), (32, 256, 1024), (1, 1, 1024, 4096); 0.91x-0.97x at 2^18). Our
-#: backward kernel did not pay there (0.83x-1.13x alone, slower inside general attention's
-#: bfloat16 training step).
-_SOFTMAX_TRAINING = 1 << 19
-_SOFTMAX_TRAINING_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+#: A softmax without a mask runs the C masked softmax with every length m from this many
+#: elements on in inference, and in training from ``_SOFTMAX_TRAINING`` for its dtypes (with
+#: PyTorch's backward of its output): where it measured faster than ``torch.softmax``.
+_SOFTMAX_INFERENCE: int = value("softmax_inference")
+_SOFTMAX_TRAINING: int = value("softmax_training")
+_SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtypes")
 
 
 def softmax_pays(x: Tensor, training: bool) -> bool:
@@ -626,18 +620,17 @@ def _count3_for(
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
 
 #: A call of the per-example loop costs about this much work (multiply-adds) in overhead;
-#: cutting pays when it saves more than this per example. Measured on 2 cores
-#: (``attnscore bench``, rows dot/heads/multihead): about 40 us per example.
-_CALL_WORK = 1 << 21
+#: cutting pays when it saves more than this per example.
+_CALL_WORK: int = value("call_work")
 #: Work (multiply-adds) of the loop's backward from which threads of its own pay for
-#: their start (measured on 2 cores: (8, 512, 512, 64) no, (32, 1024, 1024, 64) yes).
-_THREADS_WORK = 1 << 30
+#: their start.
+_THREADS_WORK: int = value("threads_work")
 
 
 #: Work (multiply-adds, B * H * n * m * (d + dv)) up to which inference runs in one C pass
-#: (:func:`_small_attention`): below it SDPA's fixed cost (about 20 us) and the ops around
-#: it (mask, zeroed padding) are most of a call.
-_SMALL_WORK = 1 << 14
+#: (:func:`_small_attention`): below it SDPA's fixed cost and the ops around it (mask,
+#: zeroed padding) are most of a call.
+_SMALL_WORK: int = value("small_work")
 
 
 _SMALL_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -1185,16 +1178,14 @@ class _GroupedAttention(torch.autograd.Function):
 #: float32.
 _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _FLASH_LENGTHS = {dtype: f"flash_lengths_{suffix}" for dtype, suffix in _BY_LENGTHS_SUFFIX.items()}
-#: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats (the
-#: backward's: about 11 MiB at 8192 keys with d = dv = 64).
-_BY_LENGTHS_KEYS = 8192
+#: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats.
+_BY_LENGTHS_KEYS: int = value("by_lengths_keys")
 #: Work (multiply-adds) from which lengths take the C kernel, in inference and training: every
-#: call (small inference calls take their C pass first where it applies). The dispatch
-#: tests raise it to keep the kernel out of the routes they test.
-_BY_LENGTHS_WORK = 0
+#: call (small inference calls take their C pass first where it applies).
+_BY_LENGTHS_WORK: int = value("by_lengths_work")
 #: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
 #: this many of them, so that a few examples and heads still give every thread work.
-_BY_LENGTHS_CHUNK = 64
+_BY_LENGTHS_CHUNK: int = value("by_lengths_chunk")
 #: The kernel's tile of queries (FA_ROWS in the C source); fewer go row by row.
 _FA_ROWS = 8
 
@@ -1254,8 +1245,8 @@ def _ascending(n: int) -> Tensor:
     return torch.arange(n).view(1, 1, n)
 
 
-#: :func:`_ascending_rows` are kept up to this many values each (512 KiB).
-_KEPT_ORDER = 1 << 16
+#: :func:`_ascending_rows` are kept up to this many values each.
+_KEPT_ORDER: int = value("kept_order")
 
 
 @functools.lru_cache(maxsize=64)
@@ -1448,33 +1439,18 @@ def _attention_by_lengths(
 
 
 #: With nothing padded (no mask, or causal masking alone) the kernel by lengths runs from
-#: this much work on: below it, SDPA's fixed cost is small and its own loop fast, and the
-#: kernel's calls measured slower (2 cores: causal (4, 1, 32, 32, 64) 1.7x, (2, 2, 64, 64,
-#: 32) 1.2x, 2^21 multiply-adds 0.9x-1.1x, 2^22 0.8x-0.9x; no mask (2, 2, 64, 64, 32)
-#: 1.1x-1.2x). SDPA's float16 kernel is 2x-10x slower than its float32 one here: float16
-#: takes the kernel from ``_SMALL_WORK`` on, and so do projected calls (general, cosine)
-#: with causal masking, whose plain pipeline skips nothing (rows general (mid) and cosine
-#: (mid) of ``attnscore bench``, causal: 1.1x-1.9x the plain formulation through the
-#: kernel, 1.7x-2.8x through the plain path, in one process). ...
-_UNPADDED_WORK = 1 << 22
-#: ... Without a mask, where nothing is skipped, the kernel still measured faster than
-#: SDPA (0.7x-0.9x float32 / bfloat16, forward and training, ``attnscore bench`` rows dot,
-#: heads, general, cosine), but not everywhere: it runs with head sizes up to this (d =
-#: 256: 1.0x-1.1x), at least a tile of queries (n = 4 row by row: 1.1x-1.3x), and in
-#: training one (example, head) per thread at least (the backward's task: (1, 1, 2048,
-#: 2048, 64) on one thread, 1.15x-1.3x). Projected calls (general, cosine) compare with
-#: their plain pipeline instead, whose bfloat16 products run at twice float32's rate here:
-#: in bfloat16 they keep it (the kernel, computing in float32, measured 1.3x-1.8x it).
-_UNPADDED_HEAD = 128
-#: ... In inference (no gradients) it runs from this much work on, with or without causal
-#: masking: its calls cost 10 us less than they did when ``_UNPADDED_WORK`` was measured,
-#: and it measured faster than SDPA from 2^17 multiply-adds (0.39x-0.85x float32 and
-#: bfloat16, 13 shapes from (32, 1, 8, 8, 32) to (2, 2, 256, 256, 64); 1.0x-1.06x at
-#: (2, 1, 16, 16, 32), 2^15; /tmp/s34/sweep.py, not in the repo). So do general and cosine
-#: without a mask in float32 (``attnscore bench`` rows general (mid), cosine (mid): 1.19x /
-#: 1.10x the plain formulation through the kernel, 1.31x / 1.32x through their plain
-#: pipeline; what is left is the layers' Python).
-_UNPADDED_INFERENCE = 1 << 17
+#: ``_UNPADDED_WORK`` multiply-adds on in training, and from ``_UNPADDED_INFERENCE`` in
+#: inference: below, SDPA's fixed cost is small and its own loop fast. Without a mask,
+#: where nothing is skipped, only with head sizes up to ``_UNPADDED_HEAD``, at least a tile
+#: of queries (``_FA_ROWS``), and in training one (example, head) per thread at least (the
+#: backward's task). SDPA's float16 kernel has no float16 arithmetic to use on CPUs
+#: without it: float16 takes the kernel from ``_SMALL_WORK`` on, and so do projected calls
+#: (general, cosine) with causal masking, whose plain pipeline skips nothing. Projected
+#: calls without a mask compare with their plain pipeline instead, whose bfloat16 products
+#: run at twice float32's rate: in bfloat16 they keep it (the kernel computes in float32).
+_UNPADDED_WORK: int = value("unpadded_work")
+_UNPADDED_HEAD: int = value("unpadded_head")
+_UNPADDED_INFERENCE: int = value("unpadded_inference")
 
 
 def _unpadded_pays(
@@ -1645,8 +1621,8 @@ def dot_product_attention(
     if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
         return with_mask()
     # With fewer heads than threads the loop's backward needs threads of its own, whose
-    # start (about 3 ms on 2 cores) only a large backward repays: below that, training
-    # takes SDPA with the mask (the loop measured 1.0-1.4x it there, float32 / bfloat16).
+    # start only a large backward repays: below that, training takes one flash call per
+    # group of examples of similar length (SDPA with the mask where that saves too little).
     threads = torch.get_num_threads()
     if needs_grad and threads > H and kept * work < _THREADS_WORK:
         groups = _groups(longest, lengths, -(-threads // H))

@@ -25,13 +25,14 @@ suite's route to this module's block masks.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._mask import AttentionMask
+from .._thresholds import value
 
 __all__ = ["BLOCK", "FLEX_MIN_KEYS", "attention", "block_mask", "flex_takes"]
 
@@ -40,12 +41,9 @@ BLOCK = 128
 
 
 # Where flex_attention with a block mask from the lengths replaces SDPA with the dense mask:
-# (dtype, whether the call trains) -> the fewest keys m. Empty: on the one GPU measured
-# (docs/benchmarks.md, "CUDA on hardware": tools/gpu_measure.py --only flex) it took longer
-# than SDPA with the dense mask at every shape, dtype and step, in the second of two runs
-# (the first had it ahead only for bfloat16 forward + backward at m = 4096). An entry goes
-# in with the measurement that justifies it.
-FLEX_MIN_KEYS: dict[tuple[torch.dtype, bool], int] = {}
+# (dtype, whether the call trains) -> the fewest keys m. Empty: it measured slower than
+# SDPA with the dense mask everywhere (attnscore._thresholds, ``flex_min_keys``).
+FLEX_MIN_KEYS: Mapping[tuple[torch.dtype, bool], int] = value("flex_min_keys")
 
 
 def flex_takes(q: Tensor, k: Tensor, mask: AttentionMask, dropout_p: float) -> str | None:

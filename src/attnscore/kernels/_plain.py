@@ -21,6 +21,7 @@ from torch import Tensor
 from .._checks import compute_dtype
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
+from .._thresholds import value
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -46,8 +47,8 @@ __all__ = [
 
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
 # large enough to keep the matrix products efficient, small enough that no (B, n, m, h)
-# tensor ever exists. The only chunk size of the library.
-CHUNK_ELEMENTS = 1 << 22
+# tensor ever exists. The only chunk size of the library (attnscore._thresholds).
+CHUNK_ELEMENTS: int = value("plain_chunk_elements")
 
 
 def _valid(lengths: Tensor, m: int) -> Tensor:

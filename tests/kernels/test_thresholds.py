@@ -1,0 +1,163 @@
+"""The threshold table (attnscore._thresholds) and its public door, kernels.thresholds():
+the documented table is the rendered one, every entry says what justifies it, the modules
+bind what the table holds, overrides are checked, reach every binding and are undone."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnscore import _thresholds
+from attnscore import kernels as K
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bindings(entry):
+    for where in entry.bound_as:
+        module, attribute = where.split(":")
+        yield importlib.import_module(module), attribute
+
+
+def _plain_modules_only(entry):
+    """Bindings in modules that import without triton (the CUDA backend's may not)."""
+    return [(m, a) for m, a in _bindings(entry) if m.__name__ != "attnscore.kernels._cuda"]
+
+
+def test_architecture_doc_shows_the_rendered_table():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    found = re.search(r"<!-- thresholds: begin -->\n(.*?)<!-- thresholds: end -->", text, re.S)
+    assert found, "docs/architecture.md lost its thresholds table markers"
+    assert found.group(1) == _thresholds.markdown()
+
+
+def test_every_entry_is_justified_or_says_why_not():
+    names = [t.name for t in K.THRESHOLDS]
+    assert len(names) == len(set(names))
+    for t in K.THRESHOLDS:
+        assert t.decides and t.why and t.bound_as, t.name
+        if t.justified_by is None:
+            assert t.note, f"{t.name}: no bench row and no note saying what it rests on"
+        assert "/tmp/" not in t.note + (t.justified_by or "")
+
+
+@pytest.mark.parametrize("entry", K.THRESHOLDS, ids=lambda t: t.name)
+def test_the_modules_bind_the_table(entry):
+    for module, attribute in _plain_modules_only(entry):
+        assert getattr(module, attribute) == entry.value, f"{module.__name__}.{attribute}"
+
+
+def test_the_cpu_backend_has_no_threshold_outside_the_table():
+    """Every upper-case int constant of kernels/_cpu.py is a table binding, or geometry
+    named in docs/architecture.md's Thresholds section."""
+    from attnscore.kernels import _cpu
+
+    bound = {
+        where.split(":")[1]
+        for t in K.THRESHOLDS
+        for where in t.bound_as
+        if where.startswith("attnscore.kernels._cpu:")
+    }
+    ints = {
+        name
+        for name, v in vars(_cpu).items()
+        if re.fullmatch(r"_[A-Z][A-Z0-9_]*", name) and type(v) is int
+    }
+    assert ints - bound == {"_FA_ROWS"}
+
+
+def test_an_override_reaches_every_binding_and_is_undone():
+    entry = next(t for t in K.THRESHOLDS if t.name == "look_numel")
+    places = _plain_modules_only(entry)
+    assert len(places) == 3  # _checks, _engine, _sdpa
+    with K.thresholds(look_numel=7, small_work=-1) as now:
+        assert all(getattr(m, a) == 7 for m, a in places)
+        assert now["look_numel"] == 7 and now["small_work"] == -1
+        with K.thresholds(look_numel=9):  # blocks nest
+            assert all(getattr(m, a) == 9 for m, a in places)
+        assert all(getattr(m, a) == 7 for m, a in places)
+    assert all(getattr(m, a) == entry.value for m, a in places)
+    with pytest.raises(RuntimeError), K.thresholds(look_numel=3):
+        raise RuntimeError("the body fails")
+    assert all(getattr(m, a) == entry.value for m, a in places)
+
+
+def test_an_override_steers_the_implementation():
+    """softmax_inference: a softmax without a mask runs the CPU backend's masked softmax
+    (counted through a backend put in with use_backend) from that size on, torch.softmax
+    below it; the same result either way (float64 reference)."""
+    from attnscore import masked_softmax
+    from attnscore.kernels import _cpu
+    from attnscore.kernels._dispatch import FUNCTIONS
+
+    if _cpu.load_library() is None:
+        pytest.skip("C kernels unavailable")
+    calls = []
+    counting = types.ModuleType("counting_cpu")
+    for name in FUNCTIONS:
+        setattr(counting, name, getattr(_cpu, name))
+
+    def counted_softmax(x, lengths):
+        calls.append(tuple(x.shape))
+        return _cpu.masked_softmax(x, lengths)
+
+    counting.masked_softmax = counted_softmax
+    x = torch.randn(4, 6, 33, generator=torch.Generator().manual_seed(3))
+    expected = torch.softmax(x.double(), -1)
+    with K.use_backend("cpu", counting):
+        with K.thresholds(softmax_inference=1 << 60):
+            below = masked_softmax(x)
+        assert calls == []
+        with K.thresholds(softmax_inference=x.numel()):
+            at = masked_softmax(x)
+        assert calls == [(4, 6, 33)]
+    for y in (below, at):
+        torch.testing.assert_close(y.double(), expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "words"),
+    [
+        ({"no_such_threshold": 1}, TypeError, "`no_such_threshold`"),
+        ({"small_work": 1.5}, TypeError, "`small_work` to be an int, but got float"),
+        ({"small_work": True}, TypeError, "`small_work` to be an int, but got bool"),
+        ({"min_work_per_thread": 0}, ValueError, "`min_work_per_thread` >= 1, but got 0"),
+        ({"softmax_training_dtypes": {"float32"}}, TypeError, "set of torch dtypes"),
+        ({"flex_min_keys": {torch.float32: 8}}, TypeError, "(dtype, training) -> int"),
+    ],
+)
+def test_bad_overrides_are_refused_before_anything_changes(values, error, words):
+    from attnscore.kernels import _cpu
+
+    before = _cpu._CALL_WORK
+    with pytest.raises(error, match=re.escape(words)), K.thresholds(**{"call_work": 5, **values}):
+        pass
+    assert before == _cpu._CALL_WORK
+
+
+def test_another_threads_block_waits_for_this_one():
+    from attnscore.kernels import _cpu
+
+    seen = []
+    entered = threading.Event()
+
+    def other():
+        entered.set()
+        with K.thresholds(small_work=2):
+            seen.append(_cpu._SMALL_WORK)
+
+    with K.thresholds(small_work=1):
+        thread = threading.Thread(target=other)
+        thread.start()
+        entered.wait()
+        thread.join(0.2)  # blocked on this block's lock
+        assert thread.is_alive() and _cpu._SMALL_WORK == 1
+    thread.join()
+    default = next(t.value for t in K.THRESHOLDS if t.name == "small_work")
+    assert seen == [2] and default == _cpu._SMALL_WORK
