@@ -186,31 +186,16 @@ def _bias_4d(bias: Tensor, batch: tuple[int, ...], n: int, m: int) -> Tensor:
     return bias.unsqueeze(1) if len(batch) == 1 else bias
 
 
-def _inert(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v with the keys (and values) no query attends and the queries that attend
-    nothing zeroed: copies, for inputs known to hold NaN or inf somewhere. Whatever is left
-    that is not finite is attended by some query."""
-    padded, idle = mask.padded_keys(), mask.idle_queries()
-    return _sdpa.inert(
-        q,
-        k,
-        v,
-        None if padded is None else padded.unsqueeze(-1),
-        None if idle is None else idle.unsqueeze(-1),
-        look=False,
-    )
-
-
 def _inert_unless_finite(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask
 ) -> tuple[tuple[Tensor, Tensor, Tensor], bool]:
     """(q, k, v, whether a fused kernel may take them): as they are where they are finite
-    (:func:`finite_inputs`), else with their padding made inert (:func:`_inert`), and
+    (:func:`finite_inputs`), else with their padding made inert (:func:`~._sdpa.inert_by_mask`), and
     whether that left them finite (if not, some query attends what is not: the plain
     formulation's case)."""
     if finite_inputs(q, k, v):
         return (q, k, v), True
-    inert = _inert(q, k, v, mask)
+    inert = _sdpa.inert_by_mask(q, k, v, mask)  # whatever is left is attended
     return inert, finite_inputs(*inert)
 
 

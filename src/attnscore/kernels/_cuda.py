@@ -240,14 +240,6 @@ def dot_product_attention(
         assert mask.lengths is not None
         # Padded keys inside a visited block meet exact zero weights: zeroed first, without
         # looking (a look is a device sync), since 0 x NaN is NaN.
-        padded, idle = mask.padded_keys(), mask.idle_queries()
-        q, k, v = _sdpa.inert(
-            q,
-            k,
-            v,
-            None if padded is None else padded.unsqueeze(-1),
-            None if idle is None else idle.unsqueeze(-1),
-            look=False,
-        )
+        q, k, v = _sdpa.inert_by_mask(q, k, v, mask)
         return _flex.attention(q, k, v, mask.lengths, scale=scale)
     return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)

@@ -85,9 +85,9 @@ def block_mask(lengths: Tensor, B: int, H: int, n: int, m: int) -> Any:
     by_block = lengths.expand(B, H, n)
     # Rows past n (the last query block's tail) count as neither the longest nor the
     # shortest length of their block.
-    longest = torch.nn.functional.pad(by_block, (0, pad), value=0)
+    padded = torch.nn.functional.pad(by_block, (0, pad), value=0)
     shortest = torch.nn.functional.pad(by_block, (0, pad), value=m)
-    longest = longest.view(B, H, q_blocks, BLOCK).amax(-1)
+    longest = padded.view(B, H, q_blocks, BLOCK).amax(-1)
     shortest = shortest.view(B, H, q_blocks, BLOCK).amin(-1)
     # Key blocks [0, full) lie below every length of the block; [full, seen) hold a
     # length's end for some query of it (a last block shorter than BLOCK is partial).
@@ -96,12 +96,10 @@ def block_mask(lengths: Tensor, B: int, H: int, n: int, m: int) -> Any:
     order = torch.arange(k_blocks, device=lengths.device, dtype=torch.int32)
     order = order.expand(B, H, q_blocks, k_blocks)
     partial_indices = (order + full.unsqueeze(-1).to(torch.int32)).clamp(max=k_blocks - 1)
-    # The mask function may be asked about the padded tail of the last query block: it
-    # reads length 0 there instead of past the end of the lengths.
-    lengths_bhn = torch.nn.functional.pad(by_block, (0, pad), value=0)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx < lengths_bhn[b, h, q_idx]
+        # May be asked about the padded tail of the last query block: length 0 there.
+        return kv_idx < padded[b, h, q_idx]
 
     return BlockMask.from_kv_blocks(
         (seen - full).to(torch.int32),

@@ -37,6 +37,7 @@ __all__ = [
     "compact",
     "empty_rows_are_zero",
     "inert",
+    "inert_by_mask",
     "masked",
     "padding_by_lengths",
     "unmasked",
@@ -158,6 +159,22 @@ def inert(
     if idle is not None and (not look or garbage_in(q, idle[..., 0])):
         q = q.masked_fill(idle, 0.0)
     return q, k, v
+
+
+def inert_by_mask(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with the keys (and values) no query of ``mask`` attends and the queries that
+    attend nothing zeroed, without looking (:func:`inert` with ``look=False``): copies."""
+    padded, idle = mask.padded_keys(), mask.idle_queries()
+    return inert(
+        q,
+        k,
+        v,
+        None if padded is None else padded.unsqueeze(-1),
+        None if idle is None else idle.unsqueeze(-1),
+        look=False,
+    )
 
 
 def masked(
