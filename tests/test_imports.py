@@ -29,13 +29,7 @@ TOOLS = ROOT / "tools"
 
 # Function-level imports of attnscore modules in the library proper: (importer, imported)
 # -> why the import is not at the top of the module.
-LAZY = {
-    ("attnscore.kernels._plain", "attnscore.kernels._sdpa"): (
-        "the plain backend's dot_product_attention is SDPA with a mask, which takes the "
-        "backend's mask helpers through _ops, whose fallback is _plain: a module-level "
-        "import would close the cycle _plain -> _sdpa -> _ops -> _plain"
-    ),
-}
+LAZY: dict[tuple[str, str], str] = {}
 # Packages that import what a command or a benchmark row needs only when it runs.
 ON_DEMAND = ("attnscore.cli", "attnscore.bench")
 

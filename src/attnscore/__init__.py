@@ -17,6 +17,7 @@ from .functional import (
     dot_product_attention,
     general_attention,
 )
+from .kernels import explain
 from .masking import masked_softmax, sequence_mask
 from .modules import (
     AdditiveAttention,
@@ -50,6 +51,7 @@ __all__ = [
     "attention",
     "cosine_attention",
     "dot_product_attention",
+    "explain",
     "general_attention",
     "get_scorer",
     "make_scorer",

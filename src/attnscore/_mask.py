@@ -12,7 +12,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionMask"]
+from ._checks import in_transform
+
+__all__ = ["AttentionMask", "compact"]
+
+
+def compact(t: Tensor) -> Tensor:
+    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
+    tensor that broadcasts back to it. A mask's lengths arrive expanded over heads and
+    queries."""
+    strides = t.stride()
+    sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
+    if sizes == list(t.shape):
+        return t
+    if type(t) is Tensor and not in_transform(t):  # one view op (slicing takes one per dim)
+        return t.as_strided(sizes, strides)
+    return t[tuple(slice(0, size) for size in sizes)]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from test_dot_dispatch import MASKS, TOL, _inputs, reference
 
 import attnscore
 from attnscore import kernels as K
-from attnscore.kernels import _cpu, _sdpa
+from attnscore._mask import compact
+from attnscore.kernels import _attention, _cpu
 from attnscore.masking import build_mask
 
 pytestmark = pytest.mark.skipif(
@@ -30,25 +31,23 @@ LAYOUTS = {
 }
 
 
+KERNEL = "c_by_lengths"
+
+
 @pytest.fixture
-def kernel_calls(thresholds, monkeypatch):
+def kernel_calls(thresholds):
     """The kernel at every size (no small-call pass first, causal masking at any work);
-    records the forward's calls."""
+    the implementations chosen in the test, in order (:func:`attnscore.kernels.explaining`)."""
     thresholds(small_work=-1, unpadded_work=0, unpadded_inference=0)
-    return _record(monkeypatch, _cpu, "_by_lengths_forward", True)
+    with K.explaining() as seen:
+        yield seen.choices
 
 
-def _record(monkeypatch, owner, name, mark):
-    """A list that gets ``mark`` at each call of ``owner.<name>`` (which still runs)."""
-    calls = []
-    real = getattr(owner, name)
-
-    def recording(*args, **kwargs):
-        calls.append(mark)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, recording)
-    return calls
+def _ran(choices):
+    """Whether the kernel ran some call of ``choices`` (and forget them)."""
+    ran = any(c.chosen == KERNEL for c in choices)
+    choices.clear()
+    return ran
 
 
 def _case(layout, n, m, dtype, mask_kind, *, d=24, dv=40, seed=0):
@@ -86,7 +85,7 @@ def test_inference_matches_the_reference(dtype, mask_kind, layout, shape, kernel
     (q, k, v), mask, _ = _case(layout, n, m, dtype, mask_kind)
     with torch.no_grad():
         out = K.dot_product_attention(q, k, v, mask, scale=0.3)
-    assert kernel_calls == [True]
+    assert _ran(kernel_calls)
     assert out.dtype == dtype and out.shape == (*q.shape[:-1], 40)
     expected = reference(q, k, v, mask, 0.3)
     torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
@@ -105,12 +104,11 @@ def test_chunks_of_sorted_queries_over_threads(
     the reference either way."""
     thresholds(by_lengths_chunk=8, min_work_per_thread=1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    if python_threads:
-        monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
     (q, k, v), mask, _ = _case("3-D", 45, 50, torch.float32, "lengths (B, n)")
-    with torch.no_grad():
+    threading = K.python_threads() if python_threads else contextlib.nullcontext()
+    with torch.no_grad(), threading:
         out = K.dot_product_attention(q[:1], k[:1], v[:1], _first(mask), scale=0.3)
-    assert kernel_calls == [True]
+    assert _ran(kernel_calls)
     expected = reference(q[:1], k[:1], v[:1], _first(mask), 0.3)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
 
@@ -131,7 +129,7 @@ def test_what_it_never_reads_may_hold_anything(kernel_calls):
     dirty = (q.masked_fill(idle, float("nan")), k.masked_fill(padded, float("nan")))
     with torch.no_grad():
         out = K.dot_product_attention(*dirty, v.masked_fill(padded, float("inf")), mask, scale=0.3)
-    assert kernel_calls == [True] and bool(padded.any()) and bool(idle.any())
+    assert _ran(kernel_calls) and bool(padded.any()) and bool(idle.any())
     torch.testing.assert_close(out.double(), reference(q, k, v, mask, 0.3), atol=2e-5, rtol=2e-5)
 
 
@@ -139,7 +137,7 @@ def test_logsumexp_is_the_flash_ops(kernel_calls):
     """With ``logsumexp``, each row's log-sum-exp of its scaled scores over its own keys,
     float32, and 0 for rows of length 0 (what PyTorch's flash forward keeps)."""
     (q, k, v), mask, _ = _case("4-D heads", 19, 33, torch.float32, "lengths (B, n)", dv=24)
-    lengths = _sdpa.compact(mask.lengths)  # (B, 1, n): the heads share them
+    lengths = compact(mask.lengths)  # (B, 1, n): the heads share them
     assert lengths.shape == (3, 1, 19)
     by = _cpu._ByLength.of(lengths, 19)
     _, lse = _cpu._by_lengths_forward(q, k, v, by, 0.3, logsumexp=True)
@@ -152,21 +150,10 @@ def test_logsumexp_is_the_flash_ops(kernel_calls):
 
 
 @pytest.fixture
-def training_route(thresholds, monkeypatch):
-    """Training by lengths in the C kernel, forward and backward, at every size; records
-    the lengths each call gets."""
-    thresholds(small_work=-1, unpadded_work=0, unpadded_inference=0)
-    seen = []
-    real = _cpu._ByLengthsAttention
-
-    class Spy:
-        @staticmethod
-        def apply(*args):
-            seen.append(args[3].lengths.shape)
-            return real.apply(*args)
-
-    monkeypatch.setattr(_cpu, "_ByLengthsAttention", Spy)
-    return seen
+def training_route(kernel_calls):
+    """Training by lengths in the C kernel, forward and backward, at every size; the
+    implementations chosen."""
+    return kernel_calls
 
 
 TRAINING_MASKS = [
@@ -201,7 +188,7 @@ def test_training_matches_the_reference(dtype, mask_kind, layout, shape, trainin
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     out = K.dot_product_attention(*ours, mask, scale=0.25)
     expected = reference(*theirs, mask, 0.25)
-    assert len(training_route) == 1
+    assert [c.chosen for c in training_route] == [KERNEL]
     grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
     out.backward(grad.to(dtype))
     expected.backward(grad)
@@ -219,15 +206,15 @@ def test_training_over_threads(python_threads, training_route, thresholds, monke
     Python): gradients as the reference's."""
     thresholds(min_work_per_thread=1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    if python_threads:
-        monkeypatch.setattr(_cpu, "parallel_in_c", lambda: False)
     (q, k, v), mask, g = _case("4-D heads", 30, 41, torch.float32, "lengths (B, n)", seed=6)
     ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     grad = torch.randn(*q.shape[:-1], 40, generator=g, dtype=torch.float64)
-    K.dot_product_attention(*ours, mask, scale=0.3).backward(grad.float())
+    threading = K.python_threads() if python_threads else contextlib.nullcontext()
+    with threading:
+        K.dot_product_attention(*ours, mask, scale=0.3).backward(grad.float())
     reference(*theirs, mask, 0.3).backward(grad)
-    assert len(training_route) == 1
+    assert [c.chosen for c in training_route] == [KERNEL]
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
@@ -240,9 +227,8 @@ def test_where_it_runs(kernel_calls):
     by_example = build_mask(q.shape[:-2], 16, 24, q.device, valid_lens=torch.tensor([3, 24, 9]))
 
     def runs(mask, q=q, k=k, v=v, **kwargs):
-        kernel_calls.clear()
         K.dot_product_attention(q, k, v, mask, scale=0.3, **kwargs)
-        return any(kernel_calls)
+        return _ran(kernel_calls)
 
     for grad in (False, True):
         q.requires_grad_(grad)
@@ -261,7 +247,7 @@ def test_training_with_a_sums_gradient(training_route):
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     K.dot_product_attention(*ours, mask, scale=0.3).sum().backward()
     reference(*theirs, mask, 0.3).sum().backward()
-    assert len(training_route) == 1
+    assert [c.chosen for c in training_route] == [KERNEL]
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
@@ -306,7 +292,7 @@ def test_general_and_cosine_run_as_dot_products_of_their_projections(
     ]
     kwargs = {"causal": True} if mask_kind.startswith("causal") else {}
     out = module(*ours, mask.key_lengths[:, 0] if kwargs else mask.lengths, **kwargs)
-    assert len(training_route) == 1
+    assert [c.chosen for c in training_route] == [KERNEL]
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     reference_module = attnscore.make_scorer(name, 16).double()
     reference_module.load_state_dict(module.state_dict())
@@ -334,14 +320,13 @@ def test_general_and_cosine_keep_their_plain_path_elsewhere(name, kernel_calls, 
     with torch.no_grad():
         module.eval()
         module(q, k, v, lengths)
-        assert kernel_calls == [True]
-        kernel_calls.clear()
+        assert _ran(kernel_calls)
         module(q, k, v)
         module(q, k, v, attend_mask=mask.dense())
         module(q, k, v, lengths, return_weights=True)
         module.train()
         module(q, k, v, lengths)
-    assert kernel_calls == []
+    assert not _ran(kernel_calls)
 
 
 # ---- no mask: every length m -----------------------------------------------------------
@@ -367,7 +352,7 @@ def test_no_mask_matches_the_reference(dtype, layout, shape, unmasked_calls):
     with torch.no_grad():
         inference = K.dot_product_attention(q, k, v, mask, scale=0.25)
     out = K.dot_product_attention(*ours, mask, scale=0.25)
-    assert unmasked_calls == [True, True]
+    assert [c.chosen for c in unmasked_calls] == [KERNEL] * 2
     expected = reference(*theirs, mask, 0.25)
     tol = TOL[dtype]
     for result in (inference, out):
@@ -394,10 +379,9 @@ def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
     def runs(B, H, n, m, d, dtype=torch.float32, grad=False, causal=False, **kwargs):
         q, k, v = (torch.randn(B, H, s, d, generator=g).to(dtype) for s in (n, m, m))
         mask = build_mask(torch.Size([B, H]), n, m, q.device, causal=causal)
-        kernel_calls.clear()
         with torch.set_grad_enabled(grad):
             K.dot_product_attention(q.requires_grad_(grad), k, v, mask, scale=0.1, **kwargs)
-        return any(kernel_calls)
+        return _ran(kernel_calls)
 
     big = (2, 4, 64, 128, 32)  # B H n m d: 2^22 multiply-adds, the training threshold
     small = (2, 4, 64, 127, 32)  # just below
@@ -412,19 +396,20 @@ def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
         assert not runs(*big, dtype=torch.float64, causal=causal)
         assert runs(1, 1, 4, 32, 64, dtype=torch.float16, causal=causal)  # 2^14 multiply-adds
         assert not runs(1, 1, 4, 31, 64, dtype=torch.float16, causal=causal)
+
     # general and cosine with causal masking (their plain pipeline skips nothing): any size
-    fn = _cpu.unpadded_attention
+    def projected(q, k, v, causal):
+        mask = build_mask(q.shape[:-2], q.shape[-2], k.shape[-2], q.device, causal=causal)
+        _attention.projected(q, k, v, mask, project=lambda a, b: (a, b), scale=0.1)
+        return _ran(kernel_calls)
+
     q, k, v = (torch.randn(2, 4, 64, 32) for _ in range(3))
     q.requires_grad_(True)  # training: 2^20 multiply-adds are below its threshold
-    assert fn(q, k, v, causal=True, scale=0.1) is None
-    kernel_calls.clear()
-    assert fn(q, k, v, causal=True, scale=0.1, project=lambda a, b: (a, b)) is not None
-    assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
-    assert kernel_calls == [True]
+    assert not runs(2, 4, 64, 64, 32, grad=True, causal=True)
+    assert projected(q, k, v, causal=True) and not projected(q, k, v, causal=False)
     with torch.no_grad():  # without a mask in inference: float32 from its threshold
-        assert fn(q, k, v, causal=False, scale=0.1, project=lambda a, b: (a, b)) is not None
-        q16, k16, v16 = (t.bfloat16() for t in (q, k, v))
-        assert fn(q16, k16, v16, causal=False, scale=0.1, project=lambda a, b: (a, b)) is None
+        assert projected(q, k, v, causal=False)
+        assert not projected(*(t.bfloat16() for t in (q, k, v)), causal=False)
     # a tile of queries and heads up to 128, except causal masking from the training threshold
     assert not runs(4, 8, 4, 4096, 32) and runs(4, 8, 4, 4096, 32, causal=True)  # n < 8
     assert not runs(8, 1, 4, 1024, 32, causal=True)  # n < 8, 2^21
@@ -445,7 +430,7 @@ def test_general_and_cosine_without_a_mask(name, unmasked_calls):
     out = module(*ours)
     with torch.no_grad():
         inference = module(q, k, v)
-    assert unmasked_calls == [True, True]
+    assert [c.chosen for c in unmasked_calls] == [KERNEL] * 2
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     reference_module = attnscore.make_scorer(name, 16).double()
     reference_module.load_state_dict(module.state_dict())
@@ -470,12 +455,26 @@ def test_general_and_cosine_without_a_mask_keep_bfloat16_plain(name, unmasked_ca
     module = attnscore.make_scorer(name, 8)
     with torch.no_grad():
         module.bfloat16()(q.bfloat16(), k.bfloat16(), v.bfloat16())
-        assert unmasked_calls == []
+        assert not _ran(unmasked_calls)
         module.float()(q, k, v)
-    assert unmasked_calls == [True]
+    assert _ran(unmasked_calls)
 
 
 # ---- inference by key lengths from the caller's tensors --------------------------------
+
+
+def _record(monkeypatch, owner, name, mark):
+    """A list that gets ``mark`` at each call of ``owner.<name>`` (which still runs): how a
+    test sees that a call took the checked path (its checks, its padding zeroed)."""
+    calls = []
+    real = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        calls.append(mark)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
 
 
 @pytest.fixture
@@ -506,7 +505,7 @@ def test_inference_by_key_lengths_skips_the_layers(
     module = attnscore.make_scorer(name, 16).to(dtype).eval()
     with torch.no_grad():
         out = module(q, k_dirty, v, lens)
-    assert kernel_calls == [True] and prepared == []
+    assert _ran(kernel_calls) and prepared == []
     reference_module = attnscore.make_scorer(name, 16).double()
     reference_module.load_state_dict(module.state_dict())
     if name == "scaled_dot":
@@ -547,7 +546,7 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, 
     with torch.set_grad_enabled(grad):
         out = module(*ours, **kwargs)
     expected = reference(*theirs, mask, 24**-0.5)
-    assert prepared == [] and calls in (None, [True])
+    assert prepared == [] and (calls is None or _ran(calls))
     assert out.shape == (*q.shape[:-1], 40)
     torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
     if grad:
@@ -636,13 +635,13 @@ def test_general_and_cosine_nothing_padded_dropout_and_causal(name, prepared, ke
     torch.manual_seed(5)
     expected = F.dropout(weights.float(), 0.5).double() @ v.double()
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
-    assert prepared == [] and kernel_calls == []
+    assert prepared == [] and not _ran(kernel_calls)
     module(q, k, v, causal=True)  # dropout at work: not taken
-    assert prepared == [1] and kernel_calls == []
+    assert prepared == [1] and not _ran(kernel_calls)
     module.eval()
     with torch.no_grad():
         out = module(q, k, v, causal=True)
-    assert prepared == [1] and kernel_calls == [True]
+    assert prepared == [1] and _ran(kernel_calls)
     (_, _, _), causal_mask, _ = _case("3-D", 13, 17, torch.float32, "causal", d=16, dv=8)
     expected = _general_and_cosine_reference(name, reference_module, q, k, v, causal_mask)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
@@ -681,7 +680,7 @@ def test_general_and_cosine_causal_never_read_the_keys_no_query_sees(name, kerne
     ours = [t.detach().clone().requires_grad_(True) for t in (q, k_dirty, v_dirty)]
     theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     out = module(*ours, causal=True)
-    assert kernel_calls == [True]
+    assert _ran(kernel_calls)
     expected = _general_and_cosine_reference(name, reference_module, *theirs, mask)
     torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
     upstream = torch.randn(expected.shape, generator=g, dtype=torch.float64)
@@ -709,5 +708,5 @@ def test_general_and_cosine_zero_padding_once(name, kernels, kernel_calls, monke
     ours = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     with K.disabled() if not kernels else contextlib.nullcontext():
         module(*ours, lens).sum().backward()
-    assert zeroings == [1] and kernel_calls == ([True] if kernels else [])
+    assert zeroings == [1] and _ran(kernel_calls) == kernels
     assert all(torch.isfinite(t.grad).all() for t in ours)

@@ -596,17 +596,16 @@ def _dot(
     mod: ModuleType, q: Tensor, k: Tensor, v: Tensor, lens: Tensor, *, scale: float,
     dropout_p: float,
 ) -> Tensor:  # fmt: skip
-    """The backend's dot_product_attention on (B, n, d) inputs with (B,) or (B, n) lengths
-    (the contract's 4-D layout and mask are made here as the dispatcher makes them)."""
-    from attnscore.kernels import _attention, _sdpa
+    """Dot-product attention on (B, n, d) inputs with (B,) or (B, n) lengths, on the CUDA
+    priority list's implementations (flex_attention where it measured faster, else SDPA
+    with the mask), whatever the tensors' device."""
+    from attnscore import kernels
     from attnscore.masking import build_mask
 
     B, n, m = q.shape[0], q.shape[1], k.shape[1]
-    mask = _attention._mask_4d(
-        build_mask(torch.Size([B]), n, m, q.device, valid_lens=lens), (B,), 1
-    )
-    q4, k4, v4 = (_sdpa.as_4d(t) for t in (q, k, v))
-    return mod.dot_product_attention(q4, k4, v4, mask, scale=scale, dropout_p=dropout_p)[:, 0]  # type: ignore[no-any-return]
+    mask = build_mask(torch.Size([B]), n, m, q.device, valid_lens=lens)
+    with kernels.use("flex", "sdpa"):
+        return kernels.dot_product_attention(q, k, v, mask, scale=scale, dropout_p=dropout_p)
 
 
 @pytest.mark.parametrize("per_query", [False, True])

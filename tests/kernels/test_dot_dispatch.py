@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnscore import kernels as K
-from attnscore.kernels import _cpu, _sdpa
+from attnscore.kernels import _sdpa
 from attnscore.masking import build_mask
 from observed_backend import observed_cpu
 
@@ -288,32 +289,34 @@ def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
     assert torch.isfinite(out).all() and sdpa_calls[0]["k"][-2] == 3
 
 
-def _recording_flash(monkeypatch, what):
-    """Record ("forward" or "backward", *what(q, k, attn_mask)) for each flash call."""
-    calls = []
-    forward, backward = _cpu._flash_ops()
+class _FlashCalls(TorchDispatchMode):
+    """Inside the block, ``calls`` gets ("forward" or "backward", *what(q, k, attn_mask))
+    for each call of PyTorch's CPU flash-attention op, as ATen sees it."""
 
-    def recording_forward(q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("forward", *what(q, k, attn_mask)))
-        return forward(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+    def __init__(self, what):
+        super().__init__()
+        self.what, self.calls = what, []
 
-    def recording_backward(g, q, k, v, *args, attn_mask=None, **kwargs):
-        calls.append(("backward", *what(q, k, attn_mask)))
-        return backward(g, q, k, v, *args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(_cpu, "_flash_ops", lambda: (recording_forward, recording_backward))
-    return calls
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+            self.calls.append(("forward", *self.what(args[0], args[1], kwargs.get("attn_mask"))))
+        elif packet is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            self.calls.append(("backward", *self.what(args[1], args[2], kwargs.get("attn_mask"))))
+        return func(*args, **kwargs)
 
 
 def test_lengths_run_one_flash_call_per_example_on_cut_keys(thresholds, monkeypatch):
     """One flash call per example with all its heads, keys cut to its length; no mask
     inside the cut for per-example lengths; the backward likewise."""
     _always_loop(thresholds)
-    calls = _recording_flash(monkeypatch, lambda q, k, mask: (tuple(k.shape), mask, q.shape[2]))
     q, k, v, _ = _inputs((3, 4), 6, 10)
     mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
     q.requires_grad_(True)
-    K.dot_product_attention(q, k, v, mask, scale=0.3).sum().backward()
+    with _FlashCalls(lambda q, k, mask: (tuple(k.shape), mask, q.shape[2])) as recorder:
+        K.dot_product_attention(q, k, v, mask, scale=0.3).sum().backward()
+    calls = recorder.calls
     for step in ("forward", "backward"):
         made = sorted((c[1], c[3]) for c in calls if c[0] == step)
         assert made == sorted(((1, 4, L, 8), 6) for L in (2, 10, 7))  # every query, once
@@ -366,27 +369,27 @@ def test_training_with_fewer_heads_than_threads_groups_examples_by_length(thresh
     examples of similar length, on keys cut to the group's longest, with the mask inside;
     inference keeps the loop (one call per example)."""
     thresholds(call_work=0, small_work=-1)  # cutting pays; the threads do not
-    calls = _recording_flash(
-        monkeypatch, lambda q, k, mask: (q.shape[0], k.shape[2], mask is not None)
-    )
+    recorder = _FlashCalls(lambda q, k, mask: (q.shape[0], k.shape[2], mask is not None))
+    calls = recorder.calls
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        q, k, v, _ = _inputs((3, 1), 6, 10)
-        mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
-        K.dot_product_attention(q, k, v, mask, scale=0.3)
-        assert sorted(c[1:3] for c in calls) == [(1, 2), (1, 7), (1, 10)]  # inference: loop
-        calls.clear()
-        q.requires_grad_(True)
-        out = K.dot_product_attention(q, k, v, mask, scale=0.3)
-        grad_out = torch.randn_like(out)
-        out.backward(grad_out)
-        # groups of 2 by length: examples (0, 2) on 7 keys, then example 1 on all 10
-        groups = [(2, 7, True), (1, 10, True)]
-        assert calls == [("forward", *g) for g in groups] + [("backward", *g) for g in groups]
-        theirs = q.detach().clone().requires_grad_(True)
-        reference(theirs, k, v, mask, 0.3).backward(grad_out)
-        torch.testing.assert_close(q.grad, theirs.grad, atol=1e-10, rtol=1e-10)
+        with recorder:
+            q, k, v, _ = _inputs((3, 1), 6, 10)
+            mask = build_mask(q.shape[:-2], 6, 10, q.device, valid_lens=torch.tensor([2, 10, 7]))
+            K.dot_product_attention(q, k, v, mask, scale=0.3)
+            assert sorted(c[1:3] for c in calls) == [(1, 2), (1, 7), (1, 10)]  # inference: loop
+            calls.clear()
+            q.requires_grad_(True)
+            out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+            grad_out = torch.randn_like(out)
+            out.backward(grad_out)
+            # groups of 2 by length: examples (0, 2) on 7 keys, then example 1 on all 10
+            groups = [(2, 7, True), (1, 10, True)]
+            assert calls == [("forward", *g) for g in groups] + [("backward", *g) for g in groups]
+            theirs = q.detach().clone().requires_grad_(True)
+            reference(theirs, k, v, mask, 0.3).backward(grad_out)
+            torch.testing.assert_close(q.grad, theirs.grad, atol=1e-10, rtol=1e-10)
     finally:
         torch.set_num_threads(old)
 

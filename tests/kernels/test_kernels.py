@@ -3,6 +3,7 @@ here, gradcheck of every autograd Function, masked rows, dtypes and padded garba
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -342,38 +343,39 @@ def test_build_info_and_threads():
 
 @needs_c
 @pytest.mark.parametrize("openmp", [True, False], ids=["openmp-drivers", "python-threads"])
-def test_both_parallel_runners_match_the_references(monkeypatch, thresholds, openmp):
+def test_both_parallel_runners_match_the_references(thresholds, openmp):
     """The row ranges run on torch's OpenMP threads (C drivers) or on Python threads; both
     must give the float64 reference, forward and backward, with two ranges or more."""
     from attnscore.kernels import _build, _cpu
 
     if openmp and not _build.parallel_in_c():
         pytest.skip("the kernels were not built with torch's OpenMP runtime here")
-    monkeypatch.setattr(_cpu, "parallel_in_c", lambda: openmp)
     thresholds(min_work_per_thread=1)  # always split
     old = torch.get_num_threads()
     torch.set_num_threads(2)
+    threads = contextlib.nullcontext() if openmp else K.python_threads()
     try:
-        x = torch.randn(5, 7, 33, dtype=torch.float64)
-        lens = torch.randint(0, 34, (5, 7))
-        y = _cpu.masked_softmax(x, lens)
-        np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()))
-        g = torch.randn_like(x)
-        dx = _cpu.masked_softmax_backward(g, y, lens)
-        yr = torch.tensor(ref_masked_softmax(x.numpy(), lens.numpy()))
-        np.testing.assert_allclose(dx, yr * (g - (g * yr).sum(-1, keepdim=True)), atol=1e-12)
+        with threads:
+            x = torch.randn(5, 7, 33, dtype=torch.float64)
+            lens = torch.randint(0, 34, (5, 7))
+            y = _cpu.masked_softmax(x, lens)
+            np.testing.assert_allclose(y.numpy(), ref_masked_softmax(x.numpy(), lens.numpy()))
+            g = torch.randn_like(x)
+            dx = _cpu.masked_softmax_backward(g, y, lens)
+            yr = torch.tensor(ref_masked_softmax(x.numpy(), lens.numpy()))
+            np.testing.assert_allclose(dx, yr * (g - (g * yr).sum(-1, keepdim=True)), atol=1e-12)
 
-        qh, kh, w = (torch.randn(3, 6, 4), torch.randn(3, 9, 4), torch.randn(4))
-        qh, kh, w = (t.double().requires_grad_() for t in (qh, kh, w))
-        alens = torch.randint(0, 10, (3, 6))
-        s = _cpu.additive_scores(qh.detach(), kh.detach(), w.detach(), alens)
-        ref = ref_additive(qh, kh, w, alens)
-        torch.testing.assert_close(s, ref.detach())
-        gs = torch.randn_like(s)
-        got = _cpu.additive_scores_backward(gs, qh.detach(), kh.detach(), w.detach(), alens)
-        want = torch.autograd.grad(ref, (qh, kh, w), gs)
-        for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b)
+            qh, kh, w = (torch.randn(3, 6, 4), torch.randn(3, 9, 4), torch.randn(4))
+            qh, kh, w = (t.double().requires_grad_() for t in (qh, kh, w))
+            alens = torch.randint(0, 10, (3, 6))
+            s = _cpu.additive_scores(qh.detach(), kh.detach(), w.detach(), alens)
+            ref = ref_additive(qh, kh, w, alens)
+            torch.testing.assert_close(s, ref.detach())
+            gs = torch.randn_like(s)
+            got = _cpu.additive_scores_backward(gs, qh.detach(), kh.detach(), w.detach(), alens)
+            want = torch.autograd.grad(ref, (qh, kh, w), gs)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b)
     finally:
         torch.set_num_threads(old)
 

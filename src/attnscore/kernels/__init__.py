@@ -54,7 +54,7 @@ from .._checks import check_floating, check_tensor, in_functorch
 from .._mask import AttentionMask
 from .._thresholds import THRESHOLDS, Threshold, thresholds
 from . import _attention, _ops, _plain
-from ._build import build_info, load_library
+from ._build import build_info, load_library, python_threads
 from ._dispatch import (
     Backend,
     backend_name,
@@ -64,10 +64,26 @@ from ._dispatch import (
     set_enabled,
     use_backend,
 )
+from ._select import (
+    PRIORITY,
+    Choice,
+    Explanation,
+    Implementation,
+    NoImplementationError,
+    explain,
+    explaining,
+    implementations,
+    use,
+)
 
 __all__ = [
+    "PRIORITY",
     "THRESHOLDS",
     "Backend",
+    "Choice",
+    "Explanation",
+    "Implementation",
+    "NoImplementationError",
     "Threshold",
     "additive_scores",
     "available",
@@ -76,10 +92,15 @@ __all__ = [
     "disabled",
     "dot_product_attention",
     "enabled",
+    "explain",
+    "explaining",
+    "implementations",
     "load_library",
     "masked_softmax",
+    "python_threads",
     "set_enabled",
     "thresholds",
+    "use",
     "use_backend",
 ]
 

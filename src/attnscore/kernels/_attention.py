@@ -1,48 +1,26 @@
-"""Dot-product attention (softmax of scaled q·k, then the weighted sum of values): which
-kernel runs it.
+"""Dot-product attention (softmax of scaled q·k, then the weighted sum of values): its
+entries, each of which describes the call (:class:`~._select.AttentionCall`) and lets
+:func:`~._select.choose` run it on the first implementation of the device's priority list
+that takes it (:data:`~._select.PRIORITY`).
 
-One rule on every device: **where there is nothing to skip, PyTorch's own kernel runs**,
-unless the device's own kernel measured faster on the same work.
+One rule on every device: **where there is nothing to skip, PyTorch's own kernel runs**
+(``sdpa``), unless a kernel of the device measured faster on the same work; inputs that
+hold NaN or inf run the plain formulation (``plain``, :class:`Plain`), which carries them
+exactly. Inputs reach the implementations in the 4-D layout (B, H, n, d) that SDPA's fused
+kernels take (3-D inputs get H = 1 as a view; more leading dimensions are flattened into
+H).
 
-============================================ ==============================================
-mask                                         runs
-============================================ ==============================================
-none                                         ``scaled_dot_product_attention`` (SDPA); in
-                                             eager code without dropout the backend's
-                                             ``unpadded_attention`` where it measured
-                                             faster (on the CPU, the C kernel by lengths
-                                             with every length m: float16 always, float32
-                                             and bfloat16 from a size on)
-causal alone                                 SDPA with ``is_causal=True``; in eager code
-                                             without dropout the backend's
-                                             ``unpadded_attention`` (on the CPU, the C
-                                             kernel by lengths 1, 2, ..., n)
-a boolean ``attend_mask`` (with anything)    SDPA with the combined boolean mask
-key lengths, query lengths (with or without  the device's backend (``dot_product_attention``
-causal)                                      of the backend contract): on the CPU the C
-                                             kernel by lengths (else a padding-free loop
-                                             where skipping pays, or SDPA with the mask);
-                                             elsewhere SDPA + mask
-a score bias (with any of the above)         SDPA with a float mask: the bias where the
-                                             mask allows, -inf elsewhere (the bias alone
-                                             where nothing is masked); rows with no key
-                                             zeros (:func:`~._sdpa.biased`)
-============================================ ==============================================
-
-SDPA always gets the 4-D layout (B, H, n, d) (3-D inputs get H = 1 as a view; more leading
-dimensions are flattened into H), the layout its fused kernels take. Under ``torch.compile``,
-tracing, fake tensors and ``torch.func`` transforms the lengths row runs SDPA + mask (no
-data-dependent Python), and with kernels disabled (``ATTNSCORE_DISABLE_KERNELS=1``,
-:func:`~attnscore.kernels.disabled`) every row runs SDPA with the boolean mask.
-
-Small calls in inference by key lengths alone are offered whole, before any check, to the
-device's small path (:func:`small_dot_product_attention`, and additive attention's
-:func:`small_additive_attention`): a backend that takes them runs them in one step from
-the caller's tensors; whatever it declines takes the checks and the table above.
+The entries: :func:`dot_product_attention` (checked inputs, any mask, a score bias);
+:func:`projected` (scorers that are dot products of projections: general, cosine); and
+the fast lanes that take eager calls whole from the caller's arguments before the checks
+(:func:`unpadded_call`, :func:`projected_call`, :func:`small_dot_product_attention`),
+which decline (None) whatever is not well-formed, so that the checks name it. Inside
+:func:`attnscore.kernels.use` the small lane stands aside and the others obey it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -52,20 +30,15 @@ from torch import Tensor
 from .._checks import in_transform
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
-from . import _ops, _plain, _sdpa
-from ._dispatch import (
-    AdditiveProjection,
-    Projection,
-    backend_for,
-    backend_function,
-    enabled,
-    exporting,
-)
+from . import _ops, _sdpa
+from ._dispatch import AdditiveProjection, Projection, backend_for, enabled, exporting
+from ._select import AttentionCall, Implementation, choose, record, restricted
 
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
 
 __all__ = [
+    "Plain",
     "causal_alone",
     "declines",
     "dot_product_attention",
@@ -75,7 +48,6 @@ __all__ = [
     "projected_call",
     "small_additive_attention",
     "small_dot_product_attention",
-    "unpadded",
     "unpadded_call",
     "weighted_values",
 ]
@@ -222,6 +194,32 @@ def _plain_maths(
     return weighted_values(dropped, v, mask)
 
 
+class Plain(Implementation):
+    """The plain formulation (:func:`_plain_maths`): masked scores filled before the softmax,
+    values summed over attended keys only. It takes every call: the last candidate on every
+    device, and the one for inputs that hold NaN or inf. A projected scorer's call it hands
+    back (None): the scorer's own pipeline runs it."""
+
+    name = "plain"
+    summary = "the textbook formulation; carries NaN and inf exactly"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        return None
+
+    def run(self, call: AttentionCall) -> Tensor | None:
+        if call.project is not None:
+            return None
+        return _plain_maths(
+            call.q,
+            call.k,
+            call.v,
+            call.mask,
+            scale=call.scale,
+            dropout_p=call.dropout_p,
+            score_bias=call.bias,
+        )
+
+
 def dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -240,23 +238,17 @@ def dot_product_attention(
     that attend nothing) changes nothing, whatever it holds.
     """
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
-    if not finite:
-        return _plain_maths(q, k, v, mask, scale=scale, dropout_p=dropout_p, score_bias=score_bias)
-    batch = q.shape[:-2]
+    batch = tuple(q.shape[:-2])
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    if score_bias is not None:
-        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
-        bias4 = _bias_4d(score_bias, tuple(batch), mask.n, mask.m)
-        out = _sdpa.biased(q4, k4, v4, mask4, bias4, scale=scale, dropout_p=dropout_p)
-    elif mask.unmasked or causal_alone(mask):
-        out = unpadded(q4, k4, v4, causal=mask.causal, scale=scale, dropout_p=dropout_p)
-    else:
-        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
-        if mask.attend is not None or not enabled() or in_transform(q, k, v):
-            fn = _plain.dot_product_attention
-        else:
-            fn = backend_for(q, "dot_product_attention")
-        out = fn(q4, k4, v4, mask4, scale=scale, dropout_p=dropout_p)
+    # (causal masking alone needs no mask laid out where its implementations take it whole)
+    if not (mask.unmasked or (finite and score_bias is None and causal_alone(mask))):
+        mask = _mask_4d(mask, batch, q4.shape[1])
+    bias = None if score_bias is None else _bias_4d(score_bias, batch, mask.n, mask.m)
+    call = AttentionCall(
+        q4, k4, v4, mask, scale=scale, dropout_p=dropout_p, bias=bias, finite=finite
+    )
+    out = choose(call)
+    assert out is not None  # not projected: some implementation runs it
     return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
 
 
@@ -270,46 +262,14 @@ def causal_alone(mask: AttentionMask) -> bool:
     )
 
 
-def unpadded(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool,
-    scale: float,
-    dropout_p: float,
-    project: Projection | None = None,
-) -> Tensor:
-    """Attention with nothing padded (4-D), no mask or causal masking alone: in eager code
-    without dropout the backend's ``unpadded_attention`` where it takes the call, else SDPA
-    (``is_causal`` when causal) of the inputs, projected first by ``project`` if given."""
-    out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, project, in_transform(q, k, v))
-    if out is not None:
-        return out
-    if project is not None:
-        q, k = project(q, k)
-    if causal:
-        return _sdpa.causal(q, k, v, scale=scale, dropout_p=dropout_p)
-    return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
-
-
-def _unpadded_kernel(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool,
-    scale: float,
-    dropout_p: float,
-    project: Projection | None,
-    traced: bool,
-) -> Tensor | None:
-    """The backend's ``unpadded_attention`` of (B, H, n, d) or (B, n, d) inputs where it
-    may run (eager code, kernels enabled, no dropout) and takes the call; else None."""
-    if dropout_p != 0.0 or traced or not enabled():
-        return None
-    fn = backend_for(q, "unpadded_attention")
-    out: Tensor | None = fn(q, k, v, causal=causal, scale=scale, project=project)
-    return out
+@functools.lru_cache(maxsize=256)
+def _nothing_padded(n: int, m: int, causal: bool, device: torch.device) -> AttentionMask:
+    """The mask of a call with nothing padded: none, or causal masking alone, whose lengths
+    are 1, 2, ..., n (at most m) (kept: nothing writes to it)."""
+    if not causal:
+        return AttentionMask(n=n, m=m)
+    lengths = torch.arange(1, n + 1, device=device).clamp_(max=m)
+    return AttentionMask(n=n, m=m, lengths=lengths, causal=True)
 
 
 def projected(
@@ -323,37 +283,34 @@ def projected(
     inert: Inert | None = None,
 ) -> Tensor | None:
     """Dot-product attention of ``project(q, k)`` (scorers whose scores are dot products of
-    other vectors: general, cosine) where a kernel of the device skips work or measured
-    faster than SDPA, without dropout: no mask or causal alone where the backend's
-    ``unpadded_attention`` takes the call, lengths on the CPU (its kernel by lengths). None
-    elsewhere (boolean masks; SDPA of the projections measured slower than the plain
-    pipeline, 1.4x-2x in bfloat16): the caller then runs its plain pipeline. ``inert`` (q,
-    k, v) -> (q, k, v): the caller's zeroing of padding (in training the projections'
+    other vectors: general, cosine) where an implementation skips work or measured faster
+    than the scorer's own pipeline (the candidates' ``supports`` say where: no boolean
+    mask, no dropout); None elsewhere: the caller then runs its own pipeline. ``inert``
+    (q, k, v) -> (q, k, v): the caller's zeroing of padding (in training the projections'
     gradients read it), applied only once lengths are taken; with nothing padded, keys no
     query sees (causal, n < m) are cut off, never projected or read."""
-    if mask.attend is not None or not enabled() or in_transform(q, k, v):
-        return None
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
-    if not finite:  # the plain pipeline carries NaN exactly
-        return None
     batch = q.shape[:-2]
     if mask.unmasked or causal_alone(mask):
         k, v = _seen(q, k, v, mask.causal)
-        if q.ndim > 4:  # the contract takes (B, n, d) and (B, H, n, d)
+        if q.ndim > 4:  # the implementations take (B, n, d) and (B, H, n, d)
             q, k, v = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-        fn = backend_for(q, "unpadded_attention")
-        out: Tensor | None = fn(q, k, v, causal=mask.causal, scale=scale, project=project)
-    elif q.is_cpu:
-        if inert is not None:
-            q, k, v = inert(q, k, v)
-        q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
-        q4, k4 = project(q4, k4)
-        out = backend_function("cpu", "dot_product_attention")(
-            q4, k4, v4, mask4, scale=scale, dropout_p=0.0
-        )
+        mask = _nothing_padded(q.shape[-2], k.shape[-2], mask.causal, q.device)
+        call = AttentionCall(q, k, v, mask, scale=scale, project=project, finite=finite)
     else:
-        return None
+        q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
+        inert4 = None
+        if inert is not None:
+            made = inert
+
+            def inert4(*_: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                return tuple(_sdpa.as_4d(t) for t in made(q, k, v))  # type: ignore[return-value]
+
+        mask4 = _mask_4d(mask, tuple(batch), q4.shape[1])
+        call = AttentionCall(
+            q4, k4, v4, mask4, scale=scale, project=project, inert=inert4, finite=finite
+        )
+    out = choose(call)
     if out is None or out.ndim == len(batch) + 2:
         return out
     return out.reshape(*batch, *out.shape[-2:])
@@ -402,50 +359,50 @@ def unpadded_call(
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """An eager call of dot-product attention with nothing padded (no mask, or causal
     masking alone), taken whole from the caller's arguments before the checks and the
-    mask (at mid sizes those layers cost as much as the work): :func:`unpadded` of them,
-    exactly what the checked path runs. Only well-formed calls are taken
-    (:func:`_well_formed`, one d for q and k); None for every other call, which then takes
-    the checks (and their errors). Returns (output, copies of q and k): what the call keeps
-    to compute its weights later, made in the same read as the check that its inputs are
-    finite (:func:`finite_inputs`; inputs that are not take the checked path)."""
+    mask (at mid sizes those layers cost as much as the work), on the implementation the
+    checked path would choose. Only well-formed calls are taken (:func:`_well_formed`, one
+    d for q and k); None for every other call, which then takes the checks (and their
+    errors). Returns (output, copies of q and k): what the call keeps to compute its
+    weights later, made in the same read as the check that its inputs are finite
+    (:func:`finite_inputs`; inputs that are not take the checked path)."""
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     finite, q_kept, k_kept = backend_for(q, "finite_copies")(q, k, v)
     if not finite:  # eager (well-formed): finite_inputs
         return None
-    out = _unpadded_kernel(q, k, v, causal, scale, dropout_p, None, False)
-    if out is not None:
-        return out, q_kept, k_kept
-    q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-    sdpa = _sdpa.causal if causal else _sdpa.unmasked
-    out = sdpa(q4, k4, v4, scale=scale, dropout_p=dropout_p)
-    return (out if q.ndim == 4 else out.squeeze(1)), q_kept, k_kept
+    mask = _nothing_padded(q.shape[-2], k.shape[-2], causal, q.device)
+    call = AttentionCall(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    out = choose(call, route="unpadded lane")
+    assert out is not None
+    return out, q_kept, k_kept
 
 
 def projected_call(
     q: object, k: object, v: object, *, causal: bool, project: Projection, dropout_p: float
 ) -> tuple[Tensor, Tensor | None] | None:
     """:func:`unpadded_call` for scorers whose scores are dot products of projections
-    (general, cosine: ``project`` (q, k) -> (q', k'), scale 1): the backend's
-    ``unpadded_attention`` where it takes the call (output, None: weights not computed);
-    else without a mask their plain pipeline, ``softmax(q' k'ᵀ)`` then dropout and the
+    (general, cosine: ``project`` (q, k) -> (q', k'), scale 1): the implementation chosen
+    for it where one takes the call (output, None: weights not computed); else without a
+    mask their plain pipeline, ``softmax(q' k'ᵀ)`` then dropout and the
     weighted sum (output, weights), the formulation PyTorch users write (which measured
-    faster than SDPA of the projections in bfloat16). None for causal masking the kernel
-    does not take and for calls that are not well-formed (:func:`_well_formed`): they take
-    the checked path. The caller checks that ``project`` can run on q and k."""
+    faster than SDPA of the projections in bfloat16). None for causal masking the
+    implementations do not take and for calls that are not well-formed
+    (:func:`_well_formed`): they take the checked path. The caller checks that
+    ``project`` can run on q and k."""
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
         return None
-    if causal:
-        seen_k, seen_v = _seen(q, k, v, causal)
-        out = _unpadded_kernel(q, seen_k, seen_v, causal, 1.0, dropout_p, project, False)
-        return None if out is None else (out, None)
-    out = _unpadded_kernel(q, k, v, causal, 1.0, dropout_p, project, False)
+    seen_k, seen_v = _seen(q, k, v, causal)
+    mask = _nothing_padded(q.shape[-2], seen_k.shape[-2], causal, q.device)
+    call = AttentionCall(q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project)
+    out = choose(call, route="unpadded lane", lane=causal)
     if out is not None:
         return out, None
+    if causal:  # the checked path: its pipeline masks the scores
+        return None
     qp, kp = project(q, k)
     weights = _ops.softmax(_ops.matmul(qp, kp.transpose(-1, -2)))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
@@ -485,11 +442,18 @@ def small_dot_product_attention(
     call, which then takes the checks and :func:`dot_product_attention`.
     ``project`` (q, k) -> (q', k'): scorers that are dot products of other vectors (general,
     cosine), applied once the call is taken; the caller checks that it can run."""
-    if not _offered(q, k, v, valid_lens):
+    if not _offered(q, k, v, valid_lens) or restricted():
         return None
     assert isinstance(q, Tensor)
-    fn = backend_for(q, "small_dot_product_attention")
-    return fn(q, k, v, valid_lens, scale, project)  # type: ignore[no-any-return]
+    taken = backend_for(q, "small_dot_product_attention")(q, k, v, valid_lens, scale, project)
+    if taken is not None:
+        record("cpu" if q.is_cpu else q.device.type, _SMALL_LANE[taken[1] is None], "small lane")
+    return taken  # type: ignore[no-any-return]
+
+
+#: Which implementation a small lane's result came from: the small pass writes the weights,
+#: the kernel by lengths does not.
+_SMALL_LANE = {False: "c_small", True: "c_by_lengths"}
 
 
 def small_additive_attention(

@@ -22,6 +22,7 @@ fails, the kernels run on Python threads instead (:func:`parallel_in_c` is False
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -148,8 +150,33 @@ def has_float16() -> bool:
 
 def parallel_in_c() -> bool:
     """Whether the loaded kernels run their row ranges on torch's OpenMP threads (else on
-    Python threads); False when the library is not loaded."""
-    return _lib is not None and _info.openmp
+    Python threads); False when the library is not loaded, or inside
+    :func:`python_threads`."""
+    return _lib is not None and _info.openmp and not _python_threads
+
+
+_python_threads = 0
+
+
+@contextlib.contextmanager
+def python_threads() -> Iterator[None]:
+    """Run the C kernels' work on a Python thread pool (ctypes releases the GIL) instead of
+    torch's OpenMP threads inside the body (process-wide; nests): what a library built
+    without OpenMP does, e.g. to tell a threading problem from a kernel's. Results are the
+    same either way.
+
+    >>> import torch
+    >>> import attnscore.kernels as K
+    >>> with K.python_threads():
+    ...     K.masked_softmax(torch.zeros(2, 3), torch.tensor([2, 0])).sum().item()
+    1.0
+    """
+    global _python_threads
+    _python_threads += 1
+    try:
+        yield
+    finally:
+        _python_threads -= 1
 
 
 def _extra_flags() -> list[str]:

@@ -32,12 +32,17 @@ from .._mask import AttentionMask
 from .._thresholds import value
 from . import _plain, _sdpa
 from ._build import has_float16, load_library, parallel_in_c
+from ._dispatch import enabled
+from ._select import AttentionCall, Implementation
 
 __all__ = [
+    "ByLengths",
+    "CutExamples",
+    "GroupedExamples",
+    "SmallPass",
     "additive_scores",
     "additive_scores_backward",
     "all_finite",
-    "dot_product_attention",
     "finite_copies",
     "lengths_mask",
     "mask_summary",
@@ -49,7 +54,6 @@ __all__ = [
     "small_dot_product_attention",
     "small_masked_softmax",
     "softmax_pays",
-    "unpadded_attention",
 ]
 
 _pool: ThreadPoolExecutor | None = None
@@ -683,7 +687,8 @@ def _small_attention(
     each query row over its first ``lengths`` keys, padding never read (so nothing is
     zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
     general path) without the C library, for other dtypes, or where a row's scores or
-    output are not all finite. ``lengths``: (B or 1, H or 1, n or 1), :func:`_sdpa.compact`."""
+    output are not all finite. ``lengths``: (B or 1, H or 1, n or 1),
+    :func:`~attnscore._mask.compact`."""
     if load_library() is None or q.dtype not in _SMALL_SUFFIX:
         return None
     B, H, n, _ = q.shape
@@ -1214,7 +1219,7 @@ class _ByLength:
 
     @staticmethod
     def of(lengths: Tensor, n: int, *, ascending: bool = False) -> _ByLength:
-        """From lengths (B or 1, H or 1, n or 1) (:func:`_sdpa.compact`); ``ascending``:
+        """From lengths (B or 1, H or 1, n or 1) (:func:`~attnscore._mask.compact`); ``ascending``:
         each (example, head)'s are in order already (causal masking's). Lengths shared by
         an (example, head)'s queries, or in order, are not sorted (a sort of a few rows
         costs more than the kernel's work in a mid-size call)."""
@@ -1472,46 +1477,6 @@ def _unpadded_pays(
     return work >= _UNPADDED_WORK and heads >= torch.get_num_threads()
 
 
-def unpadded_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool,
-    scale: float,
-    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
-) -> Tensor | None:
-    """Backend contract: attention with nothing padded, without dropout, in the C kernel by
-    lengths (:func:`_attention_by_lengths`), in inference and training; q (B, H, n, d) or
-    (B, n, d), and k, v alike. Causal masking alone is the lengths 1, 2, ..., n (at most
-    m): the kernel skips the keys beyond each query, which PyTorch's CPU flash kernel skips
-    only in whole blocks of 512. No mask is every length m. Either runs only where the
-    kernel measured faster than SDPA (:func:`_unpadded_pays`). None elsewhere, below
-    ``_BY_LENGTHS_WORK`` or ``_SMALL_WORK``, and where the kernel does not run (its dtypes,
-    the C library, ``_BY_LENGTHS_KEYS``). ``project``, when given, maps (q, k) first (in
-    training it counts as needing gradients: its parameters may)."""
-    shape = q.shape
-    heads = shape[0] * shape[1] if len(shape) == 4 else shape[0]
-    n, m, d, dv = shape[-2], k.shape[-2], shape[-1], v.shape[-1]
-    work = heads * n * m * (d + dv)
-    if (
-        work < max(_BY_LENGTHS_WORK, _SMALL_WORK)
-        or not _unpadded_pays(q, k, v, work, heads, causal=causal, projected=project is not None)
-        or _by_lengths_suffix(q, k, v) is None
-    ):
-        return None
-    if project is not None:
-        q, k = project(q, k)
-    by = _unpadded_by(n, m, causal)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]  # 3-D as it is
-    if len(shape) == 3:  # the backward takes heads
-        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        out = _ByLengthsAttention.apply(q4, k4, v4, by, scale)  # type: ignore[no-untyped-call]
-        return out.squeeze(1)  # type: ignore[no-any-return]
-    return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
-
-
 def _in_order(mask: AttentionMask) -> bool:
     """Whether each (example, head)'s lengths rise with the query: causal masking with key
     lengths shared by its queries (min(i + 1, L)) and no query lengths (no sort needed)."""
@@ -1552,84 +1517,251 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
     return cuts
 
 
-def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
-) -> Tensor:
-    """Backend contract: dot-product attention (B, H, n, d) where padded keys cost nothing.
+# ---- the implementations (attnscore.kernels._select: the CPU's priority list) -------------
 
-    Without dropout, in float32, bfloat16 and float16: the C kernel by lengths, forward and
-    backward (:func:`_attention_by_lengths`): every query over its own keys only, padded
-    keys and idle queries never read. Small calls without gradients (up to
-    ``_SMALL_WORK``) run in one C pass that reads no padding (:func:`_small_attention`);
-    where lengths cut nothing at all, SDPA without a mask.
 
-    Elsewhere (dropout, float64, more than ``_BY_LENGTHS_KEYS`` keys, no C library): one
-    PyTorch flash-attention call per example with all its heads, on keys (and values) cut
-    to the example's longest length and queries cut after its last query that attends
-    anything. Inside the cut, per-example lengths need no mask, lengths with causal masking
-    are ``is_causal``, and per-query lengths a mask. Where cutting examples saves too
-    little, one SDPA call with the mask (:func:`attnscore.kernels._sdpa.masked`); in
-    training with fewer heads than threads, one flash call per group of examples of similar
-    length (:class:`_GroupedAttention`). Without dropout the loop is one autograd node
-    writing into outputs and gradients allocated once; with dropout it runs through SDPA's
-    autograd.
-    """
+def _kernel_declines(call: AttentionCall) -> str | None:
+    """Why no kernel of this module takes ``call``, where it is not about the call's sizes:
+    kernels disabled, traced code, non-finite inputs (the kernels work on tiles of queries:
+    0 x NaN would reach other queries of a tile), a score bias."""
+    if not enabled():
+        return "kernels disabled (attnscore.kernels.disabled, ATTNSCORE_DISABLE_KERNELS)"
+    if call.traced:
+        return "traced or transformed (torch.compile, torch.func): no data-dependent Python"
+    if not call.finite:
+        return "inputs hold NaN or inf"
+    if call.bias is not None:
+        return "a score bias (SDPA takes it as its float mask)"
+    return None
+
+
+def _lengths_decline(call: AttentionCall) -> str | None:
+    """Why lengths give nothing to skip: no lengths, this torch's SDPA not giving zeros
+    for rows with no key (the loop relies on it), or lengths that cut no key."""
+    kind = call.kind
+    if kind != "lengths":
+        return f"no lengths to skip by (mask: {kind})"
+    if not _sdpa.empty_rows_are_zero("cpu"):
+        return "this torch's SDPA gives no zeros for rows with no key"
+    if call.shortest >= call.k.shape[-2]:
+        return "the lengths cut no key"
+    return None
+
+
+class SmallPass(Implementation):
+    """Small inference calls by lengths in one C pass (:func:`_small_attention`): every
+    query over its own keys, padding never read, nothing zeroed and no mask built; up to
+    ``small_work`` multiply-adds, where SDPA's fixed cost and the ops around it are most of
+    a call. float32 and float64."""
+
+    name = "c_small"
+    summary = "one C pass for small inference calls by lengths (float32, float64)"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        why = _kernel_declines(call)
+        if why is not None:
+            return why
+        if call.needs_grad or call.dropout_p:
+            return "gradients or dropout (the pass is inference only)"
+        if call.q.dtype not in _SMALL_SUFFIX:
+            return f"{call.q.dtype} (float32 and float64 only)"
+        if call.work > _SMALL_WORK:
+            return f"{call.work} multiply-adds, above small_work ({_SMALL_WORK})"
+        if load_library() is None:
+            return "the C library is not loaded"
+        return _lengths_decline(call)
+
+    def run(self, call: AttentionCall) -> Tensor | None:
+        q, k, v = call.projected()
+        out = _small_attention(q, k, v, call.lengths, call.scale)
+        if out is None:
+            call.notes["declined"] = "some row's scores or output not finite"
+        return out
+
+
+def _by_lengths_declines(call: AttentionCall) -> str | None:
+    """Where the kernel by lengths does not run at all (:func:`_by_lengths_suffix`)."""
+    if _by_lengths_suffix(call.q, call.k, call.v) is None:
+        if call.q.dtype not in _BY_LENGTHS_SUFFIX:
+            return f"{call.q.dtype} (float32, bfloat16, float16 only)"
+        if call.k.shape[-2] > _BY_LENGTHS_KEYS:
+            return f"{call.k.shape[-2]} keys, above by_lengths_keys ({_BY_LENGTHS_KEYS})"
+        return "the C library is not loaded (or has no float16)"
+    return None
+
+
+class ByLengths(Implementation):
+    """The C kernel by lengths (:func:`_attention_by_lengths`), forward and backward: every
+    query over its own keys only, padded keys and idle queries never read. Lengths from
+    ``by_lengths_work`` multiply-adds on; with nothing padded (no mask: every length m;
+    causal masking alone: lengths 1, 2, ..., n, which PyTorch's CPU flash kernel skips only
+    in blocks of 512) where it measured faster than SDPA (:func:`_unpadded_pays`). float32,
+    bfloat16, float16; no dropout."""
+
+    name = "c_by_lengths"
+    summary = "the C kernel by lengths, forward and backward (float32, bfloat16, float16)"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        why = _kernel_declines(call)
+        if why is not None:
+            return why
+        if call.dropout_p:
+            return "dropout (the kernel has none)"
+        work = call.work
+        if call.kind in ("none", "causal"):
+            q, k, v = call.q, call.k, call.v
+            heads = q.numel() // (q.shape[-1] * q.shape[-2])
+            causal = call.kind == "causal"
+            projected = call.project is not None
+            if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or not _unpadded_pays(
+                q, k, v, work, heads, causal=causal, projected=projected
+            ):
+                return f"nothing padded, and SDPA measured faster at {work} multiply-adds"
+            return _by_lengths_declines(call)
+        if work < _BY_LENGTHS_WORK:
+            return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
+        return _by_lengths_declines(call) or _lengths_decline(call)
+
+    def run(self, call: AttentionCall) -> Tensor | None:
+        q, k, v = call.projected()
+        kind = call.kind
+        if kind == "lengths":
+            mask = call.mask
+            return _attention_by_lengths(
+                q, k, v, call.lengths, call.scale, call.needs_grad, ascending=_in_order(mask)
+            )
+        by = _unpadded_by(q.shape[-2], k.shape[-2], kind == "causal")
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+            return _by_lengths_forward(q, k, v, by, call.scale, logsumexp=False)[0]
+        if q.ndim == 3:  # the backward takes heads
+            out = _ByLengthsAttention.apply(q[:, None], k[:, None], v[:, None], by, call.scale)  # type: ignore[no-untyped-call]
+            return out.squeeze(1)  # type: ignore[no-any-return]
+        return _ByLengthsAttention.apply(q, k, v, by, call.scale)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def _plan(call: AttentionCall) -> str | tuple[list[_Cut], list[int], int]:
+    """The per-example loop's pieces for a call by lengths, (cuts, each example's longest
+    length, the queries x keys they keep), or why cutting saves too little (less than
+    ``call_work`` per example). Worked out once per call (both loops read it)."""
+    plan = call.notes.get("plan")
+    if plan is not None:
+        return plan  # type: ignore[no-any-return]
+    q, k, v = call.q, call.k, call.v
     B, H, n, _ = q.shape
     m = k.shape[-2]
-    lengths = _sdpa.compact(mask.lengths) if mask.lengths is not None else None
-    if lengths is None or B == 0 or not _sdpa.empty_rows_are_zero("cpu"):
-        return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
-    shortest, _ = value_range(lengths)
-    if shortest == m:  # lengths that cut nothing: no mask at all
-        return _sdpa.unmasked(q, k, v, scale=scale, dropout_p=dropout_p)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    work = H * (q.shape[-1] + v.shape[-1])
-    if not needs_grad and dropout_p == 0.0 and B * n * m * work <= _SMALL_WORK:
-        out = _small_attention(q, k, v, lengths, scale)
-        if out is not None:
-            return out
-    if dropout_p == 0.0 and B * n * m * work >= _BY_LENGTHS_WORK:
-        out = _attention_by_lengths(q, k, v, lengths, scale, needs_grad, ascending=_in_order(mask))
-        if out is not None:
-            return out
-    # Elsewhere (dropout, float64, more keys than the kernel takes, no C library): PyTorch's
-    # flash kernel on cut examples, or SDPA with the mask.
-
-    def with_mask() -> Tensor:  # SDPA with the mask, told what the lengths showed
-        return _sdpa.masked(
-            q, k, v, mask, scale=scale, dropout_p=dropout_p, lengths=lengths, has_idle=shortest == 0
-        )
-
-    # The flash op takes no dropout and one head size for q, k and v.
-    flash = dropout_p == 0.0 and q.shape[-1] == v.shape[-1] and _flash_ops() is not None
-
-    def inert() -> tuple[Tensor, Tensor, Tensor]:  # the inputs with their padding inert
-        padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
-        idle = (lengths == 0).unsqueeze(-1) if shortest == 0 else None
-        return _sdpa.inert(q, k, v, padded, idle, look=True, first=first)
-
+    work = H * (k.shape[-1] + v.shape[-1])  # per (example, query, key)
     full = B * n * m
-    if full * work < B * _CALL_WORK:  # too little to cut examples
-        return with_mask()
-    longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
-    # Without idle queries the loop keeps each example's queries whole: what it would save
-    # is known before its pieces are made (per-query lengths near m save too little).
-    if shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
-        return with_mask()
-    cuts = _cuts(mask, lengths, n, longest)
-    kept = sum(c.size * c.keys for c in cuts)
-    if (full - kept) * work < B * _CALL_WORK:  # cutting saves too little
-        return with_mask()
-    # With fewer heads than threads the loop's backward needs threads of its own, whose
-    # start only a large backward repays: below that, training takes one flash call per
-    # group of examples of similar length (SDPA with the mask where that saves too little).
-    threads = torch.get_num_threads()
-    if needs_grad and threads > H and kept * work < _THREADS_WORK:
-        groups = _groups(longest, lengths, -(-threads // H))
+    lengths = call.lengths
+    found: str | tuple[list[_Cut], list[int], int]
+    if full * work < B * _CALL_WORK:
+        found = "too little work to cut examples (call_work)"
+    else:
+        longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
+        # Without idle queries the loop keeps each example's queries whole: what it would
+        # save is known before its pieces are made (per-query lengths near m save too little).
+        if call.shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
+            found = "cutting examples to their longest length saves too little (call_work)"
+        else:
+            cuts = _cuts(call.mask, lengths, n, longest)
+            kept = sum(c.size * c.keys for c in cuts)
+            if (full - kept) * work < B * _CALL_WORK:
+                found = "cutting examples saves too little (call_work)"
+            else:
+                found = (cuts, longest, kept)
+    call.notes["plan"] = found
+    return found
+
+
+def _grouped(call: AttentionCall, kept: int) -> bool:
+    """Whether the loop's backward would need threads of its own that only a large
+    backward repays (training, fewer heads than threads, less than ``threads_work``)."""
+    H = call.q.shape[1]
+    work = H * (call.k.shape[-1] + call.v.shape[-1])
+    return call.needs_grad and torch.get_num_threads() > H and kept * work < _THREADS_WORK
+
+
+def _flash_takes(call: AttentionCall) -> bool:
+    """The flash op takes no dropout and one head size for q, k and v."""
+    return (
+        call.dropout_p == 0.0 and call.q.shape[-1] == call.v.shape[-1] and _flash_ops() is not None
+    )
+
+
+class CutExamples(Implementation):
+    """One PyTorch flash-attention call per example with all its heads, on keys (and
+    values) cut to the example's longest length and queries cut after its last query that
+    attends anything (:class:`_CutAttention`; with dropout or a value size unlike the
+    query size, through SDPA's autograd: :func:`_cut_attention_autograd`). Inside the cut,
+    per-example lengths need no mask, lengths with causal masking are ``is_causal``, and
+    per-query lengths a mask. Where the kernel by lengths does not run (dropout, float64,
+    more keys than it takes) and cutting saves more than a call costs."""
+
+    name = "flash_cut"
+    summary = "PyTorch's flash kernel per example, on keys cut to its longest length"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        why = _kernel_declines(call) or _lengths_decline(call)
+        if why is not None:
+            return why
+        plan = _plan(call)
+        if isinstance(plan, str):
+            return plan
+        if _grouped(call, plan[2]):
+            return "training with fewer heads than threads: its backward would leave threads idle"
+        return None
+
+    def run(self, call: AttentionCall) -> Tensor:
+        plan = _plan(call)
+        assert not isinstance(plan, str)
+        q, k, v = call.projected()
+        if _flash_takes(call):
+            return _CutAttention.apply(q, k, v, plan[0], call.scale)  # type: ignore[no-any-return,no-untyped-call]
+        return _cut_attention_autograd(q, k, v, plan[0], call.scale, call.dropout_p)
+
+
+class GroupedExamples(Implementation):
+    """Training with fewer heads than threads, where the loop's backward would need threads
+    of its own that only a large backward repays: one flash call per group of examples of
+    similar length (:class:`_GroupedAttention`), each group on keys cut to its longest."""
+
+    name = "flash_grouped"
+    summary = "PyTorch's flash kernel per group of examples of similar length (training)"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        why = _kernel_declines(call) or _lengths_decline(call)
+        if why is not None:
+            return why
+        plan = _plan(call)
+        if isinstance(plan, str):
+            return plan
+        if not _grouped(call, plan[2]):
+            return "not training with fewer heads than threads"
+        if not _flash_takes(call):
+            return "dropout, or a value size unlike the query size (the flash op takes neither)"
+        groups = self._groups(call, plan[1])
+        q, k, v = call.q, call.k, call.v
+        B, H, n, _ = q.shape
         kept = n * sum(len(g.examples) * g.keys for g in groups)
-        if not flash or (full - kept) * work < len(groups) * _CALL_WORK:  # saves too little
-            return with_mask()
-        return _GroupedAttention.apply(*inert(), groups, scale)  # type: ignore[no-any-return,no-untyped-call]
-    if flash:
-        return _CutAttention.apply(q, k, v, cuts, scale)  # type: ignore[no-any-return,no-untyped-call]
-    return _cut_attention_autograd(q, k, v, cuts, scale, dropout_p)
+        work = H * (k.shape[-1] + v.shape[-1])
+        if (B * n * k.shape[-2] - kept) * work < len(groups) * _CALL_WORK:
+            return "grouping examples saves too little (call_work)"
+        return None
+
+    @staticmethod
+    def _groups(call: AttentionCall, longest: list[int]) -> list[_Group]:
+        groups = call.notes.get("groups")
+        if groups is None:
+            threads, H = torch.get_num_threads(), call.q.shape[1]
+            groups = call.notes["groups"] = _groups(longest, call.lengths, -(-threads // H))
+        return groups
+
+    def run(self, call: AttentionCall) -> Tensor:
+        plan = _plan(call)
+        assert not isinstance(plan, str)
+        groups = self._groups(call, plan[1])
+        q, k, v = call.projected()
+        lengths, m = call.lengths, k.shape[-2]
+        padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
+        idle = (lengths == 0).unsqueeze(-1) if call.shortest == 0 else None
+        inert = _sdpa.inert(q, k, v, padded, idle, look=True, first=first)
+        return _GroupedAttention.apply(*inert, groups, call.scale)  # type: ignore[no-any-return,no-untyped-call]

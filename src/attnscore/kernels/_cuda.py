@@ -2,8 +2,7 @@
 
 Importing this module imports ``triton``; :mod:`attnscore` itself never does. The functions
 are plain tensor functions (no autograd Function, except that
-:func:`dot_product_attention` is differentiable through PyTorch ops); the op registration and
-the dispatch around them live in :mod:`attnscore.kernels`.
+none); the op registration and the dispatch around them live in :mod:`attnscore.kernels`.
 
 Shapes: B batch, n queries, m keys, h hidden units, d query/key size, dv value size.
 Devices: CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1`` (Triton's interpreter,
@@ -48,18 +47,10 @@ The hardware instruction exists only on CUDA: under the interpreter ``exact`` al
 
 **Softmax by a boolean mask** and **mask summaries**: the plain backend's (PyTorch ops).
 
-**Dot-product attention**: the plain backend's (:func:`attnscore.kernels._sdpa.masked`):
-``scaled_dot_product_attention`` in 4-D layout (B, H, n, d) with the boolean mask of the
-lengths, (B, 1, 1, m) for per-example lengths and (B, 1, n, m) for per-query lengths;
-padding zeroed first (no sync to look for it), rows of length 0 attend key 0 inside SDPA
-(no fully masked row, hence no NaN on any backend) and are replaced by zeros after, with
-zero gradients. Unmasked and causal attention are SDPA's own calls before any backend is
-asked (:mod:`attnscore.kernels._attention`). Reason, from issue 10's H100 measurements
-(B=32 n=m=1024 d=64): SDPA + bool mask 0.345 ms fp32 / 0.083 ms bf16, the fastest option
-at one head; ``flex_attention`` with a length-built block mask won only at bf16 with many
-heads (0.156 vs 0.266 ms at B=16 H=16), and lost in fp32 (0.67 vs 0.35 ms) and at B=32 H=1
-bf16 (0.134 vs 0.049 ms). A flex path (BlockMask built from the number of valid key blocks
-per row, now that the contract sees heads) is left to a session with a GPU.
+**Dot-product attention** is not a backend function: the CUDA priority list
+(:data:`attnscore.kernels._select.PRIORITY`) runs ``flex_attention`` by lengths where it
+measured faster (:class:`attnscore.kernels._flex.Flex`), else SDPA
+(:class:`attnscore.kernels._sdpa.Sdpa`); the measurements are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -69,13 +60,9 @@ import os
 import torch
 from torch import Tensor
 
-from .._mask import AttentionMask
-
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
 # checked by mypy), nine of them the plain backend's, re-exported as they are.
-from . import _flex, _sdpa, _triton_softmax
-from ._flex import FLEX_MIN_KEYS as FLEX_MIN_KEYS
-from ._flex import flex_takes as flex_takes
+from . import _triton_softmax
 from ._plain import all_finite as all_finite
 from ._plain import finite_copies as finite_copies
 from ._plain import lengths_mask as lengths_mask
@@ -86,7 +73,6 @@ from ._plain import small_additive_attention as small_additive_attention
 from ._plain import small_dot_product_attention as small_dot_product_attention
 from ._plain import small_masked_softmax as small_masked_softmax
 from ._plain import softmax_pays as softmax_pays
-from ._plain import unpadded_attention as unpadded_attention
 from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh
 
@@ -224,22 +210,3 @@ def additive_scores_backward(
     qh, kh, w_v = qh.contiguous(), kh.contiguous(), w_v.contiguous()
     g = grad_scores.contiguous()
     return additive_bwd(g, qh, kh, w_v, lengths.contiguous(), approx=_approx(qh, kh, w_v))
-
-
-def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
-) -> Tensor:
-    """Backend contract: dot-product attention by lengths, q (B, H, n, d), k (B, H, m, d), v
-    (B, H, m, dv), ``mask`` lengths over (B, H) -> (B, H, n, dv), differentiable.
-
-    Where :func:`flex_takes` says so, ``flex_attention`` with a block mask from the lengths
-    (key blocks beyond every length of a query block are never read); elsewhere SDPA with
-    the boolean mask (:func:`attnscore.kernels._sdpa.masked`). Length-0 rows are zeros with
-    zero gradients either way. The caller has checked that the inputs are finite."""
-    if flex_takes(q, k, mask, dropout_p) is None:
-        assert mask.lengths is not None
-        # Padded keys inside a visited block meet exact zero weights: zeroed first, without
-        # looking (a look is a device sync), since 0 x NaN is NaN.
-        q, k, v = _sdpa.inert_by_mask(q, k, v, mask)
-        return _flex.attention(q, k, v, mask.lengths, scale=scale)
-    return _sdpa.masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from .._mask import AttentionMask
 from . import _plain
 
 __all__ = [
@@ -113,41 +112,6 @@ class Backend(Protocol):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Gradients (qh, kh, w_v) of :meth:`additive_scores`."""
 
-    def dot_product_attention(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: AttentionMask,
-        *,
-        scale: float,
-        dropout_p: float,
-    ) -> Tensor:
-        """q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv) -> (B, H, n, dv), differentiable
-        through PyTorch ops; ``mask`` has lengths over the batch (B, H) and no boolean part
-        (unmasked attention and causal alone go to :meth:`unpadded_attention`, boolean
-        masks to PyTorch's SDPA, before a backend is asked). Length-0 rows are zeros with
-        zero gradients."""
-
-    def unpadded_attention(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        causal: bool,
-        scale: float,
-        project: Projection | None = None,
-    ) -> Tensor | None:
-        """Attention with nothing padded, no mask or causal masking alone (query i attends
-        keys j <= i, top-left), without dropout: q (B, H, n, d), k (B, H, m, d), v (B, H, m,
-        dv) -> (B, H, n, dv), or the same without H, differentiable, where the backend's
-        kernel measured faster than SDPA (no mask) or SDPA's ``is_causal`` (causal); None
-        otherwise (the caller then runs SDPA, or its plain pipeline). ``project`` as
-        :meth:`small_dot_product_attention`'s, applied only once the call is taken (the
-        projected queries have the keys' size). Most calls are declined, so the decision
-        comes first, from the shapes, before any view or projection."""
-
     def small_dot_product_attention(
         self,
         q: Tensor,
@@ -206,8 +170,6 @@ FUNCTIONS = (
     "lengths_mask",
     "additive_scores",
     "additive_scores_backward",
-    "dot_product_attention",
-    "unpadded_attention",
     "small_dot_product_attention",
     "small_additive_attention",
     "all_finite",

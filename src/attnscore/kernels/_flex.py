@@ -33,8 +33,11 @@ from torch import Tensor
 
 from .._mask import AttentionMask
 from .._thresholds import value
+from ._dispatch import enabled
+from ._sdpa import inert_by_mask
+from ._select import AttentionCall, Implementation
 
-__all__ = ["BLOCK", "FLEX_MIN_KEYS", "attention", "block_mask", "flex_takes"]
+__all__ = ["BLOCK", "FLEX_MIN_KEYS", "Flex", "attention", "block_mask", "flex_takes"]
 
 BLOCK = 128
 """Query and key block size of the block mask (``flex_attention``'s default tile)."""
@@ -137,3 +140,31 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: float)
         return _compiled()(q, k, v, block_mask=mask, scale=scale)
     out: Tensor = flex_attention(q, k, v, block_mask=mask, scale=scale)  # eager: forward only
     return out
+
+
+class Flex(Implementation):
+    """:func:`attention` for calls by lengths on CUDA, where it measured faster than SDPA
+    with the dense mask (:data:`FLEX_MIN_KEYS`, :func:`flex_takes`). Padded keys inside a
+    visited block meet exact zero weights: they are zeroed first, without looking (a look
+    is a device sync), since 0 x NaN is NaN."""
+
+    name = "flex"
+    summary = "flex_attention with a block mask from the lengths: padded key blocks never read"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        if not enabled():
+            return "kernels disabled"
+        if call.traced:
+            return "traced or transformed"
+        if not call.finite:
+            return "inputs hold NaN or inf"
+        if call.bias is not None or call.project is not None:
+            return "a score bias or a projected scorer"
+        if call.kind != "lengths":
+            return f"no lengths to skip by (mask: {call.kind})"
+        return flex_takes(call.q, call.k, call.mask, call.dropout_p)
+
+    def run(self, call: AttentionCall) -> Tensor:
+        assert call.mask.lengths is not None
+        q, k, v = inert_by_mask(call.q, call.k, call.v, call.mask)
+        return attention(q, k, v, call.mask.lengths, scale=call.scale)

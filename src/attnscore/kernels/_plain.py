@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 from .._checks import compute_dtype
-from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from .._thresholds import value
 
@@ -30,7 +29,6 @@ __all__ = [
     "additive_scores_dense",
     "additive_scores_whole",
     "all_finite",
-    "dot_product_attention",
     "finite_copies",
     "lengths_mask",
     "mask_summary",
@@ -42,7 +40,6 @@ __all__ = [
     "small_dot_product_attention",
     "small_masked_softmax",
     "softmax_pays",
-    "unpadded_attention",
 ]
 
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
@@ -89,19 +86,6 @@ def softmax_pays(x: Tensor, training: bool) -> bool:
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
     """No path of its own for small calls: None (the general path runs)."""
-    return None
-
-
-def unpadded_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool,
-    scale: float,
-    project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
-) -> Tensor | None:
-    """No kernel of its own for attention with nothing padded: None (SDPA runs)."""
     return None
 
 
@@ -262,30 +246,6 @@ def additive_scores_whole(
 
 
 # ---- dot-product attention ---------------------------------------------------------------
-
-
-def dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: float, dropout_p: float
-) -> Tensor:
-    """Backend contract: PyTorch's ``scaled_dot_product_attention`` with the boolean mask
-    of the lengths (q (B, H, n, d), lengths over (B, H)), padding zeroed first and length-0
-    rows zeros. Works on any device and under tracing (no data-dependent Python)."""
-    global _sdpa_masked
-    if _sdpa_masked is None:  # the first call: see _sdpa_masked
-        from ._sdpa import masked
-
-        _sdpa_masked = masked
-    return _sdpa_masked(q, k, v, mask, scale=scale, dropout_p=dropout_p)
-
-
-# :func:`attnscore.kernels._sdpa.masked`, imported on the first call, not with this module:
-# the one function of this backend above the dispatcher. SDPA with a mask takes the mask
-# helpers of the tensors' backend through _ops, whose fallback is this module, so importing
-# _sdpa here would close the cycle _plain -> _sdpa -> _ops -> _plain (and, through the
-# backend table, _dispatch -> _plain -> ... -> _dispatch). Kept in a global, not behind
-# functools.cache: a call pays one global read, and torch.compile traces it without the
-# warning it gives for lru_cache wrappers.
-_sdpa_masked: Callable[..., Tensor] | None = None
 
 
 # ---- inputs ---------------------------------------------------------------------------------

@@ -27,14 +27,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import LOOK_NUMEL, garbage_in, in_transform
-from .._mask import AttentionMask
+from .._mask import AttentionMask, compact
 from . import _ops
+from ._dispatch import enabled
+from ._select import AttentionCall, Implementation
 
 __all__ = [
+    "Sdpa",
     "as_4d",
     "biased",
     "causal",
-    "compact",
     "empty_rows_are_zero",
     "inert",
     "inert_by_mask",
@@ -42,18 +44,6 @@ __all__ = [
     "padding_by_lengths",
     "unmasked",
 ]
-
-
-def compact(t: Tensor) -> Tensor:
-    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
-    tensor that broadcasts back to it. Lengths arrive expanded over heads and queries."""
-    strides = t.stride()
-    sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
-    if sizes == list(t.shape):
-        return t
-    if type(t) is Tensor and not in_transform(t):  # one view op (slicing takes one per dim)
-        return t.as_strided(sizes, strides)
-    return t[tuple(slice(0, size) for size in sizes)]
 
 
 def as_4d(t: Tensor) -> Tensor:
@@ -282,3 +272,44 @@ def biased(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
     return out.masked_fill(idle, 0.0)
+
+
+class Sdpa(Implementation):
+    """PyTorch's SDPA under the guarantees above: without a mask, ``is_causal`` for causal
+    masking alone, the mask (:func:`masked`) or the score bias (:func:`biased`) otherwise.
+    It takes every call with finite inputs but projected ones (general, cosine), whose own
+    pipeline measured faster than SDPA of their projections (1.4x-2x in bfloat16), except by
+    lengths on the CPU in eager code, where the kernels ahead of it take most calls."""
+
+    name = "sdpa"
+    summary = "PyTorch's scaled_dot_product_attention, padding zeroed, empty rows zeros"
+
+    def supports(self, call: AttentionCall) -> str | None:
+        if not call.finite:
+            return "inputs hold NaN or inf (SDPA's tiles would carry them to other queries)"
+        if call.project is not None and (
+            call.device != "cpu" or call.kind != "lengths" or call.traced or not enabled()
+        ):
+            return (
+                "a projected scorer: its own pipeline measured faster than SDPA of the projections"
+            )
+        return None
+
+    def run(self, call: AttentionCall) -> Tensor:
+        q, k, v = call.projected()
+        mask, scale, p = call.mask, call.scale, call.dropout_p
+        if call.bias is not None:
+            return biased(q, k, v, mask, call.bias, scale=scale, dropout_p=p)
+        kind = call.kind
+        if kind == "none":
+            return unmasked(q, k, v, scale=scale, dropout_p=p)
+        if kind == "causal":
+            return causal(q, k, v, scale=scale, dropout_p=p)
+        if kind == "lengths" and call.read_lengths:  # what an implementation ahead read
+            if call.shortest == k.shape[-2]:  # lengths that cut nothing: no mask at all
+                return unmasked(q, k, v, scale=scale, dropout_p=p)
+            has_idle = call.shortest == 0
+            return masked(
+                q, k, v, mask, scale=scale, dropout_p=p, lengths=call.lengths, has_idle=has_idle
+            )
+        return masked(q, k, v, mask, scale=scale, dropout_p=p)

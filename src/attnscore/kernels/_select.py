@@ -1,0 +1,443 @@
+"""Which implementation runs dot-product attention: the one place that chooses.
+
+An *implementation* (:class:`Implementation`) is one way to run an attention call: the C
+kernel by lengths, PyTorch's SDPA, ``flex_attention``, the plain formulation, ... Each says
+what it takes in :meth:`~Implementation.supports`, which returns None where it runs a call
+and otherwise the reason it declines, read from the call alone (:class:`AttentionCall`:
+its tensors, mask, scale, dropout and what has been found out about them). The candidates
+of a device type are a priority list (:data:`PRIORITY`): the first that takes a call runs
+it (:func:`choose`). The lists are the design; the sizes at which a kernel pays are data
+(:data:`attnscore.kernels.THRESHOLDS`), read by the ``supports`` methods.
+
+Control is public, in the manner of ``torch.nn.attention.sdpa_kernel``:
+
+- :func:`use` restricts (and optionally orders) the candidates inside a ``with`` block, in
+  the current thread; a call that none of them takes raises an error listing every
+  candidate's reason, as xformers' dispatcher does;
+- :func:`explain` runs a call and reports, for each attention it ran, which implementation
+  ran it and why each one ahead of it declined;
+- every choice is logged at DEBUG level by the ``attnscore`` logger.
+
+Implementations live next to their kernels (``_cpu``, ``_sdpa``, ``_flex``,
+``_attention``) and are named here by ``"module:Class"``, imported on first use (the CUDA
+module needs Triton).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from .._checks import in_transform, value_range
+from .._mask import AttentionMask, compact
+
+__all__ = [
+    "PRIORITY",
+    "WHERE",
+    "AttentionCall",
+    "Choice",
+    "Explanation",
+    "Implementation",
+    "NoImplementationError",
+    "choose",
+    "explain",
+    "explaining",
+    "implementations",
+    "markdown",
+    "record",
+    "restricted",
+    "use",
+]
+
+_log = logging.getLogger("attnscore")
+
+Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+#: Device type -> its candidates for dot-product attention, first choice first. Device types
+#: without a row use ``"*"``'s.
+PRIORITY: dict[str, tuple[str, ...]] = {
+    "cpu": ("c_small", "c_by_lengths", "flash_cut", "flash_grouped", "sdpa", "plain"),
+    "cuda": ("flex", "sdpa", "plain"),
+    "*": ("sdpa", "plain"),
+}
+
+#: Implementation name -> where it lives, ``"module:Class"`` of this package (imported on
+#: first use: the CUDA kernels need Triton).
+WHERE: dict[str, str] = {
+    "c_small": "_cpu:SmallPass",
+    "c_by_lengths": "_cpu:ByLengths",
+    "flash_cut": "_cpu:CutExamples",
+    "flash_grouped": "_cpu:GroupedExamples",
+    "flex": "_flex:Flex",
+    "sdpa": "_sdpa:Sdpa",
+    "plain": "_attention:Plain",
+}
+
+
+class AttentionCall:
+    """One call of dot-product attention, as the implementations see it.
+
+    ``q`` (B, H, n, d) or, for calls with nothing padded, (B, n, d); ``k`` (..., m, d),
+    ``v`` (..., m, dv): one float dtype and device, padding already inert where it was not
+    finite (``finite`` says whether that left every entry finite). ``mask``: laid out over
+    (B, H) (:class:`~attnscore._mask.AttentionMask`). ``project`` (q, k) -> (q', k'):
+    scorers whose scores are dot products of projections (general, cosine), applied only
+    by the implementation that runs the call (:meth:`projected`); ``inert`` (q, k, v) ->
+    (q, k, v): the caller's zeroing of padding, applied with it where lengths are taken.
+    ``bias``: a float score bias broadcastable to (B, H, n, m), or None.
+
+    Facts that cost a read of the lengths (``shortest``, the lengths :func:`compact
+    <attnscore._mask.compact>`) are found once, on first use, and shared by every
+    candidate; an implementation may keep what its ``supports`` worked out (``notes``) for
+    its ``run``.
+    """
+
+    __slots__ = (
+        "_lengths",
+        "_projected",
+        "_shortest",
+        "bias",
+        "device",
+        "dropout_p",
+        "finite",
+        "inert",
+        "k",
+        "mask",
+        "needs_grad",
+        "notes",
+        "project",
+        "q",
+        "scale",
+        "traced",
+        "v",
+    )
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        *,
+        scale: float,
+        dropout_p: float = 0.0,
+        bias: Tensor | None = None,
+        project: Projection | None = None,
+        inert: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
+        finite: bool = True,
+    ) -> None:
+        self.q, self.k, self.v, self.mask = q, k, v, mask
+        self.scale, self.dropout_p, self.bias = scale, dropout_p, bias
+        self.project, self.inert, self.finite = project, inert, finite
+        self.device = "cpu" if q.is_cpu else q.device.type
+        self.traced = in_transform(q, k, v)
+        self.needs_grad = torch.is_grad_enabled() and (
+            project is not None or q.requires_grad or k.requires_grad or v.requires_grad
+        )
+        self.notes: dict[str, Any] = {}
+        self._lengths: Tensor | None = None
+        self._shortest: int | None = None
+        self._projected: tuple[Tensor, Tensor, Tensor] | None = None
+
+    @property
+    def kind(self) -> str:
+        """What the mask asks: ``"none"``, ``"causal"`` (causal masking alone),
+        ``"boolean"`` (an ``attend_mask``, with anything), or ``"lengths"`` (key or query
+        lengths, with or without causal masking)."""
+        mask = self.mask
+        if mask.attend is not None:
+            return "boolean"
+        if mask.lengths is None:
+            return "none"
+        if mask.causal and mask.key_lengths is None and mask.query_lengths is None:
+            return "causal"
+        return "lengths"
+
+    @property
+    def work(self) -> int:
+        """Multiply-adds of the whole call: (B·H) · n · m · (d + dv)."""
+        q = self.q
+        heads = q.numel() // (q.shape[-1] * q.shape[-2]) if q.numel() else 0
+        return heads * q.shape[-2] * self.k.shape[-2] * (self.k.shape[-1] + self.v.shape[-1])
+
+    @property
+    def lengths(self) -> Tensor:
+        """The mask's lengths (B or 1, H or 1, n or 1), as small as they broadcast."""
+        if self._lengths is None:
+            assert self.mask.lengths is not None
+            self._lengths = compact(self.mask.lengths)
+        return self._lengths
+
+    @property
+    def read_lengths(self) -> bool:
+        """Whether :attr:`shortest` is known already (a candidate read the lengths)."""
+        return self._shortest is not None
+
+    @property
+    def shortest(self) -> int:
+        """The shortest length of the mask (one read of the lengths)."""
+        if self._shortest is None:
+            self._shortest = value_range(self.lengths)[0]
+        return self._shortest
+
+    def projected(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(q, k, v) as the scores read them: padding zeroed by ``inert`` and q, k through
+        ``project``, where given (once per call)."""
+        if self._projected is None:
+            q, k, v = self.q, self.k, self.v
+            if self.inert is not None:
+                q, k, v = self.inert(q, k, v)
+            if self.project is not None:
+                q, k = self.project(q, k)
+            self._projected = (q, k, v)
+        return self._projected
+
+
+class Implementation:
+    """One way to run dot-product attention (subclasses, one instance each).
+
+    ``name`` is what :func:`use` and :func:`explain` call it; ``summary`` says in a line what
+    it is. :meth:`supports` returns None where it runs a call, else why not (in words a user
+    can act on); :meth:`run` runs a call it supports and returns the output (..., n, dv),
+    or None where it finds only then that it cannot (the next candidate runs the call).
+    A projected call's None from the last candidate means: the caller's own pipeline.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    def supports(self, call: AttentionCall) -> str | None:
+        raise NotImplementedError
+
+    def run(self, call: AttentionCall) -> Tensor | None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<attention implementation {self.name!r}: {self.summary}>"
+
+
+class NoImplementationError(RuntimeError):
+    """No implementation allowed by :func:`use` takes a call; the message lists why each
+    declined."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` decided for one call: the ``device`` type, the implementation
+    that ran it (``chosen``), and (name, reason) for each candidate ahead of it that
+    declined; ``route`` says which entry asked (``"checked"``, or a fast lane's name)."""
+
+    device: str
+    chosen: str
+    declined: tuple[tuple[str, str], ...] = ()
+    route: str = "checked"
+
+    def __str__(self) -> str:
+        lines = [f"attention on {self.device} ({self.route}): {self.chosen}"]
+        lines += [f"  declined {name}: {why}" for name, why in self.declined]
+        return "\n".join(lines)
+
+
+@dataclass
+class Explanation:
+    """The choices of the calls :func:`explain` ran, in order (one per dot-product
+    attention; an empty list where the call ran none, e.g. additive attention)."""
+
+    choices: list[Choice] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> list[str]:
+        """The implementation of each attention, in order."""
+        return [c.chosen for c in self.choices]
+
+    def __str__(self) -> str:
+        if not self.choices:
+            return "no dot-product attention ran (the plain pipeline of the scorer)"
+        return "\n".join(str(c) for c in self.choices)
+
+
+_local = threading.local()
+_instances: dict[str, Implementation | None] = {}
+_lists: dict[str, tuple[Implementation, ...]] = {}
+_lock = threading.Lock()
+
+
+def _load(name: str) -> Implementation | None:
+    if name not in _instances:
+        module, cls = WHERE[name].split(":")
+        try:
+            impl = getattr(importlib.import_module(f"{__package__}.{module}"), cls)()
+        except ImportError:  # a module whose dependency is missing: its kernels are not there
+            impl = None
+        _instances[name] = impl
+    return _instances[name]
+
+
+def implementations(device_type: str) -> tuple[Implementation, ...]:
+    """The candidates of ``device_type``, first choice first (those that can be imported)."""
+    found = _lists.get(device_type)
+    if found is None:
+        with _lock:
+            names = PRIORITY.get(device_type, PRIORITY["*"])
+            found = tuple(i for i in map(_load, names) if i is not None)
+            _lists[device_type] = found
+    return found
+
+
+@contextlib.contextmanager
+def use(*names: str, ordered: bool = False) -> Iterator[None]:
+    """Run the body with dot-product attention restricted to the implementations ``names``
+    (in this thread; nests: the inner block's list applies).
+
+    Without ``ordered`` they keep the device's priority order; with it, ``names`` is the
+    order. A call that none of them takes raises :class:`NoImplementationError` with every
+    candidate's reason. Fast lanes that run small or unpadded calls before the checks stand
+    aside inside the block, so that the restriction applies to every call.
+
+    Raises:
+        ValueError: a name that is no implementation (the error lists the names).
+
+    >>> import torch, attnscore
+    >>> q = torch.randn(2, 3, 8)
+    >>> with attnscore.kernels.use("plain"):
+    ...     attnscore.dot_product_attention(q, q, q, torch.tensor([1, 3])).shape
+    torch.Size([2, 3, 8])
+    """
+    known = set(WHERE)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(
+            f"Expected `names` among {sorted(known)}, but got {list(names)!r} instead."
+        )
+    previous = getattr(_local, "only", None)
+    _local.only = (tuple(names), ordered)
+    try:
+        yield
+    finally:
+        _local.only = previous
+
+
+def restricted() -> bool:
+    """Whether a :func:`use` block is active in this thread (fast lanes then stand aside)."""
+    return getattr(_local, "only", None) is not None
+
+
+def _candidates(device: str) -> Sequence[Implementation]:
+    listed = implementations(device)
+    only = getattr(_local, "only", None)
+    if only is None:
+        return listed
+    names, ordered = only
+    if ordered:
+        by_name = {i.name: i for i in listed}
+        return [by_name[n] for n in names if n in by_name]
+    return [i for i in listed if i.name in names]
+
+
+def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -> Tensor | None:
+    """Run ``call`` on the first candidate of its device that takes it; its output, or
+    None where a projected call falls to the caller's own pipeline. ``route`` names the
+    entry for :func:`explain` and the log; a ``lane``'s None is not recorded (the checked
+    path then runs the call and records its choice).
+
+    Raises:
+        NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
+    """
+    declined: list[tuple[str, str]] = []
+    for impl in _candidates(call.device):
+        why = impl.supports(call)
+        if why is None:
+            out = impl.run(call)
+            if out is not None or impl.name == "plain":
+                if out is not None or not lane:
+                    _record(call.device, impl.name, declined, route)
+                return out
+            why = call.notes.pop("declined", "declined once it ran")
+        declined.append((impl.name, why))
+    reasons = "; ".join(f"{name}: {why}" for name, why in declined) or "none allowed here"
+    raise NoImplementationError(
+        f"No implementation allowed by attnscore.kernels.use takes this attention call "
+        f"on {call.device} ({reasons})."
+    )
+
+
+def record(device: str, chosen: str, route: str) -> None:
+    """Note that a fast lane (``route``) ran an attention call on ``chosen``."""
+    _record(device, chosen, [], route)
+
+
+def _record(
+    device: str, chosen: str, declined: list[tuple[str, str]], route: str = "checked"
+) -> None:
+    if torch.compiler.is_compiling():  # compiled code records and logs nothing
+        return
+    recording = getattr(_local, "recording", None)
+    if recording is not None:
+        recording.append(Choice(device, chosen, tuple(declined), route))
+    if _log.isEnabledFor(logging.DEBUG):
+        ahead = "; ".join(f"{n}: {w}" for n, w in declined)
+        _log.debug(
+            "attention on %s (%s): %s%s", device, route, chosen, f" ({ahead})" if ahead else ""
+        )
+
+
+@contextlib.contextmanager
+def explaining() -> Iterator[Explanation]:
+    """Collect the choices of every dot-product attention the body runs, in this thread,
+    into the :class:`Explanation` it yields (what :func:`explain` does for one call).
+
+    >>> import torch, attnscore
+    >>> q = torch.randn(2, 3, 8)
+    >>> with attnscore.kernels.explaining() as seen:
+    ...     _ = attnscore.dot_product_attention(q, q, q, torch.tensor([1, 3]))
+    ...     _ = attnscore.dot_product_attention(q, q, q, causal=True)
+    >>> seen.chosen
+    ['c_small', 'sdpa']
+    """
+    previous = getattr(_local, "recording", None)
+    found = Explanation()
+    _local.recording = found.choices
+    try:
+        yield found
+    finally:
+        _local.recording = previous
+
+
+def explain(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanation:
+    """Run ``fn(*args, **kwargs)`` once (a module, or a function such as
+    :func:`attnscore.dot_product_attention`) and say, for each dot-product attention it ran,
+    which implementation ran it and why each one ahead of it declined.
+
+    The call runs as it would (gradients, training mode and all, with its effects, e.g. a
+    module's ``attention_weights``); its result is discarded. ``print`` the explanation for
+    a readable report; :attr:`Explanation.chosen` lists the implementations.
+
+    >>> import torch, attnscore
+    >>> q = torch.randn(2, 3, 8)
+    >>> attnscore.explain(attnscore.dot_product_attention, q, q, q, torch.tensor([1, 3])).chosen
+    ['c_small']
+    """
+    with explaining() as found:
+        fn(*args, **kwargs)
+    return found
+
+
+def markdown() -> str:
+    """The priority lists as docs/architecture.md shows them (a markdown table, one row per
+    device and candidate): ``python -c "from attnscore.kernels._select import markdown;
+    print(markdown(), end='')"``."""
+    rows = ["| device | # | implementation | what it is | class |", "|---|---|---|---|---|"]
+    for device, names in PRIORITY.items():
+        for rank, name in enumerate(names, 1):
+            impl = _load(name)
+            summary = impl.summary if impl is not None else "(not importable here)"
+            rows.append(f"| `{device}` | {rank} | `{name}` | {summary} | `{WHERE[name]}` |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,167 @@
+"""The one selection point of dot-product attention (attnscore.kernels._select): every
+implementation that says it takes a call gives the float64 row-by-row reference's result,
+and says why where it declines; ``use`` restricts and orders; ``explain`` and the DEBUG log
+say what ran."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+from test_dot_dispatch import MASKS, TOL, _inputs, reference
+
+import attnscore
+from attnscore import kernels as K
+from attnscore.kernels import _select
+from attnscore.masking import build_mask
+
+CPU = _select.PRIORITY["cpu"]
+# Sizes at which every CPU implementation gets its chance: no threshold in the way.
+EVERY_SIZE = dict(
+    small_work=1 << 40,
+    by_lengths_work=0,
+    call_work=0,
+    threads_work=1 << 60,
+    unpadded_work=0,
+    unpadded_inference=0,
+)
+
+
+def _call(mask_kind, dtype, grad, *, batch=(3, 2), n=7, m=9, seed=0):
+    q, k, v, g = _inputs(batch, n, m, d=8, dv=8, dtype=dtype, seed=seed)
+    mask = build_mask(torch.Size(batch), n, m, q.device, **MASKS[mask_kind](batch, n, m, g))
+    return [t.requires_grad_(grad) for t in (q, k, v)], mask
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "mask_kind", ["none", "lengths (B,)", "lengths per head", "causal", "causal + lengths", "bool"]
+)
+@pytest.mark.parametrize("name", CPU)
+def test_each_implementation_is_right_where_it_says_it_runs(
+    name, mask_kind, dtype, grad, thresholds
+):
+    """Restricted to one implementation: either it runs the call, with the reference's
+    output and gradients, or the error names it with its reason."""
+    thresholds(**EVERY_SIZE)
+    (q, k, v), mask = _call(mask_kind, dtype, grad)
+    with K.use(name):
+        try:
+            seen = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3)
+        except K.NoImplementationError as error:
+            assert f"{name}: " in str(error)
+            return
+        out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+    assert seen.chosen == [name]
+    theirs = [t.detach().double().requires_grad_(grad) for t in (q, k, v)]
+    expected = reference(*theirs, mask, 0.3)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), expected.detach(), atol=tol, rtol=tol)
+    if grad:
+        upstream = torch.randn(expected.shape, dtype=torch.float64)
+        out.backward(upstream.to(dtype))
+        expected.backward(upstream)
+        for a, b in zip((q, k, v), theirs, strict=True):
+            torch.testing.assert_close(a.grad.double(), b.grad, atol=8 * tol, rtol=8 * tol)
+
+
+def test_every_mask_kind_has_some_implementation_and_plain_takes_all(thresholds):
+    """Without ``use`` every call runs; ``plain`` alone takes every call."""
+    for mask_kind in MASKS:
+        (q, k, v), mask = _call(mask_kind, torch.float32, False)
+        assert len(K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3).chosen) == 1
+        with K.use("plain"):
+            out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+        torch.testing.assert_close(out.double(), reference(q, k, v, mask, 0.3), atol=2e-5, rtol=0)
+
+
+def test_explain_says_why_each_one_ahead_declined():
+    """A float64 training call by lengths: the C kernels decline by gradients and dtype;
+    every reason is in the report, in priority order, before the chosen one."""
+    (q, k, v), mask = _call("lengths (B,)", torch.float64, True)
+    seen = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3)
+    (choice,) = seen.choices
+    declined = dict(choice.declined)
+    assert list(declined) == list(CPU[: CPU.index(choice.chosen)])
+    assert "gradients" in declined["c_small"] and "torch.float64" in declined["c_by_lengths"]
+    text = str(seen)
+    assert text.startswith(f"attention on cpu (checked): {choice.chosen}")
+    assert all(f"declined {n}: {why}" in text for n, why in choice.declined)
+
+
+def test_use_restricts_orders_and_fails_with_every_reason(thresholds):
+    thresholds(**EVERY_SIZE)
+    (q, k, v), mask = _call("lengths (B, n)", torch.float32, False)
+
+    def chosen():
+        return K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3).chosen
+
+    assert chosen() == ["c_small"]
+    with K.use("sdpa", "c_by_lengths"):  # the device's order
+        assert chosen() == ["c_by_lengths"]
+        with K.use("sdpa", "c_by_lengths", ordered=True):  # the given order; nests
+            assert chosen() == ["sdpa"]
+        assert chosen() == ["c_by_lengths"]
+    q.requires_grad_(True)
+    with K.use("c_small"), pytest.raises(K.NoImplementationError, match="c_small: gradients"):
+        K.dot_product_attention(q, k, v, mask, scale=0.3)
+    expected = r"Expected `names` among \[.*'sdpa'.*\], but got \['flash'\]"
+    with pytest.raises(ValueError, match=expected), K.use("flash"):
+        pass
+
+
+def test_use_is_per_thread():
+    """One thread's restriction does not reach another's calls (as torch.no_grad)."""
+    (q, k, v), mask = _call("lengths (B,)", torch.float32, False)
+    inside, outside = threading.Event(), threading.Event()
+    seen = {}
+
+    def restricted():
+        with K.use("plain"):
+            inside.set()
+            outside.wait(10)
+            seen["thread"] = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3).chosen
+
+    worker = threading.Thread(target=restricted)
+    worker.start()
+    inside.wait(10)
+    seen["main"] = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3).chosen
+    outside.set()
+    worker.join()
+    assert seen == {"thread": ["plain"], "main": ["c_small"]}
+
+
+def test_modules_lanes_and_functions_are_explained_and_logged(caplog):
+    """The fast lanes record their choice too (with their route), and every choice is
+    logged at DEBUG under the ``attnscore`` logger."""
+    q, k, v = (torch.randn(2, 5, 8) for _ in range(3))
+    lens = torch.tensor([2, 5])
+    module = attnscore.DotProductAttention().eval()
+    with caplog.at_level(logging.DEBUG, logger="attnscore"):
+        small = attnscore.explain(module, q, k, v, lens)
+        unpadded = attnscore.explain(module, q, k, v, causal=True)
+    assert [(c.chosen, c.route) for c in small.choices] == [("c_small", "small lane")]
+    assert [(c.chosen, c.route) for c in unpadded.choices] == [("sdpa", "unpadded lane")]
+    logged = [r.getMessage() for r in caplog.records if r.name == "attnscore"]
+    assert logged[0] == "attention on cpu (small lane): c_small"
+    assert logged[1].startswith("attention on cpu (unpadded lane): sdpa (c_small: ")
+    with K.use("sdpa"):  # the small lane stands aside: the checked path obeys the restriction
+        assert attnscore.explain(module, q, k, v, lens).chosen == ["sdpa"]
+    assert str(
+        attnscore.explain(attnscore.AdditiveAttention(num_hiddens=4), q, k, v, lens)
+    ).startswith("no dot-product attention ran")
+
+
+def test_nan_inputs_run_the_plain_formulation():
+    """NaN where a query attends: every fused implementation declines (its tiles would
+    carry NaN to other queries); the plain formulation carries it exactly."""
+    (q, k, v), mask = _call("lengths (B,)", torch.float32, False)
+    k = k.clone()
+    k[1, 0, 0, 0] = float("nan")  # example 1 attends every key
+    seen = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3)
+    (choice,) = seen.choices
+    assert choice.chosen == "plain"
+    assert all("NaN" in why for _, why in choice.declined)
