@@ -25,10 +25,12 @@ __all__ = [
     "EXTRAS",
     "ArgumentParser",
     "UsageError",
+    "add_overwrite",
     "argument_type",
     "default_device",
     "device_arg",
     "fraction",
+    "hidden_layer_scorers",
     "non_negative_float",
     "non_negative_int",
     "optional_package",
@@ -194,8 +196,26 @@ def show_defaults(parser: argparse.ArgumentParser) -> None:
         action.help = f"{action.help or ''} (default: {shown})".lstrip()
 
 
+def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--overwrite``: replace ``what`` (``"--out if it exists"``), else refuse."""
+    parser.add_argument(
+        "--overwrite", action="store_true", help=f"replace {what} (default: refuse)"
+    )
+
+
+def hidden_layer_scorers() -> str:
+    """The registered scorers with a hidden layer (what ``--num-hiddens`` sizes), joined
+    with ", " ("" if none)."""
+    from ..registry import SCORERS, scorer_names
+
+    return ", ".join(n for n in scorer_names() if SCORERS[n].hidden_units)
+
+
 def argument_type(
-    convert: Callable[[str], T], accept: Callable[[T], bool], expected: str
+    convert: Callable[[str], T],
+    accept: Callable[[T], bool],
+    expected: str,
+    option: str | None = None,
 ) -> Callable[[str], T]:
     """An argparse ``type=`` that converts the text and accepts only some values.
 
@@ -203,10 +223,12 @@ def argument_type(
         convert: ``int`` or ``float`` (any callable raising ``ValueError`` on bad text).
         accept: whether a converted value is allowed.
         expected: what is allowed, for the message ("a positive integer").
+        option: the option's name (``"--threads"``) for a message of its own.
 
     Returns:
         The type function; it raises ``argparse.ArgumentTypeError("expected <expected>, but
-        got '<text>'")``, which argparse reports naming the option.
+        got '<text>'")``, which argparse reports naming the option, or with ``option``
+        :class:`UsageError` ``"<option>: expected <expected>, but got '<text>'"``.
 
     >>> parser = ArgumentParser(prog="demo")
     >>> _ = parser.add_argument("--heads", type=positive_int)
@@ -222,6 +244,8 @@ def argument_type(
         except ValueError:
             value = None
         if value is None or not accept(value):
+            if option is not None:
+                raise UsageError(f"{option}: expected {expected}, but got {text!r}")
             raise argparse.ArgumentTypeError(f"expected {expected}, but got {text!r}")
         return value
 

@@ -18,8 +18,10 @@ from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
 from ._usage import (
     ArgumentParser,
     UsageError,
+    add_overwrite,
     default_device,
     device_arg,
+    hidden_layer_scorers,
     positive_int,
     require_extra,
 )
@@ -95,9 +97,8 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         type=positive_int,
         default=None,
         metavar="H",
-        help=f"hidden units h of scorers with a hidden layer "
-        f"({', '.join(n for n in scorer_names() if SCORERS[n].hidden_units)}; default: "
-        f"{_DEFAULT_NUM_HIDDENS}); refused with the others",
+        help=f"hidden units h of scorers with a hidden layer ({hidden_layer_scorers()}; "
+        f"default: {_DEFAULT_NUM_HIDDENS}); refused with the others",
     )
     run.add_argument(
         "--normalizer",
@@ -131,11 +132,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         metavar="FILE",
         help="draw the weights into this .png, .pdf or .svg file",
     )
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --output and --heatmap if they exist (default: refuse)",
-    )
+    add_overwrite(run, "--output and --heatmap if they exist")
     run.set_defaults(handler=_run)
     return run
 
@@ -146,14 +143,13 @@ def _warn(message: str) -> None:
 
 def _check_scoring(args: argparse.Namespace) -> str:
     """The registry name to run, after the --num-hiddens check."""
-    from ..registry import SCORERS, scorer_names
+    from ..registry import SCORERS
 
     name: str = args.scoring
     if args.num_hiddens is not None and not SCORERS[name].hidden_units:
-        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
         raise UsageError(
             f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
-            f"{', '.join(users) or 'no registered scorer'}"
+            f"{hidden_layer_scorers() or 'no registered scorer'}"
         )
     return name
 
