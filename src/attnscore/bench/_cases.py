@@ -319,22 +319,13 @@ def decoder_step(s: Shapes, *, device: torch.device) -> Built:
     )
 
 
-def _additive_inputs(
-    s: Shapes, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor, Tensor, nn.Module]:
-    """float32 q (B, n, d), k and v (B, m, d), lengths (B,) and attnscore's additive module
-    (h hidden units): the inputs of the additive rows outside the matrix."""
-    B, n, m, d = s["B"], s["n"], s["m"], s["d"]
-    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=s["h"]).to(device)
-    return q, k, v, lengths(B, m, device), ours
-
-
 def additive_memory(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd at a size where the textbook's (B, n, m, h) tensor alone
     takes several GiB: attnscore only (its peak RSS is the target)."""
-    q, k, v, valid_lens, ours = _additive_inputs(s, device)
-    B, n, m, h = s["B"], s["n"], s["m"], s["h"]
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    valid_lens = lengths(B, m, device)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
     return Built(
         {"attnscore": lambda: ours(q, k, v, valid_lens)},
         {"attnscore": list(ours.parameters())},
@@ -358,8 +349,11 @@ def _size(nbytes: int) -> str:
 def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd, attnscore's module and the textbook's (same parameters),
     both under ``torch.compile``: the registered kernel ops stay in the compiled graph."""
-    q, k, v, valid_lens, ours = _additive_inputs(s, device)
-    book = textbook.AdditiveAttention(s["d"], s["d"], s["h"], 0.0).to(device)
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    valid_lens = lengths(B, m, device)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
     book.load_state_dict(ours.state_dict(), strict=True)
     modules: dict[str, Callable[..., Tensor]] = {
         "attnscore": torch.compile(ours),

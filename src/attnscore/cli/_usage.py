@@ -30,7 +30,6 @@ __all__ = [
     "default_device",
     "device_arg",
     "fraction",
-    "hidden_layer_scorers",
     "non_negative_float",
     "non_negative_int",
     "optional_package",
@@ -201,14 +200,6 @@ def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help=f"replace {what} (default: refuse)"
     )
-
-
-def hidden_layer_scorers() -> str:
-    """The registered scorers with a hidden layer (what ``--num-hiddens`` sizes), joined
-    with ", " ("" if none)."""
-    from ..registry import SCORERS, scorer_names
-
-    return ", ".join(n for n in scorer_names() if SCORERS[n].hidden_units)
 
 
 def argument_type(

@@ -17,14 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import bench
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
-from ._usage import (
-    ArgumentParser,
-    UsageError,
-    add_overwrite,
-    argument_type,
-    device_arg,
-    run_main,
-)
+from ._usage import ArgumentParser, UsageError, add_overwrite, argument_type, device_arg, run_main
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

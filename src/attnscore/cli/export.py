@@ -15,15 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._files import check_output, write_atomic
-from ._usage import (
-    ArgumentParser,
-    UsageError,
-    add_overwrite,
-    hidden_layer_scorers,
-    positive_int,
-    require_extra,
-    show_defaults,
-)
+from ._usage import ArgumentParser, UsageError, positive_int, require_extra, show_defaults
 
 if TYPE_CHECKING:
     from torch import nn
@@ -55,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     >>> args.query_size, args.heads, args.overwrite
     (8, None, False)
     """
-    from ..registry import scorer_names
+    from ..registry import SCORERS, scorer_names
 
     export = subparsers.add_parser(
         "export",
@@ -85,7 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     export.add_argument(
         "--value-size", type=positive_int, default=None, metavar="V", help="v (default: K)"
     )
-    hidden = hidden_layer_scorers() or "none"
+    hidden = ", ".join(n for n in scorer_names() if SCORERS[n].hidden_units) or "none"
     export.add_argument(
         "--num-hiddens",
         type=positive_int,
@@ -106,7 +98,9 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         "--dtype", choices=("float32", "float64"), default="float32", help="parameters and inputs"
     )
     export.add_argument("--seed", type=int, default=0, help="seed of the random parameters")
-    add_overwrite(export, "--out if it exists")
+    export.add_argument(
+        "--overwrite", action="store_true", help="replace --out if it exists (default: refuse)"
+    )
     show_defaults(export)
     export.set_defaults(handler=_export)
     return export
@@ -118,7 +112,7 @@ def _module(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, int, int]]:
 
     from ..modules import make_scorer
     from ..multihead import MultiHeadAttention
-    from ..registry import SCORERS
+    from ..registry import SCORERS, scorer_names
 
     name: str = args.scoring
     q: int = args.query_size
@@ -127,9 +121,10 @@ def _module(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, int, int]]:
     hiddens = _DEFAULT_SIZE if args.num_hiddens is None else args.num_hiddens
     spec = SCORERS[name]
     if args.heads is None and args.num_hiddens is not None and not spec.hidden_units:
+        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
         raise UsageError(
             f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
-            f"{hidden_layer_scorers() or 'no registered scorer'}, or to --heads"
+            f"{', '.join(users) or 'no registered scorer'}, or to --heads"
         )
     if args.heads is None and spec.same_feature_size and q != k:
         raise UsageError(

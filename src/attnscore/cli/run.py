@@ -21,7 +21,6 @@ from ._usage import (
     add_overwrite,
     default_device,
     device_arg,
-    hidden_layer_scorers,
     positive_int,
     require_extra,
 )
@@ -97,8 +96,9 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         type=positive_int,
         default=None,
         metavar="H",
-        help=f"hidden units h of scorers with a hidden layer ({hidden_layer_scorers()}; "
-        f"default: {_DEFAULT_NUM_HIDDENS}); refused with the others",
+        help=f"hidden units h of scorers with a hidden layer "
+        f"({', '.join(n for n in scorer_names() if SCORERS[n].hidden_units)}; default: "
+        f"{_DEFAULT_NUM_HIDDENS}); refused with the others",
     )
     run.add_argument(
         "--normalizer",
@@ -143,13 +143,14 @@ def _warn(message: str) -> None:
 
 def _check_scoring(args: argparse.Namespace) -> str:
     """The registry name to run, after the --num-hiddens check."""
-    from ..registry import SCORERS
+    from ..registry import SCORERS, scorer_names
 
     name: str = args.scoring
     if args.num_hiddens is not None and not SCORERS[name].hidden_units:
+        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
         raise UsageError(
             f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
-            f"{hidden_layer_scorers() or 'no registered scorer'}"
+            f"{', '.join(users) or 'no registered scorer'}"
         )
     return name
 
