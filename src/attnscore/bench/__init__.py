@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from .._memory import keep_freed_memory
-from . import cpu, cuda, matrix
-from ._core import measure, missed, ratio_text, render_rows, render_summary, slower
+from . import cpu, matrix
+from ._core import describe, measure, missed, ratio_text, render_rows, render_summary, slower
 from .load import LoadWatch, load_average
 
 __all__ = ["case_names", "missed", "render", "run"]
@@ -90,7 +90,7 @@ def run(
         )
     result: dict[str, Any] = {
         "device": dev.type,
-        "device_name": cuda.describe(dev),
+        "device_name": describe(dev),
         "quick": quick,
         "torch": torch.__version__,
         "threads": threads,

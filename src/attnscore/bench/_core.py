@@ -100,6 +100,12 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
+def describe(device: torch.device) -> str:
+    """One line naming the GPU (or CPU), torch and CUDA versions."""
+    cuda = torch.version.cuda
+    return f"{device_name(device)}, torch {torch.__version__}" + (f", CUDA {cuda}" if cuda else "")
+
+
 def make_step(
     fwd: Forward, grad_inputs: Sequence[Tensor] | None, backward: bool
 ) -> Callable[[], Any]:

@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..g2p.config import usable_cores
+
 __all__ = ["MARGIN", "LoadWatch", "load_average", "usable_cores"]
 
 MARGIN = 0.5
@@ -28,14 +30,6 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows has no getloadavg
         return None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the system reports one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 @dataclass

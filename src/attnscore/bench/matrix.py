@@ -86,35 +86,33 @@ def targets(row: str, mask: str, dtype: str, backward: bool) -> list[Target]:
     return out
 
 
+def _cell(
+    row: str,
+    s: Shapes,
+    mask: str,
+    dtype: str,
+    device: torch.device,
+    backward: bool,
+    tgts: list[Target],
+    name: str | None = None,
+) -> Case:
+    """The case of a row of :data:`_cases.BUILDERS` (named ``name``, default ``row``)."""
+    build = partial(
+        _cases.BUILDERS[row], s, mask, dtype=DTYPES[dtype], device=device, backward=backward
+    )
+    return Case(name or row, s, dtype, build, tgts, backward=backward, mask=mask)
+
+
 def matrix(device_type: str, quick: bool) -> list[Case]:
     """The matrix's cells for a device type (``cpu`` or ``cuda``), at full or smoke shapes."""
-    shapes = SHAPES["quick" if quick else device_type]
-    cells = []
-    for row, s in shapes.items():
-        masks = _cases.SOFTMAX_MASKS if row == "masked_softmax" else _cases.MASKS
-        for mask in masks:
-            for dtype_name, dtype in DTYPES.items():
-                for backward in (False, True):
-                    build = partial(
-                        _cases.BUILDERS[row],
-                        s,
-                        mask,
-                        dtype=dtype,
-                        device=torch.device(device_type),
-                        backward=backward,
-                    )
-                    cells.append(
-                        Case(
-                            row,
-                            s,
-                            dtype_name,
-                            build,
-                            targets(row, mask, dtype_name, backward),
-                            backward=backward,
-                            mask=mask,
-                        )
-                    )
-    return cells
+    device = torch.device(device_type)
+    return [
+        _cell(row, s, mask, dtype, device, backward, targets(row, mask, dtype, backward))
+        for row, s in SHAPES["quick" if quick else device_type].items()
+        for mask in (_cases.SOFTMAX_MASKS if row == "masked_softmax" else _cases.MASKS)
+        for dtype in DTYPES
+        for backward in (False, True)
+    ]
 
 
 # ---- rows outside the matrix -----------------------------------------------------------
@@ -173,35 +171,17 @@ def extras(device_type: str, quick: bool) -> list[Case]:
     out: list[Case] = []
     if not quick:
         for row, mask, s, dtype, backward, tgts in LARGE_ROWS:
-            build = partial(
-                _cases.BUILDERS[row], s, mask, dtype=DTYPES[dtype], device=device, backward=backward
-            )
             size = "tiny" if s.get("m", 1024) <= 8 else "large"
-            out.append(Case(f"{row} ({size})", s, dtype, build, tgts, backward=backward, mask=mask))
+            out.append(_cell(row, s, mask, dtype, device, backward, tgts, f"{row} ({size})"))
     for row in ("dot", "heads", "multihead", "additive", "general", "cosine"):
+        tgts = [Target("time", 1.05, BASELINE[row])]
         s = _tiny_shapes(row)
-        build = partial(
-            _cases.BUILDERS[row], s, "lengths (B,)", dtype=torch.float32, device=device,
-            backward=False,
-        )  # fmt: skip
-        out.append(
-            Case(
-                f"{row} (tiny)",
-                s,
-                "float32",
-                build,
-                [Target("time", 1.05, BASELINE[row])],
-                mask="lengths (B,)",
-            )
-        )
+        out.append(_cell(row, s, _LENGTHS, "float32", device, False, tgts, f"{row} (tiny)"))
     for row in ("dot", "heads", "multihead", "general", "cosine"):
         s = _tiny_shapes(row, MID)
         for mask in MID_MASKS:
-            build = partial(
-                _cases.BUILDERS[row], s, mask, dtype=torch.float32, device=device, backward=False
-            )
-            target = [Target("time", 1.05, BASELINE[row])]
-            out.append(Case(f"{row} (mid)", s, "float32", build, target, mask=mask))
+            tgts = [Target("time", 1.05, BASELINE[row])]
+            out.append(_cell(row, s, mask, "float32", device, False, tgts, f"{row} (mid)"))
     out.append(
         Case(
             "decoder_step",

@@ -58,17 +58,15 @@ def _load_pt(path: Path) -> dict[str, object]:
 
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if found is None:  # not a pickle torch can read: corrupt or another format
+    except Exception as err:  # torch.load raises many types (KeyError, RuntimeError, EOFError...)
+        refused = isinstance(err, pickle.UnpicklingError)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err)) if refused else None
+        if found is not None:
             raise UsageError(
-                f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
+                f"--input: {path} holds objects other than tensors ({found.group(1)}), which "
+                f"are never unpickled; {_EXPECTED_PT}"
             ) from None
-        raise UsageError(
-            f"--input: {path} holds objects other than tensors ({found.group(1)}), which are "
-            f"never unpickled; {_EXPECTED_PT}"
-        ) from None
-    except Exception:  # torch.load raises many types (KeyError, RuntimeError, EOFError...)
+        # not a pickle torch can read: corrupt or another format
         raise UsageError(
             f"--input: cannot read {path}: not a file written by torch.save; {_EXPECTED_PT}"
         ) from None

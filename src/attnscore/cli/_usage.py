@@ -25,6 +25,7 @@ __all__ = [
     "EXTRAS",
     "ArgumentParser",
     "UsageError",
+    "add_overwrite",
     "argument_type",
     "default_device",
     "device_arg",
@@ -194,8 +195,18 @@ def show_defaults(parser: argparse.ArgumentParser) -> None:
         action.help = f"{action.help or ''} (default: {shown})".lstrip()
 
 
+def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--overwrite``: replace ``what`` (``"--out if it exists"``), else refuse."""
+    parser.add_argument(
+        "--overwrite", action="store_true", help=f"replace {what} (default: refuse)"
+    )
+
+
 def argument_type(
-    convert: Callable[[str], T], accept: Callable[[T], bool], expected: str
+    convert: Callable[[str], T],
+    accept: Callable[[T], bool],
+    expected: str,
+    option: str | None = None,
 ) -> Callable[[str], T]:
     """An argparse ``type=`` that converts the text and accepts only some values.
 
@@ -203,10 +214,12 @@ def argument_type(
         convert: ``int`` or ``float`` (any callable raising ``ValueError`` on bad text).
         accept: whether a converted value is allowed.
         expected: what is allowed, for the message ("a positive integer").
+        option: the option's name (``"--threads"``) for a message of its own.
 
     Returns:
         The type function; it raises ``argparse.ArgumentTypeError("expected <expected>, but
-        got '<text>'")``, which argparse reports naming the option.
+        got '<text>'")``, which argparse reports naming the option, or with ``option``
+        :class:`UsageError` ``"<option>: expected <expected>, but got '<text>'"``.
 
     >>> parser = ArgumentParser(prog="demo")
     >>> _ = parser.add_argument("--heads", type=positive_int)
@@ -222,6 +235,8 @@ def argument_type(
         except ValueError:
             value = None
         if value is None or not accept(value):
+            if option is not None:
+                raise UsageError(f"{option}: expected {expected}, but got {text!r}")
             raise argparse.ArgumentTypeError(f"expected {expected}, but got {text!r}")
         return value
 

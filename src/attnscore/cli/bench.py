@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import bench
 from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
-from ._usage import ArgumentParser, UsageError, device_arg, run_main
+from ._usage import ArgumentParser, UsageError, add_overwrite, argument_type, device_arg, run_main
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -44,24 +44,10 @@ gives a warning on stderr and "busy" in the JSON: timings on a busy machine are
 not comparable with an idle one's."""
 
 
-def _threads(value: str) -> int:
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise UsageError(f"--threads: expected a positive integer, but got {value!r}")
-    return threads
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0.0 or seconds == float("inf"):
-        raise UsageError(f"--min-time: expected a positive number of seconds, but got {value!r}")
-    return seconds
+_threads = argument_type(int, lambda v: v >= 1, "a positive integer", "--threads")
+_seconds = argument_type(
+    float, lambda v: 0 < v < float("inf"), "a positive number of seconds", "--min-time"
+)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,11 +73,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="measure nothing: print the table of a saved run (--json) and plot it with --plot",
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --json or --plot if it exists (default: refuse)",
-    )
+    add_overwrite(parser, "--json or --plot if it exists")
     parser.add_argument("--threads", type=_threads, default=2, help="torch threads (default 2)")
     parser.add_argument(
         "--min-time",
@@ -150,10 +132,9 @@ def _saved_run(path: Path) -> dict[str, Any]:
             f'--from-json: expected the results `attnscore bench --json` writes (a "rows" '
             f"list of cells with {', '.join(keys)}), but got {path} without them"
         )
-    for key, default in (("device", "cpu"), ("device_name", "?"), ("threads", "?")):
+    defaults = {"device": "cpu", "device_name": "?", "threads": "?", "quick": False, "memory": True}
+    for key, default in defaults.items():
         result.setdefault(key, default)
-    result.setdefault("quick", False)
-    result.setdefault("memory", True)
     saved: dict[str, Any] = result
     return saved
 
@@ -210,7 +191,7 @@ def handle(args: argparse.Namespace) -> int:
         text = json.dumps(result, indent=2).encode()
         write_atomic(args.json, lambda f: f.write(text), "--json", overwrite=args.overwrite)
     if args.plot is not None:
-        _save_plot(result, args.plot, args.overwrite)
+        save_figure(_figure(result, args.plot), args.plot, "--plot", overwrite=args.overwrite)
     misses = bench.missed(result)
     if misses:
         print(f"\n{len(misses)} target(s) missed: " + "; ".join(misses), file=sys.stderr)
@@ -227,10 +208,6 @@ def _figure(result: dict[str, Any], path: Path) -> Figure:
         raise UsageError(
             f"--plot: the run has no time ratio to draw, so {path} was not written"
         ) from None
-
-
-def _save_plot(result: dict[str, Any], path: Path, overwrite: bool) -> None:
-    save_figure(_figure(result, path), path, "--plot", overwrite=overwrite)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:

@@ -19,7 +19,7 @@ from ..masking import masked_softmax
 from ..modules import AdditiveAttention, Attention, DotProductAttention, MultiplicativeAttention
 from ..plotting import show_heatmaps
 from ._files import FIGURE_FORMATS, check_folder, save_figure
-from ._usage import ArgumentParser
+from ._usage import ArgumentParser, add_overwrite
 
 __all__ = ["FIGURES", "add_parser", "run_demo", "toy_inputs"]
 
@@ -58,11 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         help="figure format (default: %(default)s)",
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    demo.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace heatmaps of an earlier demo in --out (default: refuse)",
-    )
+    add_overwrite(demo, "heatmaps of an earlier demo in --out")
     demo.set_defaults(handler=_command)
     return demo
 

@@ -25,6 +25,7 @@ from ._g2p_handlers import cmd_compare, cmd_eval, cmd_export, cmd_predict, cmd_t
 from ._usage import (
     ArgumentParser,
     UsageError,
+    add_overwrite,
     default_device,
     device_arg,
     fraction,
@@ -155,12 +156,6 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _add_overwrite(p: argparse.ArgumentParser, option: str) -> None:
-    p.add_argument(
-        "--overwrite", action="store_true", help=f"replace {option} if it exists (default: refuse)"
-    )
-
-
 def _fill(g2p: argparse.ArgumentParser) -> None:
     sub = g2p.add_subparsers(
         dest="g2p_command", metavar="COMMAND", required=True, parser_class=ArgumentParser
@@ -191,7 +186,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--json", help="also write the results to this .json file")
-    _add_overwrite(p, "--json")
+    add_overwrite(p, "--json if it exists")
     p.set_defaults(handler=_usage_errors(cmd_eval))
 
     p = sub.add_parser("predict", help="pronounce words (and draw their attention)")
@@ -199,7 +194,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("words", nargs="+", metavar="WORD")
     _add_decoding(p)
     p.add_argument("--heatmap", help="write one figure (.png, .pdf or .svg), one panel per word")
-    _add_overwrite(p, "--heatmap")
+    add_overwrite(p, "--heatmap if it exists")
     _add_device(p)
     p.set_defaults(handler=_usage_errors(cmd_predict))
 
@@ -220,7 +215,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
         metavar="L",
         help="the longest word the file takes (the graph is unrolled for L + 10 steps)",
     )
-    _add_overwrite(p, "--out")
+    add_overwrite(p, "--out if it exists")
     p.set_defaults(handler=_usage_errors(cmd_export))
 
     p = sub.add_parser("compare", help="train every scorer x seed with one budget; table")
@@ -257,7 +252,7 @@ def _fill(g2p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1)
     _add_device(p)
     p.add_argument("--out", help="also write the table to this .md file")
-    _add_overwrite(p, "--out")
+    add_overwrite(p, "--out if it exists")
     p.set_defaults(handler=_usage_errors(cmd_table))
     for command in sub.choices.values():
         show_defaults(command)

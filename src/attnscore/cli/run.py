@@ -18,6 +18,7 @@ from ._files import FIGURE_FORMATS, check_output, save_figure, write_atomic
 from ._usage import (
     ArgumentParser,
     UsageError,
+    add_overwrite,
     default_device,
     device_arg,
     positive_int,
@@ -131,11 +132,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         metavar="FILE",
         help="draw the weights into this .png, .pdf or .svg file",
     )
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --output and --heatmap if they exist (default: refuse)",
-    )
+    add_overwrite(run, "--output and --heatmap if they exist")
     run.set_defaults(handler=_run)
     return run
 

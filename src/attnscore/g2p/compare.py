@@ -61,10 +61,6 @@ def clear_run(run: Path) -> list[str]:
     return names
 
 
-def _child(cfg: TrainConfig) -> None:
-    train(cfg)
-
-
 def train_in_subprocess(cfg: TrainConfig) -> RunSummary:
     """Run :func:`~attnscore.g2p.train.train` in a spawned process.
 
@@ -77,7 +73,7 @@ def train_in_subprocess(cfg: TrainConfig) -> RunSummary:
     Raises:
         RuntimeError: the training process failed.
     """
-    proc = mp.get_context("spawn").Process(target=_child, args=(cfg,))
+    proc = mp.get_context("spawn").Process(target=train, args=(cfg,))
     proc.start()
     proc.join()
     if proc.exitcode != 0:

@@ -10,7 +10,7 @@ holds no pickled objects.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -19,6 +19,17 @@ DEFAULT_STEPS = 15_000
 
 PRECISIONS = ("float32", "bfloat16")
 """The values of :attr:`TrainConfig.precision`."""
+
+
+def known_fields(cls: type, d: Mapping[str, Any], exclude: Collection[str] = ()) -> dict[str, Any]:
+    """The entries of ``d`` that name fields of the dataclass ``cls``, less ``exclude``
+    (what every ``from_dict`` here builds from: unknown keys are ignored).
+
+    >>> known_fields(ModelConfig, {"emb": 8, "other": 1})
+    {'emb': 8}
+    """
+    names = {f.name for f in fields(cls)} - set(exclude)
+    return {k: v for k, v in d.items() if k in names}
 
 
 def usable_cores() -> int:
@@ -53,15 +64,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**known_fields(cls, d))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on (stored in its checkpoints and summary)."""
 
-    # One field a line, `name: type = default` (alike in shape to `duplicates`, by nature).
     model: ModelConfig = field(default_factory=ModelConfig)
     out: str = "runs/g2p"
     data: str | None = None
@@ -106,11 +115,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)} - {"model"}
-        return cls(
-            model=ModelConfig.from_dict(d.get("model", {})),
-            **{k: v for k, v in d.items() if k in names},
-        )
+        model = ModelConfig.from_dict(d.get("model", {}))
+        return cls(model=model, **known_fields(cls, d, {"model"}))
 
     @classmethod
     def from_fields(cls, values: Mapping[str, Any]) -> TrainConfig:
@@ -128,9 +134,5 @@ class TrainConfig:
         >>> cfg.model.scoring, cfg.lr, cfg.batch_size
         ('additive', 0.001, 128)
         """
-        model_names = {f.name for f in fields(ModelConfig)}
-        names = {f.name for f in fields(cls)} - {"model"}
-        return cls(
-            model=ModelConfig(**{k: v for k, v in values.items() if k in model_names}),
-            **{k: v for k, v in values.items() if k in names},
-        )
+        model = ModelConfig(**known_fields(ModelConfig, values))
+        return cls(model=model, **known_fields(cls, values, {"model"}))

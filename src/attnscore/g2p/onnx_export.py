@@ -16,11 +16,11 @@ Shape legend: B words, L = ``max_letters``, T = L + 10 decoder steps, H the deco
 from __future__ import annotations
 
 import json
-import logging
 
 import torch
 from torch import Tensor, nn
 
+from ..integrations.export import quiet_onnx_registry
 from .data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab
 from .model import Encoded, G2PModel
 
@@ -123,24 +123,17 @@ def export_greedy(model: G2PModel, letters: Vocab, phones: Vocab, max_letters: i
     example_lens = torch.tensor([L, 1])
     example = torch.full((2, L), UNK_ID, dtype=torch.long)  # any ids: only shapes matter
     batch = torch.export.Dim("B")
-    # The exporter warns, for every export, that torchvision's ops have no translation.
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                decoder,
-                (example, example_lens),
-                input_names=["letters", "valid_lens"],
-                output_names=["phonemes"],
-                dynamic_shapes=({0: batch}, {0: batch}),
-                dynamo=True,
-                external_data=False,
-                verbose=False,
-            )
-    finally:
-        registration.setLevel(level)
+    with quiet_onnx_registry(), torch.no_grad():
+        program = torch.onnx.export(
+            decoder,
+            (example, example_lens),
+            input_names=["letters", "valid_lens"],
+            output_names=["phonemes"],
+            dynamic_shapes=({0: batch}, {0: batch}),
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
     assert program is not None
     proto = program.model_proto
     entry = proto.metadata_props.add()

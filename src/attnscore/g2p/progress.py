@@ -23,8 +23,6 @@ class Progress:
         stream: where to draw (default ``sys.stderr``).
     """
 
-    # A keyword signature of the same shape as MultiHeadAttention's (`duplicates`): alike
-    # by form only.
     def __init__(
         self,
         total: int,

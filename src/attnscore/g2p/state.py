@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .config import known_fields
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,7 @@ class Validation:
         ...                       "valid_per": 0.1, "valid_wer": 0.3}).step
         5
         """
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**known_fields(cls, d))
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,7 @@ class AttentionStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttentionStats:
         """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**known_fields(cls, d))
 
 
 @dataclass
@@ -118,9 +118,7 @@ class TrainState:
         >>> TrainState.from_dict(TrainState(step=3).to_dict()).step
         3
         """
-        names = {f.name for f in fields(cls)} - {"history", "attention"}
         history = [Validation.from_dict(h) for h in d.get("history", [])]
         attention = [AttentionStats.from_dict(a) for a in d.get("attention", [])]
-        return cls(
-            **{k: v for k, v in d.items() if k in names}, history=history, attention=attention
-        )
+        fields = known_fields(cls, d, {"history", "attention"})
+        return cls(**fields, history=history, attention=attention)

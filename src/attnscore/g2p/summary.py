@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig
+from .config import TrainConfig, known_fields
 from .state import AttentionStats, Validation
 
 SUMMARY_FILE = "summary.json"
@@ -49,8 +49,7 @@ class Budget:
         >>> Budget.from_dict({"steps": 300, "time_budget_min": None}).steps
         300
         """
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**known_fields(cls, d))
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,19 @@ def export_program(
         return torch.export.export(module, inputs, dynamic_shapes=shapes)
 
 
+@contextlib.contextmanager
+def quiet_onnx_registry() -> Iterator[None]:
+    """Silence, for the block, the exporter's warning on every export that torchvision's
+    ops have no ONNX translation (errors still show)."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        registration.setLevel(level)
+
+
 def _require_onnx() -> None:
     import importlib.util
 
@@ -270,11 +283,7 @@ def export_onnx(
     _require_onnx()
     program = export_program(module, example_inputs, dynamic=dynamic)
     names = list(INPUT_NAMES[: len(program.example_inputs[0])])
-    # The exporter warns, for every export, that torchvision's ops have no translation.
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
-    try:
+    with quiet_onnx_registry():
         onnx_program = torch.onnx.export(
             program,
             input_names=names,
@@ -283,8 +292,6 @@ def export_onnx(
             external_data=False,
             verbose=False,
         )
-    finally:
-        registration.setLevel(level)
     assert onnx_program is not None
     if dynamic:  # the legend's names, not the tracer's (s23, ...)
         inputs = onnx_program.model.graph.inputs

@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = [
@@ -68,24 +69,19 @@ OPENMP_LDFLAGS = [*LDFLAGS, "-fopenmp"]
 EXTRA_FLAGS_ENV = "ATTNSCORE_CFLAGS"
 
 
+@dataclass
 class BuildInfo:
     """What happened on the first load: path, whether compiled, and seconds taken."""
 
-    def __init__(self) -> None:
-        self.path: str | None = None
-        self.compiled = False
-        self.seconds = 0.0
-        self.error: str | None = None
-        self.openmp = False
+    path: str | None = None
+    compiled: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+    openmp: bool = False
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "compiled": self.compiled,
-            "seconds": self.seconds,
-            "error": self.error,
-            "openmp": self.openmp,
-        }
+        """The fields by name (what ``attnscore bench`` records)."""
+        return asdict(self)
 
 
 _lock = threading.Lock()
@@ -289,29 +285,26 @@ def _declare(lib: ctypes.CDLL) -> None:
         additive = getattr(lib, f"small_additive_{suf}")  # (q, k, w, v, ...): w the h weights
         additive.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i]
         additive.restype = i
-    signatures = {  # the drivers (*_par_*) take (cuts, parts) for (r0, r1)
+    every, wide = ("f64", "f32", "bf16", "f16"), ("f64", "f32")
+    signatures = {  # name: (suffixes, kernel, driver); drivers (*_par_*) take (cuts, parts)
         # (..., m, div): div rows share one length
-        "masked_softmax": ([p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),
+        "masked_softmax": (every, [p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),
         # (..., m, div, gs): the upstream gradient's rows are gs apart (m, or 0: one row)
-        "masked_softmax_backward": ([p, p, p, p, i, i, i, i, i], [p, p, p, p, p, i, i, i, i]),
-        "masked_softmax_dense": ([p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
-        "mask_summary": ([p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
-        "lengths_mask": ([p, p, i, i, i], [p, p, p, i, i]),
-        "additive_scores": ([p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
+        "masked_softmax_backward": (
+            every,
+            [p, p, p, p, i, i, i, i, i],
+            [p, p, p, p, p, i, i, i, i],
+        ),
+        "masked_softmax_dense": (every, [p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
+        "mask_summary": (every, [p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
+        "lengths_mask": (every, [p, p, i, i, i], [p, p, p, i, i]),
+        "additive_scores": (wide, [p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
         # its driver also takes B, to find each range's accumulators
         "additive_scores_backward": (
+            wide,
             [p, p, p, p, p, p, p, p, i, i, i, i, i],
             [p, p, p, p, p, p, p, p, p, i, i, i, i, i],
         ),
-    }
-    suffixes = {
-        "masked_softmax": ("f64", "f32", "bf16", "f16"),
-        "masked_softmax_backward": ("f64", "f32", "bf16", "f16"),
-        "masked_softmax_dense": ("f64", "f32", "bf16", "f16"),
-        "mask_summary": ("f64", "f32", "bf16", "f16"),
-        "lengths_mask": ("f64", "f32", "bf16", "f16"),
-        "additive_scores": ("f64", "f32"),
-        "additive_scores_backward": ("f64", "f32"),
     }
     f16 = bool(lib.attnscore_have_f16())
     if f16:  # (..., rows, k, cols, A's three strides, B's three strides)
@@ -334,8 +327,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         kernel.argtypes = [*[p] * 13, i, *[i] * 5, d]
         driver.argtypes = [*[p] * 12, i, i, *[i] * 5, d]
         kernel.restype = driver.restype = None
-    for name, (kernel, driver) in signatures.items():
-        for suf in suffixes[name]:
+    for name, (suffixes, kernel, driver) in signatures.items():
+        for suf in suffixes:
             if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):
                 continue
             for symbol, argtypes in ((f"{name}_{suf}", kernel), (f"{name}_par_{suf}", driver)):
