@@ -39,13 +39,12 @@ from ._engine import (
     Scoring,
     attend,
     finish,
-    fused_dot_product,
     prepare,
 )
 from ._habits import check_keywords
 from .normalizers import Normalizer
-from .registry import ScorerSpec, get_scorer
-from .scoring import cosine_scores, dot_product_scores
+from .registry import ProjectionFunction, ScorerSpec, get_scorer, unprojected
+from .scoring import cosine_scores, dot_product_scores, unit_rows
 
 __all__ = [
     "MaskOptions",
@@ -251,14 +250,16 @@ def _pool(
 ) -> Result:
     """The functional form of ``spec`` (what every form of a scorer runs): check inputs,
     masks and parameters once, score with the spec's function (``constants`` passed to it
-    as they are), take its fused path where the weights are not asked for."""
+    as they are), take its fused path (its projection's, bound to the parameters) where
+    the weights are not asked for."""
     masks = _masks(options)
     prepared = prepare(
         queries, keys, values, valid_lens, same_feature_size=spec.same_feature_size, **masks
     )
     tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
-    return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, spec.fused)
+    fused = spec.fused_path(tensors)
+    return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, fused)
 
 
 def _masks(options: PoolingOptions) -> MaskOptions:
@@ -454,13 +455,24 @@ def cosine_attention(
 _ADDITIVE, _GENERAL = get_scorer("additive"), get_scorer("general")
 
 
-def _ad_hoc(name: str, score: Scoring, fused: FusedPath | None) -> ScorerSpec:
+def _ad_hoc(
+    name: str, score: Scoring, projection: ProjectionFunction, scale: float | None
+) -> ScorerSpec:
     """A spec of a named form with its own constants (not registered; queries and keys of
-    one size d)."""
-    return ScorerSpec(name, score, "", "", same_feature_size=True, fused=fused)
+    one size d), fast by its projection as the registered ones."""
+    return ScorerSpec(
+        name, score, "", "", same_feature_size=True, projection=projection, scale=scale
+    )
 
 
-_COSINE_FORM = _ad_hoc("cosine", cosine_scores, None)  # its scale comes with each call
+def _cosine_projection(
+    queries: Tensor, keys: Tensor, scale: float | Tensor
+) -> tuple[Tensor, Tensor]:
+    """(scale · q/‖q‖, k/‖k‖): the vectors whose dot products are :func:`cosine_scores`."""
+    return unit_rows(queries) * scale, unit_rows(keys)
+
+
+_COSINE_FORM = _ad_hoc("cosine", cosine_scores, _cosine_projection, 1.0)  # scale: each call's
 
 
 def _dot_product(scale: float | None) -> ScorerSpec:
@@ -468,11 +480,9 @@ def _dot_product(scale: float | None) -> ScorerSpec:
     the functional forms are hot)."""
     if scale is None:
         return _SCALED_DOT_PRODUCT
-    return _ad_hoc(
-        "dot_product", partial(dot_product_scores, scale=scale), fused_dot_product(scale)
-    )
+    return _ad_hoc("dot_product", partial(dot_product_scores, scale=scale), unprojected, scale)
 
 
 _SCALED_DOT_PRODUCT = _ad_hoc(
-    "dot_product", partial(dot_product_scores, scale=None), fused_dot_product(None)
+    "dot_product", partial(dot_product_scores, scale=None), unprojected, None
 )

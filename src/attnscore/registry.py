@@ -1,8 +1,10 @@
 """The scorer registry: one spec per scoring name, the single source of every front door.
 
 A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
-its parameters and their shapes, its formula and source, and, where it has one, a fused
-path for the whole pipeline. Everything else comes from the spec: the module
+its parameters and their shapes, its formula and source, and, where its scores are dot
+products of projections of the queries and keys, that projection and the scale: the
+declaration that gives it every fast path of dot-product attention. Everything else comes
+from the spec: the module
 (:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
 (:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
@@ -37,7 +39,14 @@ from torch import Tensor
 
 from ._checks import check_registration
 from ._engine import FusedPath, fused_dot_product
-from .scoring import additive_scores, cosine_scores, dot_product_scores, general_scores
+from .kernels import _ops
+from .scoring import (
+    additive_scores,
+    cosine_scores,
+    dot_product_scores,
+    general_scores,
+    unit_rows,
+)
 
 __all__ = [
     "SCORERS",
@@ -47,12 +56,28 @@ __all__ = [
     "get_scorer",
     "register_scorer",
     "scorer_names",
+    "unprojected",
 ]
 
 #: The sizes a parameter's shape may name: q, k and h of the shape legend.
 SIZE_NAMES = ("query_size", "key_size", "num_hiddens")
 
 ScoreFunction = Callable[..., Tensor]
+ProjectionFunction = Callable[..., tuple[Tensor, Tensor]]
+"""``(queries (..., n, q), keys (..., m, k), **params) -> (q' (..., n, d'), k' (..., m, d'))``."""
+
+
+def unprojected(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """The projection of scorers whose scores are dot products of the queries and keys
+    themselves (``dot``, ``scaled_dot``): none. Declared as a scorer's ``projection``, it
+    gives the fused path of dot-product attention with every mask, dropout and score bias
+    (:func:`attnscore.kernels.dot_product_attention`).
+
+    >>> q = torch.ones(1, 2, 4)
+    >>> unprojected(q, q)[0] is q
+    True
+    """
+    return queries, keys
 
 
 @dataclass(frozen=True)
@@ -111,7 +136,22 @@ class ScorerSpec:
     """Queries and keys must share their feature size d."""
     fused: FusedPath | None = field(default=None, compare=False)
     """A fused path for the whole pipeline with the softmax (see
-    :func:`attnscore._engine.attend`), or None."""
+    :func:`attnscore._engine.attend`), or None: one given at registration (taken as it is),
+    or the one :attr:`projection` :func:`unprojected` makes. Scorers with parameters get
+    theirs from :meth:`fused_path`."""
+    projection: ProjectionFunction | None = field(default=None, compare=False)
+    """``projection(queries, keys, **params) -> (q', k')``, (..., n, d') and (..., m, d'),
+    whose dot products times :attr:`scale` are the scores, or None where the scores are no
+    such product. A declaration: :attr:`score` stays the formula, and every form (the
+    module, the functional form, ``MultiHeadAttention(scoring=...)``) runs the scorer as
+    dot-product attention of the projections where a kernel takes it (small inference
+    calls by key lengths, calls with nothing padded, the fused path by lengths), the plain
+    pipeline elsewhere. :func:`unprojected` for the queries and keys themselves."""
+    scale: float | None = 1.0
+    """The factor on the projections' dot products: a float, or None for 1/√d', d' the
+    size of the projected vectors (Vaswani's scaling, as ``scaled_dot``; for ``general``'s
+    projection (q W_a, k), the keys' size k). Read with a :attr:`projection` only; another
+    factor may be folded into the projection."""
     takes_lengths: bool = field(init=False, compare=False)
     """True when :attr:`score` takes the ``lengths`` hint (read once from its signature)."""
 
@@ -121,6 +161,8 @@ class ScorerSpec:
         except (TypeError, ValueError):  # a callable without a signature
             takes = False
         object.__setattr__(self, "takes_lengths", takes)
+        if self.fused is None and self.projection is unprojected:
+            object.__setattr__(self, "fused", fused_dot_product(self.scale))
 
     def __copy__(self) -> ScorerSpec:
         return self  # immutable: modules that are copied share their spec
@@ -140,6 +182,16 @@ class ScorerSpec:
         if self.takes_lengths:
             return self.score(queries, keys, **params, lengths=lengths)
         return self.score(queries, keys, **params)
+
+    def fused_path(self, params: Mapping[str, object]) -> FusedPath | None:
+        """The fused path of a call with these parameters (by name, as :attr:`score` takes
+        them): :attr:`fused` where there is one, else dot-product attention of
+        :attr:`projection` bound to ``params`` (:func:`attnscore._engine.fused_dot_product`),
+        else None."""
+        projection = self.projection
+        if self.fused is not None or projection is None:
+            return self.fused
+        return fused_dot_product(self.scale, partial(projection, **params))
 
 
 SCORERS: dict[str, ScorerSpec] = {}
@@ -171,6 +223,8 @@ def register_scorer(
     same_feature_size: bool = False,
     fused: FusedPath | None = None,
     replace: bool = False,
+    projection: ProjectionFunction | None = None,
+    scale: float | None = 1.0,
 ) -> ScorerSpec:
     """Register a scorer under ``name`` and return its :class:`ScorerSpec`.
 
@@ -186,12 +240,20 @@ def register_scorer(
         source: where the scoring function comes from (paper, equation).
         params: the parameters :attr:`ScorerSpec.score` takes, with their shapes.
         same_feature_size: queries and keys must share their feature size.
-        fused: an optional fused path (see :class:`ScorerSpec`).
+        fused: a fused path of your own (see :class:`ScorerSpec`); ``projection`` gives
+            one without it.
         replace: allow replacing an existing registration.
+        projection: where the scores are dot products of projections of the queries and
+            keys, ``(queries, keys, **params) -> (q', k')`` (see
+            :attr:`ScorerSpec.projection`): every fast path of dot-product attention then
+            runs the scorer.
+        scale: the factor on those dot products: a float (default 1), or None for
+            1/√d', d' the projected size.
 
     Raises:
         ValueError: ``name`` is not a word or is registered already; bad ``params``.
-        TypeError: ``score`` not callable, ``params`` not of :class:`Param`.
+        TypeError: ``score`` or ``projection`` not callable, ``params`` not of
+            :class:`Param`, ``scale`` neither a float nor None.
 
     >>> import attnscore
     >>> spec = register_scorer("neg_distance", lambda q, k: -torch.cdist(q, k),
@@ -200,11 +262,30 @@ def register_scorer(
     ...                                          torch.randn(2, 5, 6)).shape
     torch.Size([2, 3, 6])
     >>> del SCORERS["neg_distance"]
+    >>> spec = register_scorer(  # scores that are dot products of projections: fast paths
+    ...     "halved", lambda q, k: q @ k.mT / 2, projection=unprojected, scale=0.5,
+    ...     formula="qᵀk / 2", source="an example", same_feature_size=True)
+    >>> del SCORERS["halved"]
     """
     signature = ("score", score, "(queries, keys, **params) -> scores")
     check_registration(name, SCORERS, "scorer", replace, signature)
+    if projection is not None and not callable(projection):
+        raise TypeError(
+            "Expected `projection` to be callable (queries, keys, **params) -> (q', k'), but "
+            f"got {type(projection).__name__} instead."
+        )
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
     spec = ScorerSpec(
-        name, score, formula, source, _check_params(params, name), bool(same_feature_size), fused
+        name,
+        score,
+        formula,
+        source,
+        _check_params(params, name),
+        bool(same_feature_size),
+        fused,
+        projection,
+        None if scale is None else float(scale),
     )
     SCORERS[name] = spec
     return spec
@@ -242,9 +323,19 @@ def _general_scaled(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     return general_scores(queries, keys, W_a) / math.sqrt(keys.shape[-1])
 
 
+def _general_projection(queries: Tensor, keys: Tensor, W_a: Tensor) -> tuple[Tensor, Tensor]:
+    """(q W_a, k): the vectors whose dot products are the general scores."""
+    return _ops.matmul(queries, W_a), keys
+
+
 def _cosine_by_log_scale(queries: Tensor, keys: Tensor, log_scale: Tensor) -> Tensor:
     """Cosine scores with the scale kept as its logarithm, so that a learned one stays > 0."""
     return cosine_scores(queries, keys, log_scale.exp().to(queries.dtype))
+
+
+def _cosine_projection(queries: Tensor, keys: Tensor, log_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(s q/‖q‖, k/‖k‖): the vectors whose dot products are the cosine scores."""
+    return unit_rows(queries) * log_scale.exp().to(queries.dtype), unit_rows(keys)
 
 
 register_scorer(
@@ -261,7 +352,7 @@ register_scorer(
 register_scorer(
     "dot",
     partial(dot_product_scores, scale=1.0),
-    fused=fused_dot_product(1.0),
+    projection=unprojected,
     formula="qᵀk",
     source='Luong et al. 2015, eq. 8 "dot"',
     same_feature_size=True,
@@ -269,7 +360,8 @@ register_scorer(
 register_scorer(
     "scaled_dot",
     partial(dot_product_scores, scale=None),
-    fused=fused_dot_product(None),
+    projection=unprojected,
+    scale=None,
     formula="qᵀk / √d",
     source="Vaswani et al. 2017, eq. 1",
     same_feature_size=True,
@@ -279,15 +371,17 @@ _W_A = (Param("W_a", ("query_size", "key_size")),)
 
 register_scorer(
     "general", general_scores, params=_W_A, formula="qᵀ W_a k",
-    source='Luong et al. 2015, eq. 8 "general"',
+    source='Luong et al. 2015, eq. 8 "general"', projection=_general_projection,
 )  # fmt: skip
 register_scorer(
     "general_scaled", _general_scaled, params=_W_A, formula="qᵀ W_a k / √d",
     source='Luong et al. 2015, eq. 8 "general", scaled as Vaswani et al. 2017, eq. 1',
+    projection=_general_projection, scale=None,
 )  # fmt: skip
 register_scorer(
     "cosine",
     _cosine_by_log_scale,
+    projection=_cosine_projection,
     params=(Param("log_scale", (), init=math.log(10.0)),),
     formula="s · cos(q, k), s learned",
     source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
