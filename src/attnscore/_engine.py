@@ -54,7 +54,6 @@ __all__ = [
     "owned",
     "owned_mask",
     "prepare",
-    "scaled_projection",
     "zero_padding",
 ]
 
@@ -255,15 +254,12 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
 
     ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
-    of those, ``scale`` folded into them (:func:`scaled_projection`), where a kernel of
-    the device skips work or measured faster than their plain pipeline
-    (:func:`attnscore.kernels._attention.projected`: no boolean mask, no dropout);
-    elsewhere they decline. While ``torch.export`` traces, every call is
+    of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
+    than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
+    mask, no dropout); elsewhere they decline. While ``torch.export`` traces, every call is
     declined (:func:`attnscore.kernels._attention.declines`). In training the padding is
     made inert once the call is taken (the projections' gradients read it).
     """
-    if project is not None:
-        project = scaled_projection(project, scale)
 
     def fused(
         q: Tensor,
@@ -275,8 +271,9 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
     ) -> tuple[Tensor, WeightsFn] | None:
         if _attention.declines(q, k, v):
             return None
+        d = q.shape[-1]
+        scale_ = default_scale(d) if scale is None else scale
         if project is None:
-            scale_ = default_scale(q.shape[-1]) if scale is None else scale
             out = _attention.dot_product_attention(
                 q, k, v, mask, scale=scale_, dropout_p=dropout_p, score_bias=score_bias
             )
@@ -292,30 +289,15 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
 
         kept = KeptProjections(project)
         projected = _attention.projected(
-            q, k, v, mask, project=kept, scale=1.0,
+            q, k, v, mask, project=kept, scale=scale_,
             inert=inert if torch.is_grad_enabled() else None,
         )  # fmt: skip
         if projected is None:
             return None
         qp, kp = kept.owned(q, k)
-        return projected, dot_weights_later(qp, kp, 1.0, owned_mask(mask), q.shape[:-2])
+        return projected, dot_weights_later(qp, kp, scale_, owned_mask(mask), q.shape[:-2])
 
     return fused
-
-
-def scaled_projection(project: Projection, scale: float | None) -> Projection:
-    """``project`` (q, k) -> (q', k') with the scores' ``scale`` folded into the projected
-    queries, so that the projected paths run at scale 1 (their kernels take the scale before
-    projecting): a float as it is (1 leaves ``project`` unchanged), None as 1/√d', d' the
-    projected size."""
-    if scale == 1.0:
-        return project
-
-    def scaled(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        qp, kp = project(queries, keys)
-        return qp * (default_scale(qp.shape[-1]) if scale is None else scale), kp
-
-    return scaled
 
 
 class ComputedWeights:

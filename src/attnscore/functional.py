@@ -452,37 +452,26 @@ def cosine_attention(
 
 # The built-in specs the named forms stand for (captured at import: a later registration
 # replacing a name does not change these forms).
-_ADDITIVE, _GENERAL = get_scorer("additive"), get_scorer("general")
+_ADDITIVE, _GENERAL, _SCALED_DOT = map(get_scorer, ("additive", "general", "scaled_dot"))
 
 
 def _ad_hoc(
     name: str, score: Scoring, projection: ProjectionFunction, scale: float | None
 ) -> ScorerSpec:
     """A spec of a named form with its own constants (not registered; queries and keys of
-    one size d), fast by its projection as the registered ones."""
-    return ScorerSpec(
-        name, score, "", "", same_feature_size=True, projection=projection, scale=scale
-    )
+    one size d)."""
+    return ScorerSpec(name, score, "", "", (), True, None, projection, scale)
 
 
-def _cosine_projection(
-    queries: Tensor, keys: Tensor, scale: float | Tensor
-) -> tuple[Tensor, Tensor]:
-    """(scale · q/‖q‖, k/‖k‖): the vectors whose dot products are :func:`cosine_scores`."""
-    return unit_rows(queries) * scale, unit_rows(keys)
-
-
-_COSINE_FORM = _ad_hoc("cosine", cosine_scores, _cosine_projection, 1.0)  # scale: each call's
+# Its scale comes with each call: cosine scores are dot products of (scale q/‖q‖, k/‖k‖).
+_COSINE_FORM = _ad_hoc(
+    "cosine", cosine_scores, lambda q, k, scale: (unit_rows(q) * scale, unit_rows(k)), 1.0
+)
 
 
 def _dot_product(scale: float | None) -> ScorerSpec:
     """The spec of dot-product attention with a fixed ``scale`` (the default one built once:
     the functional forms are hot)."""
     if scale is None:
-        return _SCALED_DOT_PRODUCT
+        return _SCALED_DOT
     return _ad_hoc("dot_product", partial(dot_product_scores, scale=scale), unprojected, scale)
-
-
-_SCALED_DOT_PRODUCT = _ad_hoc(
-    "dot_product", partial(dot_product_scores, scale=None), unprojected, None
-)

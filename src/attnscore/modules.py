@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +33,6 @@ from ._engine import (
     fused_dot_product,
     owned,
     prepare,
-    scaled_projection,
 )
 from ._lazy import LazyLinear
 from .kernels._attention import (
@@ -406,80 +404,71 @@ class ScorerAttention(Attention):
         return self.spec.scores(queries, keys, self.parameters_by_name(), lengths)
 
     def fused_path(self) -> FusedPath | None:
-        """The spec's fused path (:meth:`attnscore.registry.ScorerSpec.fused_path`): where it
-        declares a projection, dot-product attention of the projections of this module's
-        parameters, once they are made (the plain path makes lazy ones)."""
+        """The spec's fused path (:meth:`~attnscore.registry.ScorerSpec.fused_path`) with this
+        module's parameters, once made (the plain path makes lazy ones)."""
         spec = self.spec
         if spec.projection is unprojected:
             return fused_dot_product(self._dot_scale())
         if spec.projection is None or spec.fused is not None or self._lazy():
             return spec.fused
-        project = partial(spec.projection, **self.parameters_by_name())
-        return fused_dot_product(spec.scale, _checked(self, project))
+        return fused_dot_product(1.0, _checked(self, spec.projector(self.parameters_by_name())))
 
     def _dot_scale(self) -> float | None:
-        """The factor on the projections' dot products (the spec's scale)."""
+        """The factor on the dot products of the queries and keys themselves."""
         return self.spec.scale
 
     def _lazy(self) -> bool:
         """Whether a matrix waits for the first call to know its input size."""
         return any(p.is_matrix and _is_lazy(_submodule(self, p.name)) for p in self.spec.params)
 
+    def _offered(self, queries: object, keys: object, *, small: bool) -> bool:
+        """Whether a fast lane may take a call: the softmax, plain tensors of 3 or more
+        dimensions (one d where the spec says so), for ``small`` calls no dropout at work."""
+        return (
+            self.normalizer == "softmax"
+            and type(queries) is Tensor
+            and type(keys) is Tensor
+            and queries.ndim >= 3
+            and keys.ndim >= 3
+            and (not self.same_feature_size or queries.shape[-1] == keys.shape[-1])
+            and not (small and _dropout_p(self) > 0.0)
+        )
+
     def _lane(
-        self, queries: object, keys: object, *, small: bool
+        self, queries: Tensor, keys: Tensor, *, small: bool
     ) -> tuple[Projection | None, float] | None:
-        """What the fast lanes run for a call of a scorer that declares a projection
-        (:attr:`attnscore.registry.ScorerSpec.projection`): (None, scale) for dot products
-        of the queries and keys themselves, (the projection of this module's parameters
-        with the scale folded in, 1) for others. None (the checked path runs the call, and
-        names what does not fit) unless: the softmax, plain tensors of 3 or more
-        dimensions, parameters made, on the queries' device, matrices of their dtype and
-        sizes, and for ``small`` calls no dropout at work and no parameter being trained."""
-        spec = self.spec
-        projection = spec.projection
-        if (
-            projection is None
-            or self.normalizer != "softmax"
-            or type(queries) is not Tensor
-            or type(keys) is not Tensor
-            or queries.ndim < 3
-            or keys.ndim < 3
-            or (spec.same_feature_size and queries.shape[-1] != keys.shape[-1])
-            or (small and _dropout_p(self) > 0.0)
-        ):
+        """(projection, scale) the lanes run for a call (:meth:`_offered`) by the spec's
+        projection: (None, scale) for the queries and keys themselves, else (its
+        :meth:`~attnscore.registry.ScorerSpec.projector`, 1); None unless the parameters are
+        made, on the queries' device, matrices of their dtype and sizes, and (``small``)
+        not being trained."""
+        projection = self.spec.projection
+        if projection is None or not self._offered(queries, keys, small=small):
             return None
         if projection is unprojected:
             scale = self._dot_scale()
             return None, default_scale(queries.shape[-1]) if scale is None else scale
+        if self._lazy():
+            return None
         grad = small and torch.is_grad_enabled()
         sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
-        params: dict[str, Tensor] = {}
-        for param in spec.params:
-            if param.is_matrix:
-                linear = _submodule(self, param.name)
-                if _is_lazy(linear):
-                    return None
-                held = _held(linear, "weight")
-                if held.dtype != queries.dtype or any(
-                    sizes.get(str(name), size) != size
-                    for name, size in zip(param.shape, held.shape, strict=True)
-                ):
-                    return None
-            else:
-                held = _held(self, param.name)
-            if held.device != queries.device or (grad and held.requires_grad):
+        params = self.parameters_by_name()
+        for param in self.spec.params:
+            held, expected = params[param.name], param.resolve(sizes)
+            if (
+                held.device != queries.device
+                or (grad and held.requires_grad)
+                or (param.is_matrix and held.dtype != queries.dtype)
+                or any(e not in (None, h) for e, h in zip(expected, held.shape, strict=True))
+            ):
                 return None
-            params[param.name] = held
-        return scaled_projection(partial(projection, **params), spec.scale), 1.0
+        return self.spec.projector(params), 1.0
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Small inference calls by key lengths of a scorer that declares a projection:
-        dot-product attention of the queries and keys, or their projections, in one C pass
-        on the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`);
-        the weights that pass wrote, or (the kernel by lengths) computed when asked from the
-        projections it made (or copies) and a copy of the lengths."""
+        """Small inference calls by key lengths (:meth:`_lane`), one C pass on the CPU
+        (:func:`~attnscore.kernels._attention.small_dot_product_attention`)."""
         lane = self._lane(queries, keys, small=True)
         if lane is None:
             return None
@@ -488,22 +477,19 @@ class ScorerAttention(Attention):
         taken = small_dot_product_attention(
             queries, keys, values, valid_lens, scale, None if project is None else kept
         )
-        m = keys.shape[-2]
-        return _small_result(
-            taken, lambda: _weights_later(*kept.owned(queries, keys), scale, m, valid_lens)
-        )
+        if taken is None:
+            return None
+        output, weights = taken  # the weights the pass wrote, if it did
+        if weights is not None:
+            return output, weights
+        return output, _weights_later(*kept.owned(queries, keys), scale, keys.shape[-2], valid_lens)
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Calls with nothing padded, eager, of a scorer that declares a projection, with
-        dropout in training as SDPA's: dot products of the queries and keys straight to
-        SDPA or the device's kernel, as the checked path would run them
-        (:func:`attnscore.kernels._attention.unpadded_call`); projections to the device's
-        kernel where it takes them, else without a mask their plain pipeline, which returns
-        its weights (:func:`attnscore.kernels._attention.projected_call`). The weights,
-        when asked, from copies of the queries and of the keys some query sees, or from the
-        projections the call made."""
+        """Calls with nothing padded (:meth:`_lane`), eager, dropout as SDPA's, run as the
+        checked path would (:func:`~attnscore.kernels._attention.unpadded_call`,
+        :func:`~attnscore.kernels._attention.projected_call`)."""
         lane = self._lane(queries, keys, small=False)
         if lane is None:
             return None
@@ -646,7 +632,8 @@ class AdditiveAttention(ScorerAttention):
             return None
         W_q, W_k = self.W_q.weight, self.W_k.weight
         if (
-            not _may_run_small(self, queries, keys, W_q)
+            not self._offered(queries, keys, small=True)
+            or W_q.device != queries.device
             or queries.dtype != W_q.dtype
             or queries.shape[-1] != W_q.shape[1]
             or keys.shape[-1] != W_k.shape[1]
@@ -736,17 +723,6 @@ class DotProductAttention(ScorerAttention):
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
 
 
-def _small_result(
-    taken: tuple[Tensor, Tensor | None] | None, later: Callable[[], WeightsFn]
-) -> tuple[Tensor, Tensor | WeightsFn] | None:
-    """A small lane's (output, weights): the weights its pass wrote, else ``later()`` (a
-    weights function over copies the call owns), made only then; None where it declined."""
-    if taken is None:
-        return None
-    output, weights = taken
-    return output, later() if weights is None else weights
-
-
 def _weights_later(
     qp: Tensor,
     kp: Tensor,
@@ -756,12 +732,10 @@ def _weights_later(
     *,
     causal: bool = False,
 ) -> WeightsFn:
-    """The weights of a fast lane's call, which ran dot-product attention of ``qp``
-    (..., n, d) and ``kp`` (..., m', d) by key lengths ``valid_lens`` (the caller's, copied
-    here) or causal masking without computing them: computed when asked, from ``qp`` and
-    ``kp`` (copies or projections that the call owns, never the caller's tensors; see
-    :func:`attnscore._engine.dot_weights_later`). ``m``: the number of keys (causal masking
-    may have cut off the m - m' keys no query sees)."""
+    """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
+    (..., m', d), which the call owns, by key lengths ``valid_lens`` (copied here) or
+    causal masking: computed when asked (:func:`attnscore._engine.dot_weights_later`).
+    ``m``: the number of keys (causal masking may have cut off the m - m' no query sees)."""
     lengths = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
@@ -770,26 +744,6 @@ def _weights_later(
         return dot_weights_later(qp, kp, scale, mask)()
 
     return weights
-
-
-def _may_run_small(
-    module: Attention, queries: object, keys: object, param: Tensor | None = None
-) -> bool:
-    """Whether a call may be offered to a small path: plain tensors, the softmax, no
-    dropout at work, and a parameter (if any) on the queries' device, not being trained."""
-    return (
-        module.normalizer == "softmax"
-        and not (module.training and module.dropout.p > 0.0)
-        and type(queries) is Tensor
-        and type(keys) is Tensor
-        and (
-            param is None
-            or (
-                param.device == queries.device
-                and not (torch.is_grad_enabled() and param.requires_grad)
-            )
-        )
-    )
 
 
 def _held(module: nn.Module, name: str) -> Tensor:

@@ -2,9 +2,8 @@
 
 A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
 its parameters and their shapes, its formula and source, and, where its scores are dot
-products of projections of the queries and keys, that projection and the scale: the
-declaration that gives it every fast path of dot-product attention. Everything else comes
-from the spec: the module
+products of projections of the queries and keys, those projections and their scale (what
+gives it every fast path). Everything else comes from the spec: the module
 (:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
 (:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
@@ -40,9 +39,11 @@ from torch import Tensor
 from ._checks import check_registration
 from ._engine import FusedPath, fused_dot_product
 from .kernels import _ops
+from .kernels._dispatch import Projection
 from .scoring import (
     additive_scores,
     cosine_scores,
+    default_scale,
     dot_product_scores,
     general_scores,
     unit_rows,
@@ -68,15 +69,9 @@ ProjectionFunction = Callable[..., tuple[Tensor, Tensor]]
 
 
 def unprojected(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """The projection of scorers whose scores are dot products of the queries and keys
-    themselves (``dot``, ``scaled_dot``): none. Declared as a scorer's ``projection``, it
-    gives the fused path of dot-product attention with every mask, dropout and score bias
-    (:func:`attnscore.kernels.dot_product_attention`).
-
-    >>> q = torch.ones(1, 2, 4)
-    >>> unprojected(q, q)[0] is q
-    True
-    """
+    """The projection of scorers that are dot products of the queries and keys themselves
+    (``dot``, ``scaled_dot``): none. It gives the fused path of dot-product attention with
+    every mask, dropout and score bias (:func:`attnscore.kernels.dot_product_attention`)."""
     return queries, keys
 
 
@@ -136,22 +131,14 @@ class ScorerSpec:
     """Queries and keys must share their feature size d."""
     fused: FusedPath | None = field(default=None, compare=False)
     """A fused path for the whole pipeline with the softmax (see
-    :func:`attnscore._engine.attend`), or None: one given at registration (taken as it is),
-    or the one :attr:`projection` :func:`unprojected` makes. Scorers with parameters get
-    theirs from :meth:`fused_path`."""
+    :func:`attnscore._engine.attend`): one given, or :func:`unprojected`'s; or None."""
     projection: ProjectionFunction | None = field(default=None, compare=False)
-    """``projection(queries, keys, **params) -> (q', k')``, (..., n, d') and (..., m, d'),
-    whose dot products times :attr:`scale` are the scores, or None where the scores are no
-    such product. A declaration: :attr:`score` stays the formula, and every form (the
-    module, the functional form, ``MultiHeadAttention(scoring=...)``) runs the scorer as
-    dot-product attention of the projections where a kernel takes it (small inference
-    calls by key lengths, calls with nothing padded, the fused path by lengths), the plain
-    pipeline elsewhere. :func:`unprojected` for the queries and keys themselves."""
+    """``(queries, keys, **params) -> (q' (..., n, d'), k' (..., m, d'))`` whose dot
+    products times :attr:`scale` are the scores (:attr:`score` stays the formula), or None.
+    Every form then runs the scorer as dot-product attention of the projections where a
+    kernel takes it, the plain pipeline elsewhere."""
     scale: float | None = 1.0
-    """The factor on the projections' dot products: a float, or None for 1/√d', d' the
-    size of the projected vectors (Vaswani's scaling, as ``scaled_dot``; for ``general``'s
-    projection (q W_a, k), the keys' size k). Read with a :attr:`projection` only; another
-    factor may be folded into the projection."""
+    """The factor on the projections' dot products; None: 1/√d' (Vaswani's scaling)."""
     takes_lengths: bool = field(init=False, compare=False)
     """True when :attr:`score` takes the ``lengths`` hint (read once from its signature)."""
 
@@ -183,15 +170,27 @@ class ScorerSpec:
             return self.score(queries, keys, **params, lengths=lengths)
         return self.score(queries, keys, **params)
 
+    def projector(self, params: Mapping[str, object]) -> Projection:
+        """:attr:`projection` bound to ``params`` (by name, as :attr:`score` takes them),
+        :attr:`scale` folded into the projected queries: the projected paths run at scale 1
+        (their kernels take the scale before projecting, and None needs d')."""
+        assert self.projection is not None
+        bound, scale = partial(self.projection, **params), self.scale
+        if scale == 1.0:
+            return bound
+
+        def scaled(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+            qp, kp = bound(queries, keys)
+            return qp * (default_scale(qp.shape[-1]) if scale is None else scale), kp
+
+        return scaled
+
     def fused_path(self, params: Mapping[str, object]) -> FusedPath | None:
-        """The fused path of a call with these parameters (by name, as :attr:`score` takes
-        them): :attr:`fused` where there is one, else dot-product attention of
-        :attr:`projection` bound to ``params`` (:func:`attnscore._engine.fused_dot_product`),
+        """:attr:`fused`, else dot-product attention of the :meth:`projector`'s vectors,
         else None."""
-        projection = self.projection
-        if self.fused is not None or projection is None:
+        if self.fused is not None or self.projection is None:
             return self.fused
-        return fused_dot_product(self.scale, partial(projection, **params))
+        return fused_dot_product(1.0, self.projector(params))
 
 
 SCORERS: dict[str, ScorerSpec] = {}
@@ -240,15 +239,11 @@ def register_scorer(
         source: where the scoring function comes from (paper, equation).
         params: the parameters :attr:`ScorerSpec.score` takes, with their shapes.
         same_feature_size: queries and keys must share their feature size.
-        fused: a fused path of your own (see :class:`ScorerSpec`); ``projection`` gives
-            one without it.
+        fused: a fused path of your own (see :class:`ScorerSpec`).
         replace: allow replacing an existing registration.
-        projection: where the scores are dot products of projections of the queries and
-            keys, ``(queries, keys, **params) -> (q', k')`` (see
-            :attr:`ScorerSpec.projection`): every fast path of dot-product attention then
-            runs the scorer.
-        scale: the factor on those dot products: a float (default 1), or None for
-            1/√d', d' the projected size.
+        projection: ``(queries, keys, **params) -> (q', k')`` whose dot products times
+            ``scale`` are the scores: every fast path then takes the scorer.
+        scale: see :attr:`ScorerSpec.scale`.
 
     Raises:
         ValueError: ``name`` is not a word or is registered already; bad ``params``.
@@ -262,31 +257,18 @@ def register_scorer(
     ...                                          torch.randn(2, 5, 6)).shape
     torch.Size([2, 3, 6])
     >>> del SCORERS["neg_distance"]
-    >>> spec = register_scorer(  # scores that are dot products of projections: fast paths
-    ...     "halved", lambda q, k: q @ k.mT / 2, projection=unprojected, scale=0.5,
-    ...     formula="qᵀk / 2", source="an example", same_feature_size=True)
-    >>> del SCORERS["halved"]
     """
     signature = ("score", score, "(queries, keys, **params) -> scores")
     check_registration(name, SCORERS, "scorer", replace, signature)
-    if projection is not None and not callable(projection):
-        raise TypeError(
-            "Expected `projection` to be callable (queries, keys, **params) -> (q', k'), but "
-            f"got {type(projection).__name__} instead."
-        )
+    if projection is not None:  # the same check, for the projection
+        maps = "(queries, keys, **params) -> (q', k')"
+        check_registration(name, {}, "scorer", replace, ("projection", projection, maps))
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
     spec = ScorerSpec(
-        name,
-        score,
-        formula,
-        source,
-        _check_params(params, name),
-        bool(same_feature_size),
-        fused,
-        projection,
-        None if scale is None else float(scale),
-    )
+        name, score, formula, source, _check_params(params, name), bool(same_feature_size),
+        fused, projection, None if scale is None else float(scale),
+    )  # fmt: skip
     SCORERS[name] = spec
     return spec
 
@@ -350,22 +332,13 @@ register_scorer(
     source="Bahdanau et al. 2015, eq. A.1.2",
 )
 register_scorer(
-    "dot",
-    partial(dot_product_scores, scale=1.0),
-    projection=unprojected,
-    formula="qᵀk",
-    source='Luong et al. 2015, eq. 8 "dot"',
-    same_feature_size=True,
-)
+    "dot", partial(dot_product_scores, scale=1.0), projection=unprojected, formula="qᵀk",
+    source='Luong et al. 2015, eq. 8 "dot"', same_feature_size=True,
+)  # fmt: skip
 register_scorer(
-    "scaled_dot",
-    partial(dot_product_scores, scale=None),
-    projection=unprojected,
-    scale=None,
-    formula="qᵀk / √d",
-    source="Vaswani et al. 2017, eq. 1",
-    same_feature_size=True,
-)
+    "scaled_dot", partial(dot_product_scores, scale=None), projection=unprojected, scale=None,
+    formula="qᵀk / √d", source="Vaswani et al. 2017, eq. 1", same_feature_size=True,
+)  # fmt: skip
 _W_A = (Param("W_a", ("query_size", "key_size")),)
 """The general scorers' one parameter."""
 
