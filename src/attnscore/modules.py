@@ -305,8 +305,8 @@ class ScorerAttention(Attention):
     becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
     bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
     call or by ``load_state_dict`` of a trained checkpoint), any other an
-    ``nn.Parameter``. Scores are ``spec.score(queries, keys,
-    **parameters)``; the spec's fused path, if any, is taken where it applies.
+    ``nn.Parameter``. Scores are ``spec.score(queries, keys, **parameters)``; where the
+    spec declares a projection, the fast paths of dot-product attention run it.
 
     Args:
         scoring: a registered scorer's name or its :class:`~attnscore.registry.ScorerSpec`.
@@ -406,10 +406,10 @@ class ScorerAttention(Attention):
     def fused_path(self) -> FusedPath | None:
         """The spec's fused path (:meth:`~attnscore.registry.ScorerSpec.fused_path`) with this
         module's parameters, once made (the plain path makes lazy ones)."""
-        spec = self.spec
-        if spec.projection is unprojected:
-            return fused_dot_product(self._dot_scale())
-        if spec.projection is None or spec.fused is not None or self._lazy():
+        spec, scale = self.spec, self._dot_scale()
+        if spec.projection is unprojected and scale != spec.scale:  # DotProductAttention's own
+            return fused_dot_product(scale)
+        if spec.fused is not None or spec.projection is None or self._lazy():
             return spec.fused
         return fused_dot_product(1.0, _checked(self, spec.projector(self.parameters_by_name())))
 

@@ -71,7 +71,11 @@ ProjectionFunction = Callable[..., tuple[Tensor, Tensor]]
 def unprojected(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     """The projection of scorers that are dot products of the queries and keys themselves
     (``dot``, ``scaled_dot``): none. It gives the fused path of dot-product attention with
-    every mask, dropout and score bias (:func:`attnscore.kernels.dot_product_attention`)."""
+    every mask, dropout and score bias (:func:`attnscore.kernels.dot_product_attention`).
+
+    >>> get_scorer("scaled_dot").projection is unprojected
+    True
+    """
     return queries, keys
 
 
