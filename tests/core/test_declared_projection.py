@@ -261,3 +261,35 @@ def test_register_scorer_checks_the_declaration():
         attnscore.register_scorer("bad_scale", low_rank, formula="-", source="-", scale="2")
     assert "bad_projection" not in attnscore.scorer_names()
     assert "bad_scale" not in attnscore.scorer_names()
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["fused alone", "with projection"])
+def test_a_fused_path_given_at_registration_is_still_taken(declared):
+    """``fused=`` keeps working: the module and the functional form offer their calls to
+    it (here it declines each, so the plain pipeline gives the float64 formula's output),
+    also where a projection is declared beside it."""
+    offered = []
+
+    def fused(q, k, v, mask, dropout_p, score_bias=None):
+        offered.append(q.shape)
+        return None
+
+    name = "fused_test"
+    attnscore.register_scorer(
+        name, lambda queries, keys: queries @ keys.mT, formula="qᵀk", source="a test",
+        same_feature_size=True, fused=fused,
+        projection=registry.unprojected if declared else None,
+    )  # fmt: skip
+    try:
+        q, k, v, lens = inputs(8, 8)
+        expected = reference(textbook_scores("dot", q, k, {}), v, lens)
+        with torch.enable_grad():  # the fused path, not the small inference lane
+            outs = [
+                attnscore.make_scorer(name, 8)(q.requires_grad_(), k, v, lens),
+                attnscore.attention(q, k, v, name, lens),
+            ]
+        for out in outs:
+            torch.testing.assert_close(out.detach().double(), expected, **TOL)
+        assert offered == [q.shape, q.shape]
+    finally:
+        del registry.SCORERS[name]
