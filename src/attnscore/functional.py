@@ -39,13 +39,12 @@ from ._engine import (
     Scoring,
     attend,
     finish,
-    fused_dot_product,
     prepare,
 )
 from ._habits import check_keywords
 from .normalizers import Normalizer
-from .registry import ScorerSpec, get_scorer
-from .scoring import cosine_scores, dot_product_scores
+from .registry import ProjectionFunction, ScorerSpec, get_scorer, unprojected
+from .scoring import cosine_scores, dot_product_scores, unit_rows
 
 __all__ = [
     "MaskOptions",
@@ -251,14 +250,16 @@ def _pool(
 ) -> Result:
     """The functional form of ``spec`` (what every form of a scorer runs): check inputs,
     masks and parameters once, score with the spec's function (``constants`` passed to it
-    as they are), take its fused path where the weights are not asked for."""
+    as they are), take its fused path (its projection's, bound to the parameters) where
+    the weights are not asked for."""
     masks = _masks(options)
     prepared = prepare(
         queries, keys, values, valid_lens, same_feature_size=spec.same_feature_size, **masks
     )
     tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
-    return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, spec.fused)
+    fused = spec.fused_path(tensors)
+    return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, fused)
 
 
 def _masks(options: PoolingOptions) -> MaskOptions:
@@ -451,28 +452,26 @@ def cosine_attention(
 
 # The built-in specs the named forms stand for (captured at import: a later registration
 # replacing a name does not change these forms).
-_ADDITIVE, _GENERAL = get_scorer("additive"), get_scorer("general")
+_ADDITIVE, _GENERAL, _SCALED_DOT = map(get_scorer, ("additive", "general", "scaled_dot"))
 
 
-def _ad_hoc(name: str, score: Scoring, fused: FusedPath | None) -> ScorerSpec:
+def _ad_hoc(
+    name: str, score: Scoring, projection: ProjectionFunction, scale: float | None
+) -> ScorerSpec:
     """A spec of a named form with its own constants (not registered; queries and keys of
     one size d)."""
-    return ScorerSpec(name, score, "", "", same_feature_size=True, fused=fused)
+    return ScorerSpec(name, score, "", "", (), True, None, projection, scale)
 
 
-_COSINE_FORM = _ad_hoc("cosine", cosine_scores, None)  # its scale comes with each call
+# Its scale comes with each call: cosine scores are dot products of (scale q/‖q‖, k/‖k‖).
+_COSINE_FORM = _ad_hoc(
+    "cosine", cosine_scores, lambda q, k, scale: (unit_rows(q) * scale, unit_rows(k)), 1.0
+)
 
 
 def _dot_product(scale: float | None) -> ScorerSpec:
     """The spec of dot-product attention with a fixed ``scale`` (the default one built once:
     the functional forms are hot)."""
     if scale is None:
-        return _SCALED_DOT_PRODUCT
-    return _ad_hoc(
-        "dot_product", partial(dot_product_scores, scale=scale), fused_dot_product(scale)
-    )
-
-
-_SCALED_DOT_PRODUCT = _ad_hoc(
-    "dot_product", partial(dot_product_scores, scale=None), fused_dot_product(None)
-)
+        return _SCALED_DOT
+    return _ad_hoc("dot_product", partial(dot_product_scores, scale=scale), unprojected, scale)

@@ -35,7 +35,6 @@ from ._engine import (
     prepare,
 )
 from ._lazy import LazyLinear
-from .kernels import _ops
 from .kernels._attention import (
     projected_call,
     small_additive_attention,
@@ -45,12 +44,11 @@ from .kernels._attention import (
 from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer
-from .registry import Param, ScorerSpec, get_scorer
+from .registry import Param, ScorerSpec, get_scorer, unprojected
 from .scoring import (
     additive_scores_from_projections,
     default_scale,
     dot_product_scores,
-    unit_rows,
 )
 
 __all__ = [
@@ -307,8 +305,8 @@ class ScorerAttention(Attention):
     becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
     bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
     call or by ``load_state_dict`` of a trained checkpoint), any other an
-    ``nn.Parameter``. Scores are ``spec.score(queries, keys,
-    **parameters)``; the spec's fused path, if any, is taken where it applies.
+    ``nn.Parameter``. Scores are ``spec.score(queries, keys, **parameters)``; where the
+    spec declares a projection, the fast paths of dot-product attention run it.
 
     Args:
         scoring: a registered scorer's name or its :class:`~attnscore.registry.ScorerSpec`.
@@ -380,8 +378,10 @@ class ScorerAttention(Attention):
         """
         tensors: dict[str, Tensor] = {}
         for param in self.spec.params:
-            held = getattr(self, param.name)
-            tensors[param.name] = held.weight if param.is_matrix else held
+            if param.is_matrix:
+                tensors[param.name] = _held(_submodule(self, param.name), "weight")
+            else:
+                tensors[param.name] = _held(self, param.name)
         return tensors
 
     def check_features(self, queries: Tensor, keys: Tensor) -> None:
@@ -404,7 +404,117 @@ class ScorerAttention(Attention):
         return self.spec.scores(queries, keys, self.parameters_by_name(), lengths)
 
     def fused_path(self) -> FusedPath | None:
-        return self.spec.fused
+        """The spec's fused path (:meth:`~attnscore.registry.ScorerSpec.fused_path`) with this
+        module's parameters, once made (the plain path makes lazy ones)."""
+        spec, scale = self.spec, self._dot_scale()
+        if spec.projection is unprojected and scale != spec.scale:  # DotProductAttention's own
+            return fused_dot_product(scale)
+        if spec.fused is not None or spec.projection is None or self._lazy():
+            return spec.fused
+        return fused_dot_product(1.0, _checked(self, spec.projector(self.parameters_by_name())))
+
+    def _dot_scale(self) -> float | None:
+        """The factor on the dot products of the queries and keys themselves."""
+        return self.spec.scale
+
+    def _lazy(self) -> bool:
+        """Whether a matrix waits for the first call to know its input size."""
+        return any(p.is_matrix and _is_lazy(_submodule(self, p.name)) for p in self.spec.params)
+
+    def _offered(self, queries: object, keys: object, *, small: bool) -> bool:
+        """Whether a fast lane may take a call: the softmax, plain tensors of 3 or more
+        dimensions (one d where the spec says so), for ``small`` calls no dropout at work."""
+        return (
+            self.normalizer == "softmax"
+            and type(queries) is Tensor
+            and type(keys) is Tensor
+            and queries.ndim >= 3
+            and keys.ndim >= 3
+            and (not self.same_feature_size or queries.shape[-1] == keys.shape[-1])
+            and not (small and _dropout_p(self) > 0.0)
+        )
+
+    def _lane(
+        self, queries: Tensor, keys: Tensor, *, small: bool
+    ) -> tuple[Projection | None, float] | None:
+        """(projection, scale) the lanes run for a call (:meth:`_offered`) by the spec's
+        projection: (None, scale) for the queries and keys themselves, else (its
+        :meth:`~attnscore.registry.ScorerSpec.projector`, 1); None unless the parameters are
+        made, on the queries' device, matrices of their dtype and sizes, and (``small``)
+        not being trained."""
+        projection = self.spec.projection
+        if projection is None or not self._offered(queries, keys, small=small):
+            return None
+        if projection is unprojected:
+            scale = self._dot_scale()
+            return None, default_scale(queries.shape[-1]) if scale is None else scale
+        if self._lazy():
+            return None
+        grad = small and torch.is_grad_enabled()
+        sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
+        params = self.parameters_by_name()
+        for param in self.spec.params:
+            held, expected = params[param.name], param.resolve(sizes)
+            if (
+                held.device != queries.device
+                or (grad and held.requires_grad)
+                or (param.is_matrix and held.dtype != queries.dtype)
+                or any(e not in (None, h) for e, h in zip(expected, held.shape, strict=True))
+            ):
+                return None
+        return self.spec.projector(params), 1.0
+
+    def _small(
+        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
+        """Small inference calls by key lengths (:meth:`_lane`), one C pass on the CPU
+        (:func:`~attnscore.kernels._attention.small_dot_product_attention`)."""
+        lane = self._lane(queries, keys, small=True)
+        if lane is None:
+            return None
+        project, scale = lane
+        kept = KeptProjections(project or unprojected)
+        taken = small_dot_product_attention(
+            queries, keys, values, valid_lens, scale, None if project is None else kept
+        )
+        if taken is None:
+            return None
+        output, weights = taken  # the weights the pass wrote, if it did
+        if weights is not None:
+            return output, weights
+        return output, _weights_later(*kept.owned(queries, keys), scale, keys.shape[-2], valid_lens)
+
+    def _unpadded(
+        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
+    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
+        """Calls with nothing padded (:meth:`_lane`), eager, dropout as SDPA's, run as the
+        checked path would (:func:`~attnscore.kernels._attention.unpadded_call`,
+        :func:`~attnscore.kernels._attention.projected_call`)."""
+        lane = self._lane(queries, keys, small=False)
+        if lane is None:
+            return None
+        project, scale = lane
+        dropout_p = _dropout_p(self)
+        n, m = queries.shape[-2], keys.shape[-2]
+        if project is None:
+            taken = unpadded_call(
+                queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p
+            )
+            if taken is None:
+                return None
+            output, q_kept, k_kept = taken  # copies the call made
+            seen = k_kept[..., :n, :] if causal and n < m else k_kept  # no query sees the rest
+            return output, _weights_later(q_kept, seen, scale, m, causal=causal)
+        kept = KeptProjections(project)
+        projected = projected_call(
+            queries, keys, values, causal=causal, project=kept, dropout_p=dropout_p
+        )
+        if projected is None:
+            return None
+        output, weights = projected
+        if weights is not None:  # kept without its graph, which holds the caller's tensors
+            return output, ComputedWeights(weights.detach())
+        return output, _weights_later(*kept.owned(queries, keys), 1.0, m, causal=causal)
 
     def __getstate__(self) -> dict[str, object]:
         # A spec may hold a user's lambda (not picklable): pickle its name.
@@ -522,7 +632,8 @@ class AdditiveAttention(ScorerAttention):
             return None
         W_q, W_k = self.W_q.weight, self.W_k.weight
         if (
-            not _may_run_small(self, queries, keys, W_q)
+            not self._offered(queries, keys, small=True)
+            or W_q.device != queries.device
             or queries.dtype != W_q.dtype
             or queries.shape[-1] != W_q.shape[1]
             or keys.shape[-1] != W_k.shape[1]
@@ -605,60 +716,11 @@ class DotProductAttention(ScorerAttention):
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         return dot_product_scores(queries, keys, self.scale)
 
-    def fused_path(self) -> FusedPath | None:
-        """Padding-free flash SDPA when key lengths are given (see fused_dot_product)."""
-        return fused_dot_product(self.scale)
-
-    def _small(
-        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Small inference calls by key lengths: one C pass on the CPU, straight from the
-        arguments (see :func:`attnscore.kernels._attention.small_dot_product_attention`);
-        the weights that pass wrote, or (the kernel by lengths) computed when asked from
-        copies of the queries, keys and lengths."""
-        if not _may_run_small(self, queries, keys):
-            return None
-        scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
-        taken = small_dot_product_attention(queries, keys, values, valid_lens, scale)
-        m = keys.shape[-2]
-        return _small_result(
-            taken, lambda: _weights_later(owned(queries), owned(keys), scale, m, valid_lens)
-        )
-
-    def _unpadded(
-        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Calls with nothing padded, eager: straight to SDPA or the device's kernel, as the
-        checked path would run them (see :func:`attnscore.kernels._attention.unpadded_call`),
-        with dropout in training as SDPA's. The weights, when asked, from copies of the
-        queries and of the keys some query sees."""
-        if self.normalizer != "softmax" or type(queries) is not Tensor:
-            return None
-        scale = default_scale(queries.shape[-1]) if self.scale is None else self.scale
-        dropout_p = _dropout_p(self)
-        taken = unpadded_call(
-            queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p
-        )
-        if taken is None:
-            return None
-        output, q_kept, k_kept = taken  # copies the call made
-        n, m = queries.shape[-2], keys.shape[-2]
-        seen = k_kept[..., :n, :] if causal and n < m else k_kept  # no query sees the others
-        return output, _weights_later(q_kept, seen, scale, m, causal=causal)
+    def _dot_scale(self) -> float | None:
+        return self.scale
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [f"scale={self.scale}", super().extra_repr()]))
-
-
-def _small_result(
-    taken: tuple[Tensor, Tensor | None] | None, later: Callable[[], WeightsFn]
-) -> tuple[Tensor, Tensor | WeightsFn] | None:
-    """A small lane's (output, weights): the weights its pass wrote, else ``later()`` (a
-    weights function over copies the call owns), made only then; None where it declined."""
-    if taken is None:
-        return None
-    output, weights = taken
-    return output, later() if weights is None else weights
 
 
 def _weights_later(
@@ -670,12 +732,10 @@ def _weights_later(
     *,
     causal: bool = False,
 ) -> WeightsFn:
-    """The weights of a fast lane's call, which ran dot-product attention of ``qp``
-    (..., n, d) and ``kp`` (..., m', d) by key lengths ``valid_lens`` (the caller's, copied
-    here) or causal masking without computing them: computed when asked, from ``qp`` and
-    ``kp`` (copies or projections that the call owns, never the caller's tensors; see
-    :func:`attnscore._engine.dot_weights_later`). ``m``: the number of keys (causal masking
-    may have cut off the m - m' keys no query sees)."""
+    """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
+    (..., m', d), which the call owns, by key lengths ``valid_lens`` (copied here) or
+    causal masking: computed when asked (:func:`attnscore._engine.dot_weights_later`).
+    ``m``: the number of keys (causal masking may have cut off the m - m' no query sees)."""
     lengths = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
@@ -684,26 +744,6 @@ def _weights_later(
         return dot_weights_later(qp, kp, scale, mask)()
 
     return weights
-
-
-def _may_run_small(
-    module: Attention, queries: object, keys: object, param: Tensor | None = None
-) -> bool:
-    """Whether a call may be offered to a small path: plain tensors, the softmax, no
-    dropout at work, and a parameter (if any) on the queries' device, not being trained."""
-    return (
-        module.normalizer == "softmax"
-        and not (module.training and module.dropout.p > 0.0)
-        and type(queries) is Tensor
-        and type(keys) is Tensor
-        and (
-            param is None
-            or (
-                param.device == queries.device
-                and not (torch.is_grad_enabled() and param.requires_grad)
-            )
-        )
-    )
 
 
 def _held(module: nn.Module, name: str) -> Tensor:
@@ -743,87 +783,7 @@ def _checked(module: ScorerAttention, project: Projection) -> Projection:
     return checked
 
 
-class _ProjectedAttention(ScorerAttention):
-    """A scorer whose scores are dot products of projections of the queries and keys
-    (:meth:`_project`: general, cosine), run as dot-product attention of those (scale 1)
-    by the paths that take it: small inference calls by key lengths, calls with nothing
-    padded, and the fused path."""
-
-    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The vectors (..., n, d'), (..., m, d') whose dot products are the scores."""
-        raise NotImplementedError
-
-    def _projected_by(self) -> Tensor | None:
-        """The parameter the projections read (its device and gradients decide which paths
-        may run), or None while its sizes wait for the first call (which the checked path
-        makes)."""
-        raise NotImplementedError
-
-    def _fits(self, queries: Tensor, keys: Tensor, param: Tensor) -> bool:
-        """Whether queries and keys fit ``param`` (:meth:`_projected_by`'s; no error: the
-        checked path names what does not fit)."""
-        raise NotImplementedError
-
-    def _small(
-        self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
-    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Small inference calls: dot-product attention of the projections in one C pass on
-        the CPU (see :func:`attnscore.kernels._attention.small_dot_product_attention`); the
-        weights that pass wrote, or (the kernel by lengths) computed when asked from the
-        projections it made and a copy of the lengths."""
-        param = self._projected_by()
-        if param is None or not _may_run_small(self, queries, keys, param):
-            return None
-        if not self._fits(queries, keys, param):
-            return None
-        project = KeptProjections(self._project)
-        taken = small_dot_product_attention(queries, keys, values, valid_lens, 1.0, project)
-        # from the call's projections, or copies
-        return _small_result(
-            taken,
-            lambda: _weights_later(*project.owned(queries, keys), 1.0, keys.shape[-2], valid_lens),
-        )
-
-    def _unpadded(
-        self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
-    ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """Calls with nothing padded, eager: the device's kernel where it takes them (the
-        weights, when asked, from the projections it made), else without a mask the plain
-        pipeline of the projections, which returns its weights (see
-        :func:`attnscore.kernels._attention.projected_call`)."""
-        param = self._projected_by()
-        if (
-            param is None
-            or self.normalizer != "softmax"
-            or type(queries) is not Tensor
-            or type(keys) is not Tensor
-            or param.device != queries.device
-            or not self._fits(queries, keys, param)
-        ):
-            return None
-        dropout_p = _dropout_p(self)
-        project = KeptProjections(self._project)
-        taken = projected_call(
-            queries, keys, values, causal=causal, project=project, dropout_p=dropout_p
-        )
-        if taken is None:
-            return None
-        output, weights = taken
-        if weights is not None:  # kept without its graph, which holds the caller's tensors
-            return output, ComputedWeights(weights.detach())
-        qp, kp = project.owned(queries, keys)  # the call's projections, or copies
-        return output, _weights_later(qp, kp, 1.0, keys.shape[-2], causal=causal)
-
-    def fused_path(self) -> FusedPath | None:
-        """Dot-product attention of the projections where a kernel of the device skips work
-        or measured faster than the plain pipeline
-        (:func:`attnscore._engine.fused_dot_product`)."""
-        if self._projected_by() is None:  # the plain path materialises the parameter
-            return None
-        return fused_dot_product(1.0, _checked(self, self._project))
-
-
-class MultiplicativeAttention(_ProjectedAttention):
+class MultiplicativeAttention(ScorerAttention):
     """General (multiplicative, bilinear) attention, ``a(q, k) = qᵀ W_a k``.
 
     Luong et al. 2015, eq. (8) "general": the registry's ``"general"``. Queries and keys
@@ -859,25 +819,8 @@ class MultiplicativeAttention(_ProjectedAttention):
         _check_size(query_size, "query_size")
         super().__init__(_GENERAL, query_size, key_size, None, dropout, normalizer=normalizer)
 
-    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The vectors whose dot products are the scores: (q W_a, k)."""
-        return _ops.matmul(queries, _held(_submodule(self, "W_a"), "weight")), keys
 
-    def _projected_by(self) -> Tensor | None:
-        """``W_a`` (q, k); None while lazy (its key size waits for the first call)."""
-        W_a = _submodule(self, "W_a")
-        return None if _is_lazy(W_a) else _held(W_a, "weight")
-
-    def _fits(self, queries: Tensor, keys: Tensor, W_a: Tensor) -> bool:
-        """``W_a``'s dtype and sizes: queries (..., q), keys (..., k)."""
-        return (
-            queries.dtype == W_a.dtype
-            and queries.shape[-1] == W_a.shape[0]
-            and keys.shape[-1] == W_a.shape[1]
-        )
-
-
-class CosineAttention(_ProjectedAttention):
+class CosineAttention(ScorerAttention):
     """Scaled cosine attention, ``a(q, k) = s · cos(q, k)`` with a fixed or learned s.
 
     Liu et al. 2022 (Swin Transformer V2), eq. (2), with s = 1/τ: the registry's
@@ -917,20 +860,6 @@ class CosineAttention(_ProjectedAttention):
         else:
             del self.log_scale
             self.register_buffer("log_scale", log_scale)
-
-    def _project(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The vectors whose dot products are the scores: s times the queries' unit rows,
-        and the keys'."""
-        scale = _held(self, "log_scale").exp().to(queries.dtype)
-        return unit_rows(queries) * scale, unit_rows(keys)
-
-    def _projected_by(self) -> Tensor:
-        """``log_scale``."""
-        return _held(self, "log_scale")
-
-    def _fits(self, queries: Tensor, keys: Tensor, log_scale: Tensor) -> bool:
-        """One feature size d for queries and keys."""
-        return queries.shape[-1] == keys.shape[-1]
 
 
 def make_scorer(

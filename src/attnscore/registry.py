@@ -1,8 +1,9 @@
 """The scorer registry: one spec per scoring name, the single source of every front door.
 
 A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
-its parameters and their shapes, its formula and source, and, where it has one, a fused
-path for the whole pipeline. Everything else comes from the spec: the module
+its parameters and their shapes, its formula and source, and, where its scores are dot
+products of projections of the queries and keys, those projections and their scale (what
+gives it every fast path). Everything else comes from the spec: the module
 (:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
 (:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
@@ -37,7 +38,16 @@ from torch import Tensor
 
 from ._checks import check_registration
 from ._engine import FusedPath, fused_dot_product
-from .scoring import additive_scores, cosine_scores, dot_product_scores, general_scores
+from .kernels import _ops
+from .kernels._dispatch import Projection
+from .scoring import (
+    additive_scores,
+    cosine_scores,
+    default_scale,
+    dot_product_scores,
+    general_scores,
+    unit_rows,
+)
 
 __all__ = [
     "SCORERS",
@@ -47,12 +57,26 @@ __all__ = [
     "get_scorer",
     "register_scorer",
     "scorer_names",
+    "unprojected",
 ]
 
 #: The sizes a parameter's shape may name: q, k and h of the shape legend.
 SIZE_NAMES = ("query_size", "key_size", "num_hiddens")
 
 ScoreFunction = Callable[..., Tensor]
+ProjectionFunction = Callable[..., tuple[Tensor, Tensor]]
+"""``(queries (..., n, q), keys (..., m, k), **params) -> (q' (..., n, d'), k' (..., m, d'))``."""
+
+
+def unprojected(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """The projection of scorers that are dot products of the queries and keys themselves
+    (``dot``, ``scaled_dot``): none. It gives the fused path of dot-product attention with
+    every mask, dropout and score bias (:func:`attnscore.kernels.dot_product_attention`).
+
+    >>> get_scorer("scaled_dot").projection is unprojected
+    True
+    """
+    return queries, keys
 
 
 @dataclass(frozen=True)
@@ -111,7 +135,14 @@ class ScorerSpec:
     """Queries and keys must share their feature size d."""
     fused: FusedPath | None = field(default=None, compare=False)
     """A fused path for the whole pipeline with the softmax (see
-    :func:`attnscore._engine.attend`), or None."""
+    :func:`attnscore._engine.attend`): one given, or :func:`unprojected`'s; or None."""
+    projection: ProjectionFunction | None = field(default=None, compare=False)
+    """``(queries, keys, **params) -> (q' (..., n, d'), k' (..., m, d'))`` whose dot
+    products times :attr:`scale` are the scores (:attr:`score` stays the formula), or None.
+    Every form then runs the scorer as dot-product attention of the projections where a
+    kernel takes it, the plain pipeline elsewhere."""
+    scale: float | None = 1.0
+    """The factor on the projections' dot products; None: 1/√d' (Vaswani's scaling)."""
     takes_lengths: bool = field(init=False, compare=False)
     """True when :attr:`score` takes the ``lengths`` hint (read once from its signature)."""
 
@@ -121,6 +152,8 @@ class ScorerSpec:
         except (TypeError, ValueError):  # a callable without a signature
             takes = False
         object.__setattr__(self, "takes_lengths", takes)
+        if self.fused is None and self.projection is unprojected:
+            object.__setattr__(self, "fused", fused_dot_product(self.scale))
 
     def __copy__(self) -> ScorerSpec:
         return self  # immutable: modules that are copied share their spec
@@ -140,6 +173,28 @@ class ScorerSpec:
         if self.takes_lengths:
             return self.score(queries, keys, **params, lengths=lengths)
         return self.score(queries, keys, **params)
+
+    def projector(self, params: Mapping[str, object]) -> Projection:
+        """:attr:`projection` bound to ``params`` (by name, as :attr:`score` takes them),
+        :attr:`scale` folded into the projected queries: the projected paths run at scale 1
+        (their kernels take the scale before projecting, and None needs d')."""
+        assert self.projection is not None
+        bound, scale = partial(self.projection, **params), self.scale
+        if scale == 1.0:
+            return bound
+
+        def scaled(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+            qp, kp = bound(queries, keys)
+            return qp * (default_scale(qp.shape[-1]) if scale is None else scale), kp
+
+        return scaled
+
+    def fused_path(self, params: Mapping[str, object]) -> FusedPath | None:
+        """:attr:`fused`, else dot-product attention of the :meth:`projector`'s vectors,
+        else None."""
+        if self.fused is not None or self.projection is None:
+            return self.fused
+        return fused_dot_product(1.0, self.projector(params))
 
 
 SCORERS: dict[str, ScorerSpec] = {}
@@ -171,6 +226,8 @@ def register_scorer(
     same_feature_size: bool = False,
     fused: FusedPath | None = None,
     replace: bool = False,
+    projection: ProjectionFunction | None = None,
+    scale: float | None = 1.0,
 ) -> ScorerSpec:
     """Register a scorer under ``name`` and return its :class:`ScorerSpec`.
 
@@ -186,12 +243,16 @@ def register_scorer(
         source: where the scoring function comes from (paper, equation).
         params: the parameters :attr:`ScorerSpec.score` takes, with their shapes.
         same_feature_size: queries and keys must share their feature size.
-        fused: an optional fused path (see :class:`ScorerSpec`).
+        fused: a fused path of your own (see :class:`ScorerSpec`).
         replace: allow replacing an existing registration.
+        projection: ``(queries, keys, **params) -> (q', k')`` whose dot products times
+            ``scale`` are the scores: every fast path then takes the scorer.
+        scale: see :attr:`ScorerSpec.scale`.
 
     Raises:
         ValueError: ``name`` is not a word or is registered already; bad ``params``.
-        TypeError: ``score`` not callable, ``params`` not of :class:`Param`.
+        TypeError: ``score`` or ``projection`` not callable, ``params`` not of
+            :class:`Param`, ``scale`` neither a float nor None.
 
     >>> import attnscore
     >>> spec = register_scorer("neg_distance", lambda q, k: -torch.cdist(q, k),
@@ -203,9 +264,15 @@ def register_scorer(
     """
     signature = ("score", score, "(queries, keys, **params) -> scores")
     check_registration(name, SCORERS, "scorer", replace, signature)
+    if projection is not None:  # the same check, for the projection
+        maps = "(queries, keys, **params) -> (q', k')"
+        check_registration(name, {}, "scorer", replace, ("projection", projection, maps))
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
     spec = ScorerSpec(
-        name, score, formula, source, _check_params(params, name), bool(same_feature_size), fused
-    )
+        name, score, formula, source, _check_params(params, name), bool(same_feature_size),
+        fused, projection, None if scale is None else float(scale),
+    )  # fmt: skip
     SCORERS[name] = spec
     return spec
 
@@ -242,9 +309,19 @@ def _general_scaled(queries: Tensor, keys: Tensor, W_a: Tensor) -> Tensor:
     return general_scores(queries, keys, W_a) / math.sqrt(keys.shape[-1])
 
 
+def _general_projection(queries: Tensor, keys: Tensor, W_a: Tensor) -> tuple[Tensor, Tensor]:
+    """(q W_a, k): the vectors whose dot products are the general scores."""
+    return _ops.matmul(queries, W_a), keys
+
+
 def _cosine_by_log_scale(queries: Tensor, keys: Tensor, log_scale: Tensor) -> Tensor:
     """Cosine scores with the scale kept as its logarithm, so that a learned one stays > 0."""
     return cosine_scores(queries, keys, log_scale.exp().to(queries.dtype))
+
+
+def _cosine_projection(queries: Tensor, keys: Tensor, log_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(s q/‖q‖, k/‖k‖): the vectors whose dot products are the cosine scores."""
+    return unit_rows(queries) * log_scale.exp().to(queries.dtype), unit_rows(keys)
 
 
 register_scorer(
@@ -259,35 +336,29 @@ register_scorer(
     source="Bahdanau et al. 2015, eq. A.1.2",
 )
 register_scorer(
-    "dot",
-    partial(dot_product_scores, scale=1.0),
-    fused=fused_dot_product(1.0),
-    formula="qᵀk",
-    source='Luong et al. 2015, eq. 8 "dot"',
-    same_feature_size=True,
-)
+    "dot", partial(dot_product_scores, scale=1.0), projection=unprojected, formula="qᵀk",
+    source='Luong et al. 2015, eq. 8 "dot"', same_feature_size=True,
+)  # fmt: skip
 register_scorer(
-    "scaled_dot",
-    partial(dot_product_scores, scale=None),
-    fused=fused_dot_product(None),
-    formula="qᵀk / √d",
-    source="Vaswani et al. 2017, eq. 1",
-    same_feature_size=True,
-)
+    "scaled_dot", partial(dot_product_scores, scale=None), projection=unprojected, scale=None,
+    formula="qᵀk / √d", source="Vaswani et al. 2017, eq. 1", same_feature_size=True,
+)  # fmt: skip
 _W_A = (Param("W_a", ("query_size", "key_size")),)
 """The general scorers' one parameter."""
 
 register_scorer(
     "general", general_scores, params=_W_A, formula="qᵀ W_a k",
-    source='Luong et al. 2015, eq. 8 "general"',
+    source='Luong et al. 2015, eq. 8 "general"', projection=_general_projection,
 )  # fmt: skip
 register_scorer(
     "general_scaled", _general_scaled, params=_W_A, formula="qᵀ W_a k / √d",
     source='Luong et al. 2015, eq. 8 "general", scaled as Vaswani et al. 2017, eq. 1',
+    projection=_general_projection, scale=None,
 )  # fmt: skip
 register_scorer(
     "cosine",
     _cosine_by_log_scale,
+    projection=_cosine_projection,
     params=(Param("log_scale", (), init=math.log(10.0)),),
     formula="s · cos(q, k), s learned",
     source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
