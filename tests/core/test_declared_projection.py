@@ -3,8 +3,8 @@ the projection and the scale in its registry spec, and every form runs it by tha
 declaration: the functional form by name, the named forms, ``make_scorer`` and
 ``ScorerAttention``, the textbook's classes and ``MultiHeadAttention(scoring=...)``.
 
-Which implementation ran is seen through the public ``kernels.use_backend`` (an observing
-CPU backend, ``observed_backend.py``); results are checked against float64 formulas.
+Which implementation ran is seen through the public ``attnscore.kernels.explaining`` (what
+``attnscore.explain`` reports); results are checked against float64 formulas.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import attnscore
-from attnscore import Param, registry
-from observed_backend import observed_cpu
+from attnscore import Param, kernels, registry
 
 TOL = dict(atol=1e-5, rtol=1e-4)  # float32 results against float64 references
 
@@ -49,25 +48,19 @@ def reference(scores, v, lens=None) -> torch.Tensor:
     return weights @ v.double()
 
 
-def run(call: Callable[[], torch.Tensor]) -> tuple[list[tuple[str, bool]], torch.Tensor]:
-    """The CPU backend functions ``call()`` reached, each with whether it took the call
-    (returned a result), and its output."""
-    seen: list[tuple[str, bool]] = []
-
-    def on_call(name, _args, out):
-        seen.append((name, (out[0] if isinstance(out, tuple) else out) is not None))
-
-    with observed_cpu(on_call):
+def run(call: Callable[[], torch.Tensor]) -> tuple[list[tuple[str, str]], torch.Tensor]:
+    """The (implementation, route) of each dot-product attention ``call()`` ran, and its
+    output."""
+    with kernels.explaining() as seen:
         output = call()
-    return seen, output
+    return [(c.chosen, c.route) for c in seen.choices], output
 
 
-DOT_KERNELS = {"dot_product_attention", "small_dot_product_attention", "unpadded_attention"}
-
-
-def took_dot_kernel(path: list[tuple[str, bool]]) -> bool:
-    """Whether a dot-product attention kernel took the call (the fast paths)."""
-    return any(name in DOT_KERNELS and taken for name, taken in path)
+def took_dot_kernel(path: list[tuple[str, str]]) -> bool:
+    """Whether an implementation of dot-product attention other than the plain formulation
+    ran the call (the fast paths; the plain pipeline of a projected scorer records
+    ``plain`` or nothing)."""
+    return any(chosen != "plain" for chosen, _ in path)
 
 
 def inputs(q_size=8, k_size=5):
@@ -200,6 +193,9 @@ def test_every_form_of_a_scorer_runs_one_path(name):
             assert took_dot_kernel(path)
         assert modules[0][0] == modules[1][0]
         assert functions[0][0] == functions[1][0]
+        # the module and the functional form by name run one implementation (the module
+        # may take it on a lane before the checks)
+        assert [c for c, _ in modules[0][0]] == [c for c, _ in functions[0][0]]
 
 
 def low_rank(queries, keys, U, V):
