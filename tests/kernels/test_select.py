@@ -165,3 +165,15 @@ def test_nan_inputs_run_the_plain_formulation():
     (choice,) = seen.choices
     assert choice.chosen == "plain"
     assert all("NaN" in why for _, why in choice.declined)
+
+
+def test_architecture_doc_shows_the_priority_lists():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    found = re.search(
+        r"<!-- implementations: begin -->\n(.*?)<!-- implementations: end -->", text, re.S
+    )
+    assert found, "docs/architecture.md lost its implementations table markers"
+    assert found.group(1) == _select.markdown()

@@ -262,14 +262,23 @@ def causal_alone(mask: AttentionMask) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=256)
 def _nothing_padded(n: int, m: int, causal: bool, device: torch.device) -> AttentionMask:
     """The mask of a call with nothing padded: none, or causal masking alone, whose lengths
-    are 1, 2, ..., n (at most m) (kept: nothing writes to it)."""
+    are 1, 2, ..., n (at most m); kept in eager code (nothing writes to it), made anew
+    while compiling (which traces through no cache)."""
+    if torch.compiler.is_compiling():
+        return _unpadded_mask(n, m, causal, device)
+    return _kept_unpadded_mask(n, m, causal, device)
+
+
+def _unpadded_mask(n: int, m: int, causal: bool, device: torch.device) -> AttentionMask:
     if not causal:
         return AttentionMask(n=n, m=m)
     lengths = torch.arange(1, n + 1, device=device).clamp_(max=m)
     return AttentionMask(n=n, m=m, lengths=lengths, causal=True)
+
+
+_kept_unpadded_mask = functools.lru_cache(maxsize=256)(_unpadded_mask)
 
 
 def projected(

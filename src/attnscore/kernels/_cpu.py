@@ -1639,20 +1639,29 @@ class ByLengths(Implementation):
         return _ByLengthsAttention.apply(q, k, v, by, call.scale)  # type: ignore[no-any-return,no-untyped-call]
 
 
-def _plan(call: AttentionCall) -> str | tuple[list[_Cut], list[int], int]:
+_Plan = tuple[list[_Cut], list[int], int]
+
+
+def _plan(call: AttentionCall) -> str | _Plan:
     """The per-example loop's pieces for a call by lengths, (cuts, each example's longest
-    length, the queries x keys they keep), or why cutting saves too little (less than
-    ``call_work`` per example). Worked out once per call (both loops read it)."""
+    length, the queries x keys they keep), or why the loops decline it (as the kernels do,
+    or cutting saves too little: less than ``call_work`` per example). Worked out once per
+    call (both loops read it)."""
     plan = call.notes.get("plan")
-    if plan is not None:
-        return plan  # type: ignore[no-any-return]
+    if plan is None:
+        plan = _kernel_declines(call) or _lengths_decline(call) or _cut(call)
+        call.notes["plan"] = plan
+    return plan
+
+
+def _cut(call: AttentionCall) -> str | _Plan:
     q, k, v = call.q, call.k, call.v
     B, H, n, _ = q.shape
     m = k.shape[-2]
     work = H * (k.shape[-1] + v.shape[-1])  # per (example, query, key)
     full = B * n * m
     lengths = call.lengths
-    found: str | tuple[list[_Cut], list[int], int]
+    found: str | _Plan
     if full * work < B * _CALL_WORK:
         found = "too little work to cut examples (call_work)"
     else:
@@ -1668,7 +1677,6 @@ def _plan(call: AttentionCall) -> str | tuple[list[_Cut], list[int], int]:
                 found = "cutting examples saves too little (call_work)"
             else:
                 found = (cuts, longest, kept)
-    call.notes["plan"] = found
     return found
 
 
@@ -1700,9 +1708,6 @@ class CutExamples(Implementation):
     summary = "PyTorch's flash kernel per example, on keys cut to its longest length"
 
     def supports(self, call: AttentionCall) -> str | None:
-        why = _kernel_declines(call) or _lengths_decline(call)
-        if why is not None:
-            return why
         plan = _plan(call)
         if isinstance(plan, str):
             return plan
@@ -1728,9 +1733,6 @@ class GroupedExamples(Implementation):
     summary = "PyTorch's flash kernel per group of examples of similar length (training)"
 
     def supports(self, call: AttentionCall) -> str | None:
-        why = _kernel_declines(call) or _lengths_decline(call)
-        if why is not None:
-            return why
         plan = _plan(call)
         if isinstance(plan, str):
             return plan

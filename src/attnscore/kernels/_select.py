@@ -110,6 +110,7 @@ class AttentionCall:
         "finite",
         "inert",
         "k",
+        "kind",
         "mask",
         "needs_grad",
         "notes",
@@ -138,6 +139,7 @@ class AttentionCall:
         self.scale, self.dropout_p, self.bias = scale, dropout_p, bias
         self.project, self.inert, self.finite = project, inert, finite
         self.device = "cpu" if q.is_cpu else q.device.type
+        self.kind = _kind(mask)
         self.traced = in_transform(q, k, v)
         self.needs_grad = torch.is_grad_enabled() and (
             project is not None or q.requires_grad or k.requires_grad or v.requires_grad
@@ -146,20 +148,6 @@ class AttentionCall:
         self._lengths: Tensor | None = None
         self._shortest: int | None = None
         self._projected: tuple[Tensor, Tensor, Tensor] | None = None
-
-    @property
-    def kind(self) -> str:
-        """What the mask asks: ``"none"``, ``"causal"`` (causal masking alone),
-        ``"boolean"`` (an ``attend_mask``, with anything), or ``"lengths"`` (key or query
-        lengths, with or without causal masking)."""
-        mask = self.mask
-        if mask.attend is not None:
-            return "boolean"
-        if mask.lengths is None:
-            return "none"
-        if mask.causal and mask.key_lengths is None and mask.query_lengths is None:
-            return "causal"
-        return "lengths"
 
     @property
     def work(self) -> int:
@@ -199,6 +187,19 @@ class AttentionCall:
                 q, k = self.project(q, k)
             self._projected = (q, k, v)
         return self._projected
+
+
+def _kind(mask: AttentionMask) -> str:
+    """What ``mask`` asks: ``"none"``, ``"causal"`` (causal masking alone), ``"boolean"``
+    (an ``attend_mask``, with anything), or ``"lengths"`` (key or query lengths, with or
+    without causal masking): :attr:`AttentionCall.kind`."""
+    if mask.attend is not None:
+        return "boolean"
+    if mask.lengths is None:
+        return "none"
+    if mask.causal and mask.key_lengths is None and mask.query_lengths is None:
+        return "causal"
+    return "lengths"
 
 
 class Implementation:
