@@ -448,20 +448,28 @@ class ScorerAttention(Attention):
         if projection is unprojected:
             scale = self._dot_scale()
             return None, default_scale(queries.shape[-1]) if scale is None else scale
-        if self._lazy():
-            return None
+        # One pass over the parameters (this runs on every call of a small lane): each made,
+        # on the queries' device, matrices of their dtype, of the sizes of q and k.
         grad = small and torch.is_grad_enabled()
         sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
-        params = self.parameters_by_name()
-        for param in self.spec.params:
-            held, expected = params[param.name], param.resolve(sizes)
-            if (
-                held.device != queries.device
-                or (grad and held.requires_grad)
-                or (param.is_matrix and held.dtype != queries.dtype)
-                or any(e not in (None, h) for e, h in zip(expected, held.shape, strict=True))
-            ):
+        params: dict[str, Tensor] = {}
+        for name, matrix, shape in self.spec.param_shapes:
+            if matrix:
+                linear = _submodule(self, name)
+                if _is_lazy(linear):
+                    return None
+                held = _held(linear, "weight")
+                if held.dtype != queries.dtype:
+                    return None
+            else:
+                held = _held(self, name)
+            if held.device != queries.device or (grad and held.requires_grad):
                 return None
+            for want, got in zip(shape, held.shape, strict=True):
+                expected = sizes.get(want) if isinstance(want, str) else want
+                if expected is not None and expected != got:
+                    return None
+            params[name] = held
         return self.spec.projector(params), 1.0
 
     def _small(

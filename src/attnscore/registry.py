@@ -145,6 +145,11 @@ class ScorerSpec:
     """The factor on the projections' dot products; None: 1/√d' (Vaswani's scaling)."""
     takes_lengths: bool = field(init=False, compare=False)
     """True when :attr:`score` takes the ``lengths`` hint (read once from its signature)."""
+    param_shapes: tuple[tuple[str, bool, tuple[int | str, ...]], ...] = field(
+        init=False, compare=False, repr=False
+    )
+    """(name, whether a matrix, shape) of each parameter, read once (the fast lanes check
+    the module's parameters against them on every call)."""
 
     def __post_init__(self) -> None:
         try:
@@ -152,6 +157,8 @@ class ScorerSpec:
         except (TypeError, ValueError):  # a callable without a signature
             takes = False
         object.__setattr__(self, "takes_lengths", takes)
+        shapes = tuple((p.name, p.is_matrix, p.shape) for p in self.params)
+        object.__setattr__(self, "param_shapes", shapes)
         if self.fused is None and self.projection is unprojected:
             object.__setattr__(self, "fused", fused_dot_product(self.scale))
 

@@ -380,8 +380,8 @@ def unpadded_call(
     finite, q_kept, k_kept = backend_for(q, "finite_copies")(q, k, v)
     if not finite:  # eager (well-formed): finite_inputs
         return None
-    mask = _nothing_padded(q.shape[-2], k.shape[-2], causal, q.device)
-    call = AttentionCall(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+    mask = _kept_unpadded_mask(q.shape[-2], k.shape[-2], causal, q.device)  # eager
+    call = AttentionCall(q, k, v, mask, scale=scale, dropout_p=dropout_p, traced=False)
     out = choose(call, route="unpadded lane")
     assert out is not None
     return out, q_kept, k_kept
@@ -405,8 +405,10 @@ def projected_call(
     if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
         return None
     seen_k, seen_v = _seen(q, k, v, causal)
-    mask = _nothing_padded(q.shape[-2], seen_k.shape[-2], causal, q.device)
-    call = AttentionCall(q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project)
+    mask = _kept_unpadded_mask(q.shape[-2], seen_k.shape[-2], causal, q.device)  # eager
+    call = AttentionCall(
+        q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
+    )
     out = choose(call, route="unpadded lane", lane=causal)
     if out is not None:
         return out, None

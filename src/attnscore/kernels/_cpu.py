@@ -1556,6 +1556,7 @@ class SmallPass(Implementation):
 
     name = "c_small"
     summary = "one C pass for small inference calls by lengths (float32, float64)"
+    kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         why = _kernel_declines(call)
@@ -1600,23 +1601,23 @@ class ByLengths(Implementation):
 
     name = "c_by_lengths"
     summary = "the C kernel by lengths, forward and backward (float32, bfloat16, float16)"
+    kinds = frozenset({"none", "causal", "lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
+        work = call.work
+        if call.kind != "lengths":  # nothing padded: most calls are decided by size alone
+            q, k, v = call.q, call.k, call.v
+            if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or not _unpadded_pays(
+                q, k, v, work, q.numel() // (q.shape[-1] * q.shape[-2]),
+                causal=call.kind == "causal", projected=call.project is not None,
+            ):  # fmt: skip
+                return f"nothing padded, and SDPA measured faster at {work} multiply-adds"
         why = _kernel_declines(call)
         if why is not None:
             return why
         if call.dropout_p:
             return "dropout (the kernel has none)"
-        work = call.work
-        if call.kind in ("none", "causal"):
-            q, k, v = call.q, call.k, call.v
-            heads = q.numel() // (q.shape[-1] * q.shape[-2])
-            causal = call.kind == "causal"
-            projected = call.project is not None
-            if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or not _unpadded_pays(
-                q, k, v, work, heads, causal=causal, projected=projected
-            ):
-                return f"nothing padded, and SDPA measured faster at {work} multiply-adds"
+        if call.kind != "lengths":
             return _by_lengths_declines(call)
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
@@ -1706,6 +1707,7 @@ class CutExamples(Implementation):
 
     name = "flash_cut"
     summary = "PyTorch's flash kernel per example, on keys cut to its longest length"
+    kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         plan = _plan(call)
@@ -1731,6 +1733,7 @@ class GroupedExamples(Implementation):
 
     name = "flash_grouped"
     summary = "PyTorch's flash kernel per group of examples of similar length (training)"
+    kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         plan = _plan(call)

@@ -150,6 +150,7 @@ class Flex(Implementation):
 
     name = "flex"
     summary = "flex_attention with a block mask from the lengths: padded key blocks never read"
+    kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         if not enabled():

@@ -301,10 +301,10 @@ class Sdpa(Implementation):
         if call.bias is not None:
             return biased(q, k, v, mask, call.bias, scale=scale, dropout_p=p)
         kind = call.kind
-        if kind == "none":
-            return unmasked(q, k, v, scale=scale, dropout_p=p)
-        if kind == "causal":
-            return causal(q, k, v, scale=scale, dropout_p=p)
+        if kind == "none" or kind == "causal":  # in the 4-D layout SDPA's fused kernels take
+            sdpa = unmasked if kind == "none" else causal
+            out = sdpa(as_4d(q), as_4d(k), as_4d(v), scale=scale, dropout_p=p)
+            return out if q.ndim == 4 else out.squeeze(1)
         if kind == "lengths" and call.read_lengths:  # what an implementation ahead read
             if call.shortest == k.shape[-2]:  # lengths that cut nothing: no mask at all
                 return unmasked(q, k, v, scale=scale, dropout_p=p)

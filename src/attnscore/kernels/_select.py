@@ -104,6 +104,7 @@ class AttentionCall:
         "_lengths",
         "_projected",
         "_shortest",
+        "_work",
         "bias",
         "device",
         "dropout_p",
@@ -134,27 +135,31 @@ class AttentionCall:
         project: Projection | None = None,
         inert: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
         finite: bool = True,
+        traced: bool | None = None,
     ) -> None:
         self.q, self.k, self.v, self.mask = q, k, v, mask
         self.scale, self.dropout_p, self.bias = scale, dropout_p, bias
         self.project, self.inert, self.finite = project, inert, finite
         self.device = "cpu" if q.is_cpu else q.device.type
         self.kind = _kind(mask)
-        self.traced = in_transform(q, k, v)
+        self.traced = in_transform(q, k, v) if traced is None else traced
         self.needs_grad = torch.is_grad_enabled() and (
             project is not None or q.requires_grad or k.requires_grad or v.requires_grad
         )
         self.notes: dict[str, Any] = {}
         self._lengths: Tensor | None = None
         self._shortest: int | None = None
+        self._work: int | None = None
         self._projected: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def work(self) -> int:
         """Multiply-adds of the whole call: (B·H) · n · m · (d + dv)."""
-        q = self.q
-        heads = q.numel() // (q.shape[-1] * q.shape[-2]) if q.numel() else 0
-        return heads * q.shape[-2] * self.k.shape[-2] * (self.k.shape[-1] + self.v.shape[-1])
+        if self._work is None:
+            q, k = self.q, self.k
+            rows = q.numel() // q.shape[-1] if q.numel() else 0  # (B·H) · n
+            self._work = rows * k.shape[-2] * (k.shape[-1] + self.v.shape[-1])
+        return self._work
 
     @property
     def lengths(self) -> Tensor:
@@ -214,6 +219,9 @@ class Implementation:
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    #: The mask kinds (:attr:`AttentionCall.kind`) it may take: a call of another kind is
+    #: not offered to it (its ``supports`` says why when a choice is explained or logged).
+    kinds: ClassVar[frozenset[str]] = frozenset({"none", "causal", "lengths", "boolean"})
 
     def supports(self, call: AttentionCall) -> str | None:
         raise NotImplementedError
@@ -331,9 +339,19 @@ def restricted() -> bool:
     return getattr(_local, "only", None) is not None
 
 
-def _candidates(device: str) -> Sequence[Implementation]:
-    listed = implementations(device)
+_by_kind: dict[tuple[str, str], tuple[Implementation, ...]] = {}
+
+
+def _candidates(device: str, kind: str) -> Sequence[Implementation]:
     only = getattr(_local, "only", None)
+    if only is None and getattr(_local, "recording", None) is None:
+        found = _by_kind.get((device, kind))
+        if found is None:  # (a choice neither explained nor logged skips the other kinds')
+            found = tuple(i for i in implementations(device) if kind in i.kinds)
+            _by_kind[device, kind] = found
+        if not _log.isEnabledFor(logging.DEBUG):
+            return found
+    listed = implementations(device)
     if only is None:
         return listed
     names, ordered = only
@@ -344,6 +362,8 @@ def _candidates(device: str) -> Sequence[Implementation]:
 
 
 def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -> Tensor | None:
+    # (traced calls, compiled ones among them, record and log nothing: the choice is made
+    # while tracing)
     """Run ``call`` on the first candidate of its device that takes it; its output, or
     None where a projected call falls to the caller's own pipeline. ``route`` names the
     entry for :func:`explain` and the log; a ``lane``'s None is not recorded (the checked
@@ -353,12 +373,12 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
     declined: list[tuple[str, str]] = []
-    for impl in _candidates(call.device):
+    for impl in _candidates(call.device, call.kind):
         why = impl.supports(call)
         if why is None:
             out = impl.run(call)
             if out is not None or impl.name == "plain":
-                if out is not None or not lane:
+                if (out is not None or not lane) and not call.traced:
                     _record(call.device, impl.name, declined, route)
                 return out
             why = call.notes.pop("declined", "declined once it ran")
@@ -378,8 +398,6 @@ def record(device: str, chosen: str, route: str) -> None:
 def _record(
     device: str, chosen: str, declined: list[tuple[str, str]], route: str = "checked"
 ) -> None:
-    if torch.compiler.is_compiling():  # compiled code records and logs nothing
-        return
     recording = getattr(_local, "recording", None)
     if recording is not None:
         recording.append(Choice(device, chosen, tuple(declined), route))
