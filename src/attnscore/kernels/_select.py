@@ -342,15 +342,18 @@ def restricted() -> bool:
 _by_kind: dict[tuple[str, str], tuple[Implementation, ...]] = {}
 
 
-def _candidates(device: str, kind: str) -> Sequence[Implementation]:
+def _candidates(call: AttentionCall) -> Sequence[Implementation]:
+    device, kind = call.device, call.kind
     only = getattr(_local, "only", None)
-    if only is None and getattr(_local, "recording", None) is None:
+    if only is None and (
+        call.traced  # (records and logs nothing)
+        or (getattr(_local, "recording", None) is None and not _log.isEnabledFor(logging.DEBUG))
+    ):  # a choice neither explained nor logged skips the other kinds' implementations
         found = _by_kind.get((device, kind))
-        if found is None:  # (a choice neither explained nor logged skips the other kinds')
+        if found is None:
             found = tuple(i for i in implementations(device) if kind in i.kinds)
             _by_kind[device, kind] = found
-        if not _log.isEnabledFor(logging.DEBUG):
-            return found
+        return found
     listed = implementations(device)
     if only is None:
         return listed
@@ -373,7 +376,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
     declined: list[tuple[str, str]] = []
-    for impl in _candidates(call.device, call.kind):
+    for impl in _candidates(call):
         why = impl.supports(call)
         if why is None:
             out = impl.run(call)
