@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from attnscore.cli.g2p import main
+from attnscore.g2p import compare
 from attnscore.g2p.attention_stats import attention_stats, row_stats, sample
 from attnscore.g2p.checkpoint import load_checkpoint
 from attnscore.g2p.config import ModelConfig, TrainConfig
@@ -22,6 +23,7 @@ from attnscore.g2p.dataset import prepare_data
 from attnscore.g2p.evaluate import forced_alignment
 from attnscore.g2p.stepper import build_model
 from attnscore.g2p.summary import RunSummary
+from attnscore.g2p.train import train
 from conftest import toy_lexicon_text
 
 
@@ -97,6 +99,11 @@ def test_training_records_attention_at_initialisation_and_each_validation(
     assert load_checkpoint(out / "last.pt").state.attention == summary.attention
 
 
+def _train_here(cfg: TrainConfig) -> RunSummary:
+    train(cfg)
+    return RunSummary.read(Path(cfg.out))
+
+
 LR_GRID = [
     "compare", "--scorings", "dot", "--seeds", "0", "1", "--steps", "6", "--eval-every", "0",
     "--beam", "1", "--lr-grid", "1e-4", "3e-2", "--words", "abba",
@@ -105,14 +112,16 @@ LR_GRID = [
 
 @pytest.fixture(scope="module")
 def lr_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """A finished ``g2p compare --lr-grid`` (three spawned trainings, shared by the tests
-    below): the lexicon, the comparison's folder and what it printed."""
+    """A finished ``g2p compare --lr-grid``, shared by the tests below: the lexicon, the
+    comparison's folder and what it printed. Its three runs train in this process (the
+    spawned process g2p compare gives each run: tests/cli/test_cli_bad_input_table.py)."""
     folder = tmp_path_factory.mktemp("lr-grid")
     data = folder / "toy.dict"
     data.write_text(toy_lexicon_text())
     out = folder / "cmp"
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(compare, "train_in_subprocess", _train_here)
         assert main([*LR_GRID, "--out", str(out), *_args(data)]) == 0
     return data, out, printed.getvalue()
 
