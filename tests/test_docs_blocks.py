@@ -1,7 +1,8 @@
 """Every fenced code block of the README and of docs/*.md runs, as a reader would paste it.
 
-Each ``python`` block runs as a script in a fresh process, in an empty folder, offline: a
-block must bring its own imports and inputs. A ``text`` block right after it (at most one
+Each ``python`` block runs as a script in a fresh process (forked from an interpreter that
+has imported torch and nothing of attnscore), in an empty folder, offline: a block must
+bring its own imports and inputs. A ``text`` block right after it (at most one
 line between them, such as "prints") is what the script must print, exactly. Each ``bash``
 block runs as a bash script the same way, with ``attnscore`` and ``python`` meaning this
 checkout's (``attnscore`` is ``python -m attnscore``). Install commands (``pip install``,
@@ -15,6 +16,7 @@ tests/test_docs_commands.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -126,6 +128,93 @@ def _run(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+# Serves the python blocks: one interpreter imports torch (which every block leans on), then
+# forks a child per block that runs it as `python -c` would, in the block's folder, with its
+# own globals (so it must bring its own imports) and its stdout and stderr to files: a fresh
+# process for attnscore and the block (no attnscore module is imported before the fork),
+# without paying for torch's import each time. Reads one JSON request a line (code, cwd,
+# stdout, stderr), answers with the child's exit code (-9: killed after 300 s).
+_FORK_SERVER = r"""
+import atexit, json, os, signal, sys, time, traceback
+
+import torch  # noqa: F401
+
+
+def child(request):
+    os.chdir(request["cwd"])
+    for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        f = os.open(name, flags, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = ["-c"]
+    code = 0
+    try:
+        exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as stop:  # as the interpreter treats it
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(request)
+    deadline = time.monotonic() + 300
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def run_python():
+    """``run_python(code, tmp_path)``: the python block ``code`` run in a child forked by
+    :data:`_FORK_SERVER`, in the folder ``tmp_path / "block"``, as a CompletedProcess."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the python blocks run in forked children")
+    server = subprocess.Popen(
+        [sys.executable, "-c", _FORK_SERVER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(), cwd=ROOT, text=True,
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+
+    def run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+        folder = _folder(tmp_path / "block")
+        out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        request = {"code": code, "cwd": str(folder), "stdout": str(out), "stderr": str(err)}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+        assert answer, "the server of the python blocks died"
+        return subprocess.CompletedProcess(
+            ["python", "-c", code], int(answer), out.read_text(), err.read_text()
+        )
+
+    yield run
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
 def _params(kind: str) -> list:
     chosen = []
     for b in BLOCKS:
@@ -151,8 +240,8 @@ def test_the_pages_have_blocks_and_marks_are_known():
 
 
 @pytest.mark.parametrize("block", _params("python"))
-def test_python_block_runs_and_prints_what_the_page_shows(block, tmp_path):
-    done = _run([sys.executable, "-c", block.code], tmp_path)
+def test_python_block_runs_and_prints_what_the_page_shows(block, tmp_path, run_python):
+    done = run_python(block.code, tmp_path)
     assert done.returncode == 0, f"{block.id} failed:\n{done.stderr[-3000:]}"
     if block.output is not None:
         assert done.stdout.rstrip() == block.output.rstrip(), f"{block.id} printed otherwise"
@@ -242,7 +331,7 @@ def test_the_extras_table_lists_every_extra(page):
     assert listed == _extras()
 
 
-def test_a_block_that_fails_fails_here(tmp_path):
+def test_a_block_that_fails_fails_here(tmp_path, run_python):
     """The runner reports a failing block and a wrong shown output."""
     page = tmp_path / "page.md"
     page.write_text(
@@ -250,7 +339,12 @@ def test_a_block_that_fails_fails_here(tmp_path):
         "```text\n3\n```\n\n<!-- skip: long run -->\n```bash\nattnscore bench\n```\n"
     )
     first, second, third = _blocks(page)
-    assert _run([sys.executable, "-c", first.code], tmp_path / "a").returncode != 0
+    failed = run_python(first.code, tmp_path / "a")
+    assert failed.returncode == 1 and "NameError: name 'undefined_name'" in failed.stderr
     assert second.output == "3\n"
-    assert _run([sys.executable, "-c", second.code], tmp_path / "b").stdout.strip() == "2"
+    assert run_python(second.code, tmp_path / "b").stdout.strip() == "2"
+    # a block starts with its own globals: the names of an earlier block are not there
+    assert run_python("defined = 1", tmp_path / "c").returncode == 0
+    assert run_python("print(defined)", tmp_path / "d").returncode == 1
+    assert run_python("import sys; sys.exit(3)", tmp_path / "e").returncode == 3
     assert third.skip == "long run" and third.lang == "bash"

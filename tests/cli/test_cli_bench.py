@@ -40,21 +40,6 @@ def test_quick_run_is_a_smoke_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("bound", "code", "verdict"), [(1e-9, 1, "| **NO** |"), (1e9, 0, "| yes |")]
-)
-def test_full_run_judges_targets(monkeypatch, capsys, bound, code, verdict):
-    monkeypatch.setitem(matrix.SHAPES["cpu"], "masked_softmax", {"B": 2, "n": 3, "m": 8})
-    monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", bound, "softmax")])
-    monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.001)
-    assert main(["--cases", "masked_softmax", "--no-memory", "--threads", "1"]) == code
-    out, err = capsys.readouterr()
-    assert "Smoke run" not in out and "| met |" in out and verdict in out
-    assert "| masked_softmax | fwd | 9 |" in out and "| masked_softmax | fwd+bwd | 9 |" in out
-    assert out.count("| masked_softmax | ") == 2 + 18  # summary rows, then the cells
-    assert ("target(s) missed" in err) == (code == 1)
-
-
-@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--device", "cuda"], "no GPU"),
@@ -128,14 +113,24 @@ def _fast_softmax_rows(monkeypatch):
     monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", 1e9, "softmax")])
 
 
-def test_plot_draws_the_run_and_never_overwrites(monkeypatch, tmp_path, capsys):
+def test_full_run_judges_targets_draws_the_run_and_never_overwrites(monkeypatch, tmp_path, capsys):
+    """One full run on an idle machine, every target met: verdicts, no load warning, the
+    figure drawn; a second --plot to the same file is refused before anything is measured,
+    and the saved run draws again without measuring once --overwrite is given."""
     _fast_softmax_rows(monkeypatch)
+    monkeypatch.setattr(bench, "load_average", lambda: 0.0)
     fig, data = tmp_path / "ratios.png", tmp_path / "run.json"
     argv = ["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--plot", str(fig)]
     assert main([*argv, "--json", str(data)]) == 0
+    out, err = capsys.readouterr()
+    assert "Smoke run" not in out and "| met |" in out and "| yes |" in out
+    assert "| **NO** |" not in out and "target(s) missed" not in err
+    assert "| masked_softmax | fwd | 9 |" in out and "| masked_softmax | fwd+bwd | 9 |" in out
+    assert out.count("| masked_softmax | ") == 2 + 18  # summary rows, then the cells
+    assert "load average" not in err and "Busy machine" not in out
+    assert "| ratio (median of per-round ratios) |" in out
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     drawn = fig.read_bytes()
-    capsys.readouterr()
     monkeypatch.setattr(bench, "run", _no_run)  # refused before anything is measured
     assert main(argv) == 2
     assert "--plot" in capsys.readouterr().err and fig.read_bytes() == drawn
@@ -187,27 +182,25 @@ def test_plot_refused_in_one_line_without_matplotlib(monkeypatch, tmp_path, caps
     assert not list(tmp_path.iterdir())
 
 
-def test_a_busy_machine_is_said_once_and_recorded(monkeypatch, tmp_path, capsys):
+def test_a_missed_target_on_a_busy_machine_exits_1_and_the_load_is_said_once(
+    monkeypatch, tmp_path, capsys
+):
     _fast_softmax_rows(monkeypatch)
+    monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", 1e-9, "softmax")])
     monkeypatch.setattr(bench, "load_average", lambda: 10.0 * (os.cpu_count() or 1) + 1)
     out = tmp_path / "run.json"
     argv = ["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--quiet"]
-    main([*argv, "--json", str(out)])
+    assert main([*argv, "--json", str(out)]) == 1
     table, err = capsys.readouterr()
+    assert "Smoke run" not in table and "| met |" in table and "| **NO** |" in table
+    assert "| masked_softmax | fwd | 9 |" in table and "| masked_softmax | fwd+bwd | 9 |" in table
+    assert table.count("| masked_softmax | ") == 2 + 18
+    assert "target(s) missed" in err
     warnings = [line for line in err.splitlines() if "load average" in line]
     assert len(warnings) == 1 and "exceeds" in warnings[0]
     assert "Busy machine" in table
     load = json.loads(out.read_text())["load"]
     assert load["busy"] is True and load["readings"] == 1 + 18
-
-
-def test_an_idle_machine_gives_no_warning(monkeypatch, capsys):
-    _fast_softmax_rows(monkeypatch)
-    monkeypatch.setattr(bench, "load_average", lambda: 0.0)
-    main(["--cases", "masked_softmax", "--no-memory", "--threads", "1", "--quiet"])
-    table, err = capsys.readouterr()
-    assert "load average" not in err and "Busy machine" not in table
-    assert "| ratio (median of per-round ratios) |" in table
 
 
 def test_help_and_names_say_what_users_see(capsys):

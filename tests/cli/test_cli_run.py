@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from clitools import one_error_line, python_m, write_inputs
+from clitools import one_error_line, write_inputs
 
 from attnscore.cli import main
 from attnscore.registry import SCORERS, register_scorer, scorer_names
@@ -30,13 +30,14 @@ def _reference(queries, keys, values, valid_lens, scale):
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
-def test_num_hiddens_must_be_positive_one_line(tmp_path, value):
-    # This gave a traceback (exit 1) before.
+def test_num_hiddens_must_be_positive_one_line(tmp_path, capsys, value):
+    # This gave a traceback (exit 1) before. (What python -m adds: test_cli_root.py.)
     src = tmp_path / "in.npz"
     write_inputs(src)
-    proc = python_m("run", "--input", src, "--scoring", "additive", "--num-hiddens", value)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "--num-hiddens: expected a positive integer" in one_error_line(proc.stderr)
+    argv = ["run", "--input", str(src), "--scoring", "additive", "--num-hiddens", value]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--num-hiddens: expected a positive integer" in one_error_line(err)
 
 
 # --- run: results -----------------------------------------------------------------------
@@ -152,12 +153,12 @@ def test_run_normalizer_hardmax_puts_all_weight_on_the_best_allowed_key(tmp_path
         np.testing.assert_allclose(data["output"], expected @ arrays["values"], rtol=1e-6)
 
 
-def test_run_unknown_normalizer_is_one_line(tmp_path):
+def test_run_unknown_normalizer_is_one_line(tmp_path, capsys):
     src = tmp_path / "in.npz"
     write_inputs(src)
-    proc = python_m("run", "--input", src, "--normalizer", "nope")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "--normalizer: invalid choice: 'nope'" in one_error_line(proc.stderr)
+    assert main(["run", "--input", str(src), "--normalizer", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--normalizer: invalid choice: 'nope'" in one_error_line(err)
 
 
 def test_a_newly_registered_scorer_runs_through_the_cli(tmp_path):

@@ -4,6 +4,8 @@ from each word's teacher-forced alignment (``forced_alignment``) for a model's."
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from attnscore.cli.g2p import main
+from attnscore.g2p import compare
 from attnscore.g2p.attention_stats import attention_stats, row_stats, sample
 from attnscore.g2p.checkpoint import load_checkpoint
 from attnscore.g2p.config import ModelConfig, TrainConfig
@@ -20,6 +23,8 @@ from attnscore.g2p.dataset import prepare_data
 from attnscore.g2p.evaluate import forced_alignment
 from attnscore.g2p.stepper import build_model
 from attnscore.g2p.summary import RunSummary
+from attnscore.g2p.train import train
+from conftest import toy_lexicon_text
 
 
 def test_row_stats_by_hand() -> None:
@@ -94,15 +99,37 @@ def test_training_records_attention_at_initialisation_and_each_validation(
     assert load_checkpoint(out / "last.pt").state.attention == summary.attention
 
 
+def _train_here(cfg: TrainConfig) -> RunSummary:
+    train(cfg)
+    return RunSummary.read(Path(cfg.out))
+
+
+LR_GRID = [
+    "compare", "--scorings", "dot", "--seeds", "0", "1", "--steps", "6", "--eval-every", "0",
+    "--beam", "1", "--lr-grid", "1e-4", "3e-2", "--words", "abba",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lr_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """A finished ``g2p compare --lr-grid``, shared by the tests below: the lexicon, the
+    comparison's folder and what it printed. Its three runs train in this process (the
+    spawned process g2p compare gives each run: tests/cli/test_cli_bad_input_table.py)."""
+    folder = tmp_path_factory.mktemp("lr-grid")
+    data = folder / "toy.dict"
+    data.write_text(toy_lexicon_text())
+    out = folder / "cmp"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(compare, "train_in_subprocess", _train_here)
+        assert main([*LR_GRID, "--out", str(out), *_args(data)]) == 0
+    return data, out, printed.getvalue()
+
+
 def test_compare_lr_grid_trains_the_other_seeds_at_the_best_rate(
-    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    lr_grid: tuple[Path, Path, str],
 ) -> None:
-    out = tmp_path / "cmp"
-    argv = [
-        "compare", "--out", str(out), "--scorings", "dot", "--seeds", "0", "1", "--steps", "6",
-        "--eval-every", "0", "--beam", "1", "--lr-grid", "1e-4", "3e-2", "--words", "abba",
-    ]  # fmt: skip
-    assert main([*argv, *_args(toy_dict)]) == 0
+    _, out, printed = lr_grid
     wer = {
         lr: RunSummary.read(out / f"dot-lr{lr}-seed0").best_valid_wer for lr in ("0.0001", "0.03")
     }
@@ -113,7 +140,7 @@ def test_compare_lr_grid_trains_the_other_seeds_at_the_best_rate(
     assert RunSummary.read(out / f"dot-lr{best}-seed1").config.lr == float(best)
     grid = (out / "lr-grid.md").read_text()
     assert f"**{100 * wer[best]:.2f}**" in grid and grid.count("**") == 2
-    assert f"dot: peak lr {float(best):g}" in capsys.readouterr().out
+    assert f"dot: peak lr {float(best):g}" in printed
     rows = json.loads((out / "compare.json").read_text())
     assert [(r["scoring"], r["lr"], r["seeds"]) for r in rows] == [("dot", float(best), [0, 1])]
     assert (out / "attention.png").is_file()
@@ -129,16 +156,16 @@ def test_compare_lr_grid_trains_the_other_seeds_at_the_best_rate(
 
 
 def test_compare_refuses_a_finished_run_of_another_recipe(
-    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    lr_grid: tuple[Path, Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "cmp"
-    argv = ["compare", "--out", str(out), "--scorings", "dot", "--seeds", "0", "--steps", "4"]
-    argv += ["--eval-every", "0", "--beam", "1", "--words", "abba"]
-    assert main([*argv, *_args(toy_dict)]) == 0
-    capsys.readouterr()
-    before = (out / "dot-seed0" / "summary.json").read_bytes()
+    data, out, _ = lr_grid
+    runs = sorted(out.glob("dot-*"))
+    before = {run: (run / "summary.json").read_bytes() for run in runs}
+    tables = {p: p.read_bytes() for p in out.iterdir() if p.is_file()}
     # --overwrite replaces the finished comparison's tables, never a run of another recipe
-    assert main([*argv, "--overwrite", *_args(toy_dict, "--dropout", "0.3")]) == 2
+    argv = [*LR_GRID, "--out", str(out), "--overwrite", *_args(data, "--dropout", "0.3")]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "differs in dropout" in err
-    assert (out / "dot-seed0" / "summary.json").read_bytes() == before
+    assert {run: (run / "summary.json").read_bytes() for run in runs} == before
+    assert {p: p.read_bytes() for p in out.iterdir() if p.is_file()} == tables

