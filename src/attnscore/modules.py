@@ -481,16 +481,16 @@ class ScorerAttention(Attention):
         if lane is None:
             return None
         project, scale = lane
-        kept = KeptProjections(project or unprojected)
-        taken = small_dot_product_attention(
-            queries, keys, values, valid_lens, scale, None if project is None else kept
-        )
+        kept = None if project is None else KeptProjections(project)
+        taken = small_dot_product_attention(queries, keys, values, valid_lens, scale, kept)
         if taken is None:
             return None
         output, weights = taken  # the weights the pass wrote, if it did
         if weights is not None:
             return output, weights
-        return output, _weights_later(*kept.owned(queries, keys), scale, keys.shape[-2], valid_lens)
+        # from the call's projections (or copies of them), or copies of the queries and keys
+        qp, kp = (owned(queries), owned(keys)) if kept is None else kept.owned(queries, keys)
+        return output, _weights_later(qp, kp, scale, keys.shape[-2], valid_lens)
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool

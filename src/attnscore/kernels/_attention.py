@@ -32,7 +32,7 @@ from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from . import _ops, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_for, enabled, exporting
-from ._select import AttentionCall, Implementation, choose, record, restricted
+from ._select import AttentionCall, Implementation, choose, record, restricted, watched
 
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
@@ -457,7 +457,7 @@ def small_dot_product_attention(
         return None
     assert isinstance(q, Tensor)
     taken = backend_for(q, "small_dot_product_attention")(q, k, v, valid_lens, scale, project)
-    if taken is not None:
+    if taken is not None and watched():
         record("cpu" if q.is_cpu else q.device.type, _SMALL_LANE[taken[1] is None], "small lane")
     return taken  # type: ignore[no-any-return]
 

@@ -296,7 +296,7 @@ class Sdpa(Implementation):
         return None
 
     def run(self, call: AttentionCall) -> Tensor:
-        q, k, v = call.projected()
+        q, k, v = call.projected() if call.project or call.inert else (call.q, call.k, call.v)
         mask, scale, p = call.mask, call.scale, call.dropout_p
         if call.bias is not None:
             return biased(q, k, v, mask, call.bias, scale=scale, dropout_p=p)

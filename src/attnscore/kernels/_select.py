@@ -55,6 +55,7 @@ __all__ = [
     "record",
     "restricted",
     "use",
+    "watched",
 ]
 
 _log = logging.getLogger("attnscore")
@@ -92,7 +93,10 @@ class AttentionCall:
     scorers whose scores are dot products of projections (general, cosine), applied only
     by the implementation that runs the call (:meth:`projected`); ``inert`` (q, k, v) ->
     (q, k, v): the caller's zeroing of padding, applied with it where lengths are taken.
-    ``bias``: a float score bias broadcastable to (B, H, n, m), or None.
+    ``bias``: a float score bias broadcastable to (B, H, n, m), or None. ``kind``: what the
+    mask asks: ``"none"``, ``"causal"`` (causal masking alone), ``"boolean"`` (an
+    ``attend_mask``, with anything) or ``"lengths"`` (key or query lengths, with or without
+    causal masking).
 
     Facts that cost a read of the lengths (``shortest``, the lengths :func:`compact
     <attnscore._mask.compact>`) are found once, on first use, and shared by every
@@ -141,7 +145,14 @@ class AttentionCall:
         self.scale, self.dropout_p, self.bias = scale, dropout_p, bias
         self.project, self.inert, self.finite = project, inert, finite
         self.device = "cpu" if q.is_cpu else q.device.type
-        self.kind = _kind(mask)
+        if mask.attend is not None:
+            self.kind = "boolean"
+        elif mask.lengths is None:
+            self.kind = "none"
+        elif mask.causal and mask.key_lengths is None and mask.query_lengths is None:
+            self.kind = "causal"
+        else:
+            self.kind = "lengths"
         self.traced = in_transform(q, k, v) if traced is None else traced
         self.needs_grad = torch.is_grad_enabled() and (
             project is not None or q.requires_grad or k.requires_grad or v.requires_grad
@@ -192,19 +203,6 @@ class AttentionCall:
                 q, k = self.project(q, k)
             self._projected = (q, k, v)
         return self._projected
-
-
-def _kind(mask: AttentionMask) -> str:
-    """What ``mask`` asks: ``"none"``, ``"causal"`` (causal masking alone), ``"boolean"``
-    (an ``attend_mask``, with anything), or ``"lengths"`` (key or query lengths, with or
-    without causal masking): :attr:`AttentionCall.kind`."""
-    if mask.attend is not None:
-        return "boolean"
-    if mask.lengths is None:
-        return "none"
-    if mask.causal and mask.key_lengths is None and mask.query_lengths is None:
-        return "causal"
-    return "lengths"
 
 
 class Implementation:
@@ -342,13 +340,15 @@ def restricted() -> bool:
 _by_kind: dict[tuple[str, str], tuple[Implementation, ...]] = {}
 
 
-def _candidates(call: AttentionCall) -> Sequence[Implementation]:
+def watched() -> bool:
+    """Whether choices are being recorded (:func:`explaining`) or logged in this thread."""
+    return getattr(_local, "recording", None) is not None or _log.isEnabledFor(logging.DEBUG)
+
+
+def _candidates(call: AttentionCall, seen: bool) -> Sequence[Implementation]:
     device, kind = call.device, call.kind
     only = getattr(_local, "only", None)
-    if only is None and (
-        call.traced  # (records and logs nothing)
-        or (getattr(_local, "recording", None) is None and not _log.isEnabledFor(logging.DEBUG))
-    ):  # a choice neither explained nor logged skips the other kinds' implementations
+    if only is None and not seen:  # skip the implementations of other mask kinds
         found = _by_kind.get((device, kind))
         if found is None:
             found = tuple(i for i in implementations(device) if kind in i.kinds)
@@ -365,8 +365,6 @@ def _candidates(call: AttentionCall) -> Sequence[Implementation]:
 
 
 def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -> Tensor | None:
-    # (traced calls, compiled ones among them, record and log nothing: the choice is made
-    # while tracing)
     """Run ``call`` on the first candidate of its device that takes it; its output, or
     None where a projected call falls to the caller's own pipeline. ``route`` names the
     entry for :func:`explain` and the log; a ``lane``'s None is not recorded (the checked
@@ -375,14 +373,17 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
+    # Traced calls (compiled ones among them) record and log nothing: the choice is made
+    # while tracing, and torch.compile does not trace logging.
+    seen = not call.traced and watched()
     declined: list[tuple[str, str]] = []
-    for impl in _candidates(call):
+    for impl in _candidates(call, seen):
         why = impl.supports(call)
         if why is None:
             out = impl.run(call)
             if out is not None or impl.name == "plain":
-                if (out is not None or not lane) and not call.traced:
-                    _record(call.device, impl.name, declined, route)
+                if seen and (out is not None or not lane):
+                    record(call.device, impl.name, route, declined)
                 return out
             why = call.notes.pop("declined", "declined once it ran")
         declined.append((impl.name, why))
@@ -393,14 +394,9 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     )
 
 
-def record(device: str, chosen: str, route: str) -> None:
-    """Note that a fast lane (``route``) ran an attention call on ``chosen``."""
-    _record(device, chosen, [], route)
-
-
-def _record(
-    device: str, chosen: str, declined: list[tuple[str, str]], route: str = "checked"
-) -> None:
+def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, str]] = ()) -> None:
+    """Note that ``route`` ran an attention call on ``chosen`` after the candidates
+    ``declined`` (name, reason) declined it: for :func:`explaining` and the DEBUG log."""
     recording = getattr(_local, "recording", None)
     if recording is not None:
         recording.append(Choice(device, chosen, tuple(declined), route))
