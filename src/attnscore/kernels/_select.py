@@ -340,21 +340,23 @@ def restricted() -> bool:
 _by_kind: dict[tuple[str, str], tuple[Implementation, ...]] = {}
 
 
+def _of_kind(device: str, kind: str) -> tuple[Implementation, ...]:
+    """The candidates of ``device`` that take masks of ``kind`` (kept)."""
+    found = tuple(i for i in implementations(device) if kind in i.kinds)
+    _by_kind[device, kind] = found
+    return found
+
+
 def watched() -> bool:
     """Whether choices are being recorded (:func:`explaining`) or logged in this thread."""
     return getattr(_local, "recording", None) is not None or _log.isEnabledFor(logging.DEBUG)
 
 
-def _candidates(call: AttentionCall, seen: bool) -> Sequence[Implementation]:
-    device, kind = call.device, call.kind
-    only = getattr(_local, "only", None)
-    if only is None and not seen:  # skip the implementations of other mask kinds
-        found = _by_kind.get((device, kind))
-        if found is None:
-            found = tuple(i for i in implementations(device) if kind in i.kinds)
-            _by_kind[device, kind] = found
-        return found
-    listed = implementations(device)
+def _candidates(
+    call: AttentionCall, only: tuple[tuple[str, ...], bool] | None
+) -> Sequence[Implementation]:
+    """The candidates for ``call`` under :func:`use`'s ``only`` (names, ordered), watched."""
+    listed = implementations(call.device)
     if only is None:
         return listed
     names, ordered = only
@@ -375,9 +377,15 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     """
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
+    only = getattr(_local, "only", None)
     seen = not call.traced and watched()
+    candidates: Sequence[Implementation]
+    if only is None and not seen:  # (the common case) skip the other mask kinds' ones
+        candidates = _by_kind.get((call.device, call.kind)) or _of_kind(call.device, call.kind)
+    else:
+        candidates = _candidates(call, only)
     declined: list[tuple[str, str]] = []
-    for impl in _candidates(call, seen):
+    for impl in candidates:
         why = impl.supports(call)
         if why is None:
             out = impl.run(call)
