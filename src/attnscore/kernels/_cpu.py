@@ -773,7 +773,7 @@ def small_dot_product_attention(
         return None
     div, work = taken
     whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
-    if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_suffix(q, k, v) is None):
+    if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_declines(q, k, v) is not None):
         return None
     # Queries of different lengths share the kernel's tiles: there NaN in a key or value
     # one of them attends would reach the others (0 x NaN), so such inputs take the plain
@@ -1195,15 +1195,19 @@ _BY_LENGTHS_CHUNK: int = value("by_lengths_chunk")
 _FA_ROWS = 8
 
 
-def _by_lengths_suffix(q: Tensor, k: Tensor, v: Tensor) -> str | None:
-    """The dtype suffix of the C kernel by lengths for these inputs, or None where it
-    does not run (other dtypes, no C library, more than ``_BY_LENGTHS_KEYS`` keys)."""
+def _by_lengths_declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """None where the C kernel by lengths runs these inputs, else why not: other dtypes,
+    more than ``_BY_LENGTHS_KEYS`` keys, no C library (or no float16 in it)."""
     suffix = _BY_LENGTHS_SUFFIX.get(q.dtype)
-    if suffix is None or not (k.dtype == v.dtype == q.dtype) or k.shape[-2] > _BY_LENGTHS_KEYS:
-        return None
+    if not (k.dtype == v.dtype == q.dtype):
+        return f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if suffix is None:
+        return f"{q.dtype} (float32, bfloat16, float16 only)"
+    if k.shape[-2] > _BY_LENGTHS_KEYS:
+        return f"{k.shape[-2]} keys, above by_lengths_keys ({_BY_LENGTHS_KEYS})"
     if load_library() is None or (suffix == "f16" and not has_float16()):
-        return None
-    return suffix
+        return "the C library is not loaded (or has no float16)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -1330,7 +1334,7 @@ def _by_lengths_forward(
     takes keys in blocks of 512: a mask inside a call saves nothing there). Keys beyond an
     (example, head)'s longest length and queries of length 0 are never read; those queries
     are zeros. Computes in float32 for every dtype; inputs it takes
-    (:func:`_by_lengths_suffix`).
+    (:func:`_by_lengths_declines`).
 
     q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv), or all three without H. Returns the
     output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
@@ -1434,8 +1438,8 @@ def _attention_by_lengths(
 ) -> Tensor | None:
     """Attention by lengths (B or 1, H or 1, n or 1) in the C kernel, forward and, where
     gradients are needed, backward (:class:`_ByLengthsAttention`); None where it does not
-    run (:func:`_by_lengths_suffix`). ``ascending``: as :meth:`_ByLength.of`'s."""
-    if _by_lengths_suffix(q, k, v) is None:
+    run (:func:`_by_lengths_declines`). ``ascending``: as :meth:`_ByLength.of`'s."""
+    if _by_lengths_declines(q, k, v) is not None:
         return None
     by = _ByLength.of(lengths, q.shape[-2], ascending=ascending)
     if needs_grad:
@@ -1580,17 +1584,6 @@ class SmallPass(Implementation):
         return out
 
 
-def _by_lengths_declines(call: AttentionCall) -> str | None:
-    """Where the kernel by lengths does not run at all (:func:`_by_lengths_suffix`)."""
-    if _by_lengths_suffix(call.q, call.k, call.v) is None:
-        if call.q.dtype not in _BY_LENGTHS_SUFFIX:
-            return f"{call.q.dtype} (float32, bfloat16, float16 only)"
-        if call.k.shape[-2] > _BY_LENGTHS_KEYS:
-            return f"{call.k.shape[-2]} keys, above by_lengths_keys ({_BY_LENGTHS_KEYS})"
-        return "the C library is not loaded (or has no float16)"
-    return None
-
-
 _SDPA_FASTER = "nothing padded, and SDPA measured faster at this size (unpadded_* thresholds)"
 
 
@@ -1621,10 +1614,10 @@ class ByLengths(Implementation):
         if call.dropout_p:
             return "dropout (the kernel has none)"
         if call.kind != "lengths":
-            return _by_lengths_declines(call)
+            return _by_lengths_declines(call.q, call.k, call.v)
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
-        return _by_lengths_declines(call) or _lengths_decline(call)
+        return _by_lengths_declines(call.q, call.k, call.v) or _lengths_decline(call)
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
