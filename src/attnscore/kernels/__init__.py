@@ -8,9 +8,10 @@ entry point                                 cpu                   cuda          
 =========================================== ===================== ================== =====
 :func:`masked_softmax`                      C kernel (``_cpu``)   Triton (``_cuda``) plain
 :func:`additive_scores`                     C kernel (``_cpu``)   Triton (``_cuda``) plain
-:func:`dot_product_attention`               SDPA; padding-free    SDPA               SDPA
-                                            flash SDPA loop for
-                                            lengths
+:func:`dot_product_attention`               the priority list of  flex, SDPA         SDPA
+                                            :data:`PRIORITY` (C
+                                            kernels, flash loop,
+                                            SDPA)
 =========================================== ===================== ================== =====
 
 The first two are registered ``torch.library`` ops as well (``attnscore::masked_softmax``,
@@ -20,9 +21,10 @@ eager calls reach
 the same backend functions through an ``autograd.Function`` (:mod:`._ops`). The backend of
 a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`, contract
 :class:`~attnscore.kernels._dispatch.Backend`); a missing module or function means the plain
-PyTorch twin (:mod:`attnscore.kernels._plain`). Dot-product attention follows one rule on
-every device: where nothing can be skipped, PyTorch's ``scaled_dot_product_attention`` runs
-(:mod:`._attention`).
+PyTorch twin (:mod:`attnscore.kernels._plain`). Dot-product attention runs on the first
+implementation of the device's priority list that takes the call (:mod:`._select`:
+:func:`use` restricts them, :func:`explain` says which ran); where nothing can be skipped,
+that is PyTorch's ``scaled_dot_product_attention``.
 
 The plain twins run instead, as differentiable PyTorch ops, when kernels are disabled
 (``ATTNSCORE_DISABLE_KERNELS=1``, :func:`set_enabled`, :func:`disabled`) and inside
@@ -261,8 +263,10 @@ def dot_product_attention(
         read or is zeroed first. No (..., n, m) weights are kept: the plain pipeline
         recomputes them when they are asked for.
 
-    Which kernel runs: :mod:`attnscore.kernels._attention` (PyTorch's SDPA wherever nothing
-    can be skipped; on the CPU one flash-SDPA call per example on keys cut to its length).
+    Which kernel runs: the first implementation of the device's :data:`PRIORITY` list that
+    takes the call (PyTorch's SDPA wherever nothing can be skipped; on the CPU the C kernel
+    by lengths, or one flash call per example on keys cut to its length);
+    :func:`explain` says which.
 
     Source: Vaswani et al. 2017, eq. (1); D2L "Attention Scoring Functions".
     """

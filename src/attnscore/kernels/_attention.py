@@ -171,34 +171,13 @@ def _inert_unless_finite(
     return inert, finite_inputs(*inert)
 
 
-def _plain_maths(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: AttentionMask,
-    *,
-    scale: float,
-    dropout_p: float,
-    score_bias: Tensor | None = None,
-) -> Tensor:
-    """Dot-product attention as the plain formulation computes it, for inputs that hold
-    NaN or inf (:func:`finite_inputs`): masked scores filled before the softmax, values
-    summed over attended keys only (:func:`weighted_values`). The caller has made the
-    padding inert (:func:`_inert_unless_finite`: the gradients of the scores' product read
-    it)."""
-    scores = _ops.matmul(q, k.transpose(-1, -2)) * scale
-    if score_bias is not None:
-        scores = scores + score_bias.to(scores.dtype)
-    weights = softmax_dense(scores, mask.dense())
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
-    return weighted_values(dropped, v, mask)
-
-
 class Plain(Implementation):
-    """The plain formulation (:func:`_plain_maths`): masked scores filled before the softmax,
-    values summed over attended keys only. It takes every call: the last candidate on every
-    device, and the one for inputs that hold NaN or inf. A projected scorer's call it hands
-    back (None): the scorer's own pipeline runs it."""
+    """Dot-product attention as the plain formulation computes it: masked scores filled
+    before the softmax, values summed over attended keys only (:func:`weighted_values`), so
+    NaN or inf reach exactly the queries that attend them. It takes every call: the last
+    candidate on every device, and the one for inputs that hold NaN or inf (whose padding
+    :func:`_inert_unless_finite` has made inert: the gradients of the scores' product read
+    it). A projected scorer's call it hands back (None): the scorer's own pipeline runs it."""
 
     name = "plain"
     summary = "the textbook formulation; carries NaN and inf exactly"
@@ -209,15 +188,12 @@ class Plain(Implementation):
     def run(self, call: AttentionCall) -> Tensor | None:
         if call.project is not None:
             return None
-        return _plain_maths(
-            call.q,
-            call.k,
-            call.v,
-            call.mask,
-            scale=call.scale,
-            dropout_p=call.dropout_p,
-            score_bias=call.bias,
-        )
+        scores = _ops.matmul(call.q, call.k.transpose(-1, -2)) * call.scale
+        if call.bias is not None:
+            scores = scores + call.bias.to(scores.dtype)
+        weights = softmax_dense(scores, call.mask.dense())
+        p = call.dropout_p
+        return weighted_values(F.dropout(weights, p) if p > 0.0 else weights, call.v, call.mask)
 
 
 def dot_product_attention(
@@ -262,16 +238,19 @@ def causal_alone(mask: AttentionMask) -> bool:
     )
 
 
-def _nothing_padded(n: int, m: int, causal: bool, device: torch.device) -> AttentionMask:
-    """The mask of a call with nothing padded: none, or causal masking alone, whose lengths
-    are 1, 2, ..., n (at most m); kept in eager code (nothing writes to it), made anew
-    while compiling (which traces through no cache)."""
-    if torch.compiler.is_compiling():
-        return _unpadded_mask(n, m, causal, device)
-    return _kept_unpadded_mask(n, m, causal, device)
+def _nothing_padded(q: Tensor, m: int, causal: bool, *, eager: bool = False) -> AttentionMask:
+    """The mask of a call with nothing padded, queries q (..., n, d) and m keys: none, or
+    causal masking alone, whose lengths are 1, 2, ..., n (at most m). Kept in eager code
+    (nothing writes to it; a CPU tensor's by sizes alone: making its device costs a fifth of
+    a microsecond), made anew while compiling (which traces through no cache); ``eager``:
+    the caller knows it is not compiling (the lanes)."""
+    device = "cpu" if q.is_cpu else q.device
+    if not eager and torch.compiler.is_compiling():
+        return _unpadded_mask(q.shape[-2], m, causal, device)
+    return _kept_unpadded_mask(q.shape[-2], m, causal, device)
 
 
-def _unpadded_mask(n: int, m: int, causal: bool, device: torch.device) -> AttentionMask:
+def _unpadded_mask(n: int, m: int, causal: bool, device: torch.device | str) -> AttentionMask:
     if not causal:
         return AttentionMask(n=n, m=m)
     lengths = torch.arange(1, n + 1, device=device).clamp_(max=m)
@@ -279,19 +258,6 @@ def _unpadded_mask(n: int, m: int, causal: bool, device: torch.device) -> Attent
 
 
 _kept_unpadded_mask = functools.lru_cache(maxsize=256)(_unpadded_mask)
-
-
-@functools.lru_cache(maxsize=256)
-def _kept_cpu_mask(n: int, m: int, causal: bool) -> AttentionMask:
-    return _unpadded_mask(n, m, causal, torch.device("cpu"))
-
-
-def _lane_mask(q: Tensor, m: int, causal: bool) -> AttentionMask:
-    """:func:`_nothing_padded` for an eager lane's queries q (..., n, d) and m keys (a CPU
-    tensor's kept by sizes alone: making its device costs a fifth of a microsecond)."""
-    if q.is_cpu:
-        return _kept_cpu_mask(q.shape[-2], m, causal)
-    return _kept_unpadded_mask(q.shape[-2], m, causal, q.device)
 
 
 def projected(
@@ -317,7 +283,7 @@ def projected(
         k, v = _seen(q, k, v, mask.causal)
         if q.ndim > 4:  # the implementations take (B, n, d) and (B, H, n, d)
             q, k, v = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
-        mask = _nothing_padded(q.shape[-2], k.shape[-2], mask.causal, q.device)
+        mask = _nothing_padded(q, k.shape[-2], mask.causal)
         call = AttentionCall(q, k, v, mask, scale=scale, project=project, finite=finite)
     else:
         q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
@@ -394,7 +360,13 @@ def unpadded_call(
     if not finite:  # eager (well-formed): finite_inputs
         return None
     call = AttentionCall(
-        q, k, v, _lane_mask(q, k.shape[-2], causal), scale=scale, dropout_p=dropout_p, traced=False
+        q,
+        k,
+        v,
+        _nothing_padded(q, k.shape[-2], causal, eager=True),
+        scale=scale,
+        dropout_p=dropout_p,
+        traced=False,
     )
     out = choose(call, route="unpadded lane")
     assert out is not None
@@ -419,7 +391,7 @@ def projected_call(
     if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
         return None
     seen_k, seen_v = _seen(q, k, v, causal)
-    mask = _lane_mask(q, seen_k.shape[-2], causal)
+    mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
     call = AttentionCall(
         q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
     )

@@ -1,10 +1,11 @@
 """The backend table: which module implements an op on which device type.
 
 A *backend* is a module with the functions of :class:`Backend` (the backend contract).
-Tensors arrive contiguous (``dot_product_attention``: any strides) and on the backend's
-device; ``lengths`` is int64 on the same device with values in [0, m]. A backend may leave a
-function out: that op then runs the plain backend (:mod:`attnscore.kernels._plain`) on its
-device. Adding a backend is one module plus one row in :data:`BACKENDS`.
+Tensors arrive contiguous and on the backend's device; ``lengths`` is int64 on the same
+device with values in [0, m]. A backend may leave a function out: that op then runs the
+plain backend (:mod:`attnscore.kernels._plain`) on its device. Adding a backend is one
+module plus one row in :data:`BACKENDS`. Dot-product attention is not a backend function:
+its implementations are chosen by :mod:`attnscore.kernels._select`.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class Backend(Protocol):
     def all_finite(self, tensors: Sequence[Tensor]) -> bool:
         """Whether every entry of every tensor is finite (no NaN, no inf): one read of each.
         Fused kernels take a call only then (see :func:`attnscore.kernels._attention.
-        fused_takes`)."""
+        finite_inputs`)."""
 
     def finite_copies(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
         """:meth:`all_finite` of q, k, v, and detached copies of q and k (what a call keeps

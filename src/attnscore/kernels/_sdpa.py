@@ -3,8 +3,9 @@ library's guarantees: the one place that calls it.
 
 Dot-product attention runs here whenever there is nothing to skip: no mask, causal
 masking alone (``is_causal``), boolean masks, and key lengths where skipping does not pay
-(:func:`masked`, also the plain backend's ``dot_product_attention``), and every call with a
-score bias, which goes to SDPA as its float mask (:func:`biased`). What SDPA does not
+(:func:`masked`), and every call with a score bias, which goes to SDPA as its float mask
+(:func:`biased`); :class:`Sdpa` is its entry in the priority lists of
+:mod:`attnscore.kernels._select`. What SDPA does not
 promise by itself, this module adds:
 
 - **Padding is inert.** Keys that no query may attend, their values, and queries that may
