@@ -237,6 +237,135 @@ def flex(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
     return {"errors": errors, "rows": rows}
 
 
+VARLEN_SHAPES = [  # (B, H, n, m, d)
+    (32, 8, 1024, 1024, 64),
+    (32, 1, 1024, 1024, 64),
+    (16, 16, 1024, 1024, 128),
+    (64, 8, 256, 256, 64),
+    (32, 8, 512, 512, 64),
+    (64, 8, 128, 128, 64),
+    (128, 4, 32, 32, 64),
+    (8, 8, 4096, 4096, 64),
+    (2, 16, 8192, 8192, 64),
+]
+
+
+def _varlen_error(dtype: torch.dtype) -> dict[str, Any]:
+    """attnscore.dot_product_attention on flash_varlen against float64: output and
+    gradients, with NaN in the padding and lengths 0 and m among the examples."""
+    import attnscore
+    from attnscore import kernels
+
+    gen = torch.Generator().manual_seed(2)
+    B, H, n, m, d = 4, 4, 300, 517, 64
+    q, k, v = (torch.randn(B, H, s, d, generator=gen, dtype=torch.float64) for s in (n, m, m))
+    L = torch.randint(1, m + 1, (B,), generator=gen)
+    L[0], L[1] = 0, m
+    padded = (torch.arange(m) >= L.view(B, 1, 1)).unsqueeze(-1)
+    ins = [t.cuda().to(dtype) for t in (q, k, v)]
+    ins[1].masked_fill_(padded.cuda(), math.nan)
+    ins[2].masked_fill_(padded.cuda(), math.nan)
+    ins = [t.requires_grad_() for t in ins]
+    with kernels.use("flash_varlen"):
+        out = attnscore.dot_product_attention(*ins, L.cuda())
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    (out.double() * g.cuda()).sum().backward()
+    ref_ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    allowed = torch.arange(m) < L.view(B, 1, 1, 1)
+    s = ref_ins[0] @ ref_ins[1].mT * d**-0.5
+    ref = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0) @ ref_ins[2]
+    (ref * g).sum().backward()
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
+
+    grads = [t.grad for t in ins]
+    return {
+        "out": rel(out.detach(), ref.detach()),
+        **{f"grad_{x}": rel(t, r.grad) for x, t, r in zip("qkv", grads, ref_ins, strict=True)},
+        "idle_rows_zero": bool((out[0] == 0).all()),
+        "padded_keys_zero_grad": bool((grads[1].cpu()[padded.expand(B, H, m, d)] == 0).all()),
+        "finite": all(bool(torch.isfinite(t).all()) for t in (out, *grads)),
+    }
+
+
+def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
+    """Dot-product attention by key lengths (one per example) on the variable-length flash
+    kernel (kernels/_varlen.py) against SDPA with the key mask, a user's call and
+    attnscore's SDPA route, through the public function (host time included): lengths
+    uniform in [1, m], and every length m (nothing to skip)."""
+    import attnscore
+    from attnscore import kernels
+
+    errors = {d: _varlen_error(DTYPES[d]) for d in dtypes if d != "float32"}
+    print(json.dumps(errors), flush=True)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for B, H, n, m, d in shapes:
+        for dtype_name in dtypes:
+            if dtype_name == "float32":
+                continue
+            dtype = DTYPES[dtype_name]
+            q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=dtype) for s in (n, m, m))
+            for kind in ("uniform", "full"):
+                if kind == "uniform":
+                    L = torch.randint(1, m + 1, (B,), generator=gen).cuda()
+                else:
+                    L = torch.full((B,), m, device="cuda")
+                key_mask = (torch.arange(m, device="cuda") < L[:, None])[:, None, None, :]
+
+                def user(a: Any, b: Any, c: Any, km: Any = key_mask) -> Any:
+                    return F.scaled_dot_product_attention(a, b, c, attn_mask=km)
+
+                def ours(a: Any, b: Any, c: Any, name: str, L: Any = L) -> Any:
+                    with kernels.use(name):
+                        return attnscore.dot_product_attention(a, b, c, L)
+
+                impls = {
+                    "sdpa_key_mask": user,
+                    "attnscore_sdpa": partial(ours, name="sdpa"),
+                    "attnscore_varlen": partial(ours, name="flash_varlen"),
+                }
+                for backward in (False, True):
+                    ins = [t.detach().requires_grad_(backward) for t in (q, k, v)]
+                    grad = torch.randn(B, H, n, d, device="cuda", dtype=dtype)
+                    times: dict[str, Any] = {}
+                    for name, fn in impls.items():
+
+                        def step(
+                            fn: Callable[..., Any] = fn,
+                            ins: list[torch.Tensor] = ins,
+                            backward: bool = backward,
+                            grad: torch.Tensor = grad,
+                        ) -> None:
+                            out = fn(*ins)
+                            if backward:
+                                out.backward(grad)
+
+                        try:
+                            with torch.set_grad_enabled(backward):
+                                step()
+                                times[name] = _bench(step)
+                        except Exception as err:  # one failing implementation: noted
+                            times[name] = None
+                            times[name + "_error"] = f"{type(err).__name__}: {err}"[:300]
+                    base, new = times.get("sdpa_key_mask"), times.get("attnscore_varlen")
+                    rows.append(
+                        {
+                            "shape": [B, H, n, m, d],
+                            "dtype": dtype_name,
+                            "lengths": kind,
+                            "step": "fwd+bwd" if backward else "fwd",
+                            "ms": times,
+                            "varlen_over_sdpa": (new / base) if new and base else None,
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    return {"errors": errors, "rows": rows}
+
+
 def flex_compile() -> dict[str, Any]:
     """Why flex_attention is slow at some shapes: the library's compile (dynamic shapes,
     block mask built per call) against a static compile and a block mask built once, at
@@ -356,7 +485,7 @@ def additive() -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ["copy", "softmax", "overhead", "flex", "flex_compile", "additive"]
+SECTIONS = ["copy", "softmax", "overhead", "varlen", "flex", "flex_compile", "additive"]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -395,6 +524,30 @@ def render(result: dict[str, Any]) -> str:
             f"mask {o['sdpa_ms']:.3f} ms.",
             "",
         ]
+    if "varlen" in result:
+        lines += [
+            "| (B, H, n, m, d) | dtype | lengths | step | SDPA + key mask | attnscore, sdpa | "
+            "attnscore, flash_varlen | flash_varlen / SDPA |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["varlen"]["rows"]:
+            ms = r["ms"]
+            lines.append(
+                f"| {tuple(r['shape'])} | {r['dtype']} | {r['lengths']} | {r['step']} | "
+                f"{_f(ms.get('sdpa_key_mask'))} | {_f(ms.get('attnscore_sdpa'))} | "
+                f"{_f(ms.get('attnscore_varlen'))} | {_f(r['varlen_over_sdpa'], 2)} |"
+            )
+        lines += ["", "flash_varlen against float64 (relative Frobenius error):", ""]
+        lines += [
+            "| dtype | output | grad q | grad k | grad v | zero rows | padded keys' grads 0 |"
+        ]
+        lines += ["|---|---|---|---|---|---|---|"]
+        for name, err in result["varlen"]["errors"].items():
+            lines.append(
+                f"| {name} | {err['out']:.1e} | {err['grad_q']:.1e} | {err['grad_k']:.1e} | "
+                f"{err['grad_v']:.1e} | {err['idle_rows_zero']} | {err['padded_keys_zero_grad']} |"
+            )
+        lines.append("")
     if "flex" in result:
         lines += [
             "| (B, H, n, m, d) | dtype | mask | step | SDPA + bool mask | attnscore's SDPA "
@@ -502,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["softmax"] = softmax(copy_gb_s or copy_bandwidth()["gb_s"])
             elif section == "flex":
                 result["flex"] = flex(FLEX_SHAPES, args.dtypes)
+            elif section == "varlen":
+                result["varlen"] = varlen(VARLEN_SHAPES, args.dtypes)
             elif section == "flex_compile":
                 result["flex_compile"] = flex_compile()
             elif section == "overhead":

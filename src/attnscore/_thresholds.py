@@ -290,6 +290,24 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "'On a GPU (CUDA backend)').",
         ("attnscore.kernels._flex:FLEX_MIN_KEYS", "attnscore.kernels._cuda:FLEX_MIN_KEYS"),
     ),
+    Threshold(
+        "varlen_min_keys",
+        MappingProxyType(
+            {
+                (torch.bfloat16, False): 1,
+                (torch.bfloat16, True): 1,
+                (torch.float16, False): 1,
+                (torch.float16, True): 1,
+            }
+        ),
+        "CUDA: (dtype, training) -> the fewest keys from which flash attention's "
+        "variable-length kernel (padded keys never read) replaces SDPA with the dense mask.",
+        "Not yet measured against SDPA with the mask.",
+        None,
+        None,
+        "tools/gpu_measure.py --only varlen (docs/benchmarks.md, 'On a GPU (CUDA backend)').",
+        ("attnscore.kernels._varlen:VARLEN_MIN_KEYS",),
+    ),
 )
 
 _BY_NAME = {t.name: t for t in THRESHOLDS}

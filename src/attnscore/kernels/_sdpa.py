@@ -201,6 +201,7 @@ def masked(
     attn_mask: Tensor
     idle: Tensor | None
     first = 0  # the first key that may be padding
+    keyless = False  # whether rows with no key were given key 0 already
     padded: Tensor | None = None  # bool (..., m, 1): keys no query attends; None: none
     if look and mask.attend is not None:  # one C pass: the additive mask SDPA would make
         # anyway, and where the padding is
@@ -218,10 +219,15 @@ def masked(
         if look:  # lengths (B or 1, H or 1, n or 1) -> (..., m)
             attn_mask = _ops.lengths_mask(lengths, m, q.dtype)
             padded, first = padding_by_lengths(lengths, m, look=True)
-        else:
-            attn_mask = _allowed(mask, lengths, m, q.device)
+        else:  # few ops: each costs microseconds of the host, which GPU calls wait for
+            # Rows with no key attend key 0 inside the call where SDPA would not give
+            # zeros itself (zeroed after): lengths raised to 1 write that mask in one op.
+            keyless = has_idle is not False and not empty_rows_are_zero(q.device.type)
+            positions = torch.arange(m, device=q.device)
+            allowed = positions < (lengths.clamp_min(1) if keyless else lengths).unsqueeze(-1)
+            attn_mask = allowed.view(*(1,) * (4 - allowed.ndim), *allowed.shape)
             if lengths.shape[-1] == 1:  # one length per (example, head): not allowed
-                padded = ~attn_mask.mT
+                padded = (positions >= lengths).unsqueeze(-1)
             else:
                 padded, _ = padding_by_lengths(lengths, m, look=False)
         idle = None if has_idle is False else (lengths == 0).unsqueeze(-1)
@@ -234,7 +240,7 @@ def masked(
     q, k, v = inert(q, k, v, padded, idle, look=look, first=first)
     # Rows SDPA itself does not make zeros attend key 0 inside the call, zeroed after.
     fix = idle if idle is not None and not empty_rows_are_zero(q.device.type) else None
-    if fix is not None:
+    if fix is not None and not keyless:
         if attn_mask.dtype != torch.bool:
             attn_mask = attn_mask == 0
         attn_mask = attn_mask | (fix & (torch.arange(m, device=q.device) == 0))

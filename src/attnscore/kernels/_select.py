@@ -66,7 +66,7 @@ Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 #: without a row use ``"*"``'s.
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("c_small", "c_by_lengths", "flash_cut", "flash_grouped", "sdpa", "plain"),
-    "cuda": ("flex", "sdpa", "plain"),
+    "cuda": ("flash_varlen", "flex", "sdpa", "plain"),
     "*": ("sdpa", "plain"),
 }
 
@@ -77,6 +77,7 @@ WHERE: dict[str, str] = {
     "c_by_lengths": "_cpu:ByLengths",
     "flash_cut": "_cpu:CutExamples",
     "flash_grouped": "_cpu:GroupedExamples",
+    "flash_varlen": "_varlen:FlashVarlen",
     "flex": "_flex:Flex",
     "sdpa": "_sdpa:Sdpa",
     "plain": "_attention:Plain",

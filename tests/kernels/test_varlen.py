@@ -1,0 +1,130 @@
+"""Dot-product attention by key lengths through the variable-length flash kernel
+(kernels/_varlen.py), against float64 references written here.
+
+On the CPU the sequence layout is checked with a variable-length kernel written here from
+its definition (queries of rows [cu_q[s], cu_q[s+1]) over keys of rows [cu_k[s],
+cu_k[s+1])): outputs and gradients against the masked softmax in float64, padding full of
+NaN, lengths 0 and m. On a GPU the flash kernel itself runs through the selection, forward
+and backward, and the reasons it declines are checked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnscore
+from attnscore import kernels
+from attnscore.kernels import _varlen
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, scale):
+    """The variable-length kernel's definition, one sequence at a time (float64 inside)."""
+    assert dropout_p == 0.0
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
+    for s in range(cu_q.numel() - 1):
+        qs = slice(int(cu_q[s]), int(cu_q[s + 1]))
+        ks = slice(int(cu_k[s]), int(cu_k[s + 1]))
+        assert qs.stop - qs.start <= max_q and ks.stop - ks.start <= max_k
+        if qs.stop == qs.start or ks.stop == ks.start:
+            continue  # no query, or no key: zeros
+        scores = torch.einsum("ihd,jhd->hij", q[qs].double(), k[ks].double()) * scale
+        out[qs] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v[ks].double())
+    return out.to(q.dtype)
+
+
+def _reference(q, k, v, lengths, scale):
+    """Softmax of the scaled scores over keys j < length (B, H, 1), float64; zeros for 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    allowed = torch.arange(k.shape[-2]) < lengths.unsqueeze(-1)
+    scores = (q @ k.mT * scale).masked_fill(~allowed, -math.inf)
+    return torch.softmax(scores, -1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize(("B", "H", "n", "m"), [(3, 2, 5, 7), (2, 1, 4, 4), (1, 3, 1, 9)])
+def test_sequences_keep_every_padded_key_out(B, H, n, m):
+    """Each pair's queries see exactly its first L keys; padded keys (NaN here) belong to
+    sequences without queries, so outputs match the masked softmax and NaN reaches
+    nothing; lengths 0 give zeros."""
+    gen = torch.Generator().manual_seed(B * 100 + m)
+    q = torch.randn(B, H, n, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, H, m, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, H, m, 8, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(0, m + 1, (B, H, 1), generator=gen)
+    lengths.view(-1)[0], lengths.view(-1)[-1] = 0, m
+    padded = (torch.arange(m) >= lengths).unsqueeze(-1)
+    k_nan, v_nan = k.masked_fill(padded, math.nan), v.masked_fill(padded, math.nan)
+    out = _varlen.attention(q, k_nan, v_nan, lengths, scale=0.3, kernel=_varlen_reference)
+    torch.testing.assert_close(out, _reference(q, k, v, lengths, 0.3), rtol=1e-12, atol=1e-12)
+
+
+def test_sequences_offsets():
+    """Pair i: its queries [i·n, (i+1)·n) over keys [i·m, i·m + L); then no query over the
+    rest of its keys."""
+    cu_q, cu_k = _varlen.sequences(torch.tensor([[2], [0], [5]]), 3, 4, 5)
+    assert cu_q.tolist() == [0, 4, 4, 8, 8, 12, 12]
+    assert cu_k.tolist() == [0, 2, 5, 5, 10, 15, 15]
+    assert cu_q.dtype == cu_k.dtype == torch.int32
+
+
+def _call(dtype, lengths_shape=(2,), d=64, device="cpu", **options):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 16, d, generator=gen).to(device, dtype)
+    lengths = torch.randint(1, 17, lengths_shape, generator=gen).to(device)
+    return q, lengths, options
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lengths_shape", "d", "options", "reason"),
+    [
+        (torch.float32, (2,), 64, {}, "flash attention takes float16 and bfloat16"),
+        (torch.bfloat16, (2, 16), 64, {}, "lengths that differ between queries"),
+        (torch.bfloat16, (2,), 64, {"causal": True}, "lengths that differ between queries"),
+        (torch.bfloat16, (2,), 12, {}, "a multiple of 8"),
+    ],
+)
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_declines_with_its_reason(dtype, lengths_shape, d, options, reason):
+    q, lengths, options = _call(dtype, lengths_shape, d, "cuda", **options)
+    with kernels.use("flash_varlen"), pytest.raises(kernels.NoImplementationError, match=reason):
+        attnscore.dot_product_attention(q, q, q, lengths, **options)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("n", "m"), [(40, 300), (300, 40), (1, 129)])
+def test_flash_on_cuda_matches_float64(dtype, n, m):
+    """The flash kernel through the selection: output and gradients of q, k, v against the
+    float64 reference, with NaN padding and lengths 0 and m; padded keys get zero
+    gradients."""
+    gen = torch.Generator().manual_seed(n + m)
+    B, H, d = 3, 2, 64
+    q64 = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
+    k64 = torch.randn(B, H, m, d, generator=gen, dtype=torch.float64)
+    v64 = torch.randn(B, H, m, d, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(0, m + 1, (B,), generator=gen)
+    lengths[0], lengths[-1] = 0, m
+    padded = (torch.arange(m) >= lengths.view(B, 1, 1)).unsqueeze(-1)
+    q, k, v = (t.to("cuda", dtype).requires_grad_() for t in (q64, k64, v64))
+    with torch.no_grad():
+        k.masked_fill_(padded.cuda(), math.nan)
+        v.masked_fill_(padded.cuda(), math.nan)
+    with kernels.explaining() as seen:
+        out = attnscore.dot_product_attention(q, k, v, lengths.cuda())
+    assert seen.chosen == ["flash_varlen"]
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    (out.double() * grad_out.cuda()).sum().backward()
+    ref_in = [t.clone().requires_grad_() for t in (q64, k64, v64)]
+    ref = _reference(*ref_in, lengths.view(B, 1, 1), 1 / math.sqrt(d))
+    (ref * grad_out).sum().backward()
+    tol = {"rtol": 0.05, "atol": 0.05}
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
+    for got, want in zip((q, k, v), ref_in, strict=True):
+        assert got.grad is not None and want.grad is not None
+        torch.testing.assert_close(got.grad.double().cpu(), want.grad, **tol)
+    assert (k.grad.cpu()[padded.expand_as(k.grad)] == 0).all()
