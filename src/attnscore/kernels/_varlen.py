@@ -123,7 +123,10 @@ def _flash_here(index: int) -> bool:
 class FlashVarlen(Implementation):
     """:func:`attention` for calls by one key length per example (and head) on CUDA, in
     float16 and bfloat16, from the key counts where it measured faster than SDPA with the
-    dense mask (:data:`VARLEN_MIN_KEYS`)."""
+    dense mask (:data:`VARLEN_MIN_KEYS`); scorers that declare a projection (general,
+    cosine) run on their projections. The attention reads no padding; in training a
+    projected call's padding is zeroed first (``call.inert``): the projections' gradients
+    read it."""
 
     name = "flash_varlen"
     summary = (
@@ -136,8 +139,8 @@ class FlashVarlen(Implementation):
             return "kernels disabled"
         if call.traced:
             return "traced or transformed"
-        if call.bias is not None or call.project is not None:
-            return "a score bias or a projected scorer"
+        if call.bias is not None:
+            return "a score bias"
         if call.kind != "lengths":
             return f"no lengths to skip by (mask: {call.kind})"
         if call.lengths.shape[-1] != 1:
@@ -145,7 +148,7 @@ class FlashVarlen(Implementation):
         q, k, v = call.q, call.k, call.v
         if q.dtype not in (torch.float16, torch.bfloat16):
             return f"{q.dtype} (flash attention takes float16 and bfloat16)"
-        d = q.shape[-1]
+        d = k.shape[-1]  # (the size of the projections too: general, cosine)
         if v.shape[-1] != d or d % 8 or d > 256:
             return (
                 f"sizes d={d}, dv={v.shape[-1]} (flash attention: equal, a multiple of 8, <= 256)"
@@ -161,6 +164,5 @@ class FlashVarlen(Implementation):
         return None
 
     def run(self, call: AttentionCall) -> Tensor:
-        return attention(
-            call.q, call.k, call.v, call.lengths, scale=call.scale, dropout_p=call.dropout_p
-        )
+        q, k, v = call.projected() if call.project or call.inert else (call.q, call.k, call.v)
+        return attention(q, k, v, call.lengths, scale=call.scale, dropout_p=call.dropout_p)
