@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_floating, check_tensor, in_functorch, value_range
-from ._mask import AttentionMask
+from ._mask import AttentionMask, compact
 from .kernels import _ops
 
 __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
@@ -179,9 +179,11 @@ def build_mask(
         if not isinstance(causal, bool):
             raise TypeError(f"Expected `causal` to be a bool, but got {causal!r} instead.")
         by_position = torch.arange(1, n + 1, device=device).clamp(max=m)
+        # On the compact lengths (one per example, not a copy per head and query), so that
+        # a kernel that broadcasts them builds no (B, H, n, m) mask from them.
         lengths = (
-            by_position.expand(full) if lengths is None else torch.minimum(lengths, by_position)
-        )
+            by_position if lengths is None else torch.minimum(compact(lengths), by_position)
+        ).expand(full)
     query_lengths = None
     if query_valid_lens is not None:
         query_lengths, _ = _check_lengths(query_valid_lens, "query_valid_lens", device)
@@ -195,7 +197,7 @@ def build_mask(
             )
         is_real = torch.arange(n, device=device) < query_lengths.unsqueeze(-1)
         base = torch.full((), m, dtype=torch.int64, device=device) if lengths is None else lengths
-        lengths = torch.where(is_real, base, 0).expand(full)
+        lengths = torch.where(is_real, compact(base), 0).expand(full)
     attend = None
     if attend_mask is not None:
         attend = check_tensor(attend_mask, "attend_mask")
