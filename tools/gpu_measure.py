@@ -250,7 +250,7 @@ VARLEN_SHAPES = [  # (B, H, n, m, d)
 ]
 
 
-def _varlen_error(dtype: torch.dtype) -> dict[str, Any]:
+def _varlen_error(dtype: torch.dtype, causal: bool) -> dict[str, Any]:
     """attnscore.dot_product_attention on flash_varlen against float64: output and
     gradients, with NaN in the padding and lengths 0 and m among the examples."""
     import attnscore
@@ -267,11 +267,13 @@ def _varlen_error(dtype: torch.dtype) -> dict[str, Any]:
     ins[2].masked_fill_(padded.cuda(), math.nan)
     ins = [t.requires_grad_() for t in ins]
     with kernels.use("flash_varlen"):
-        out = attnscore.dot_product_attention(*ins, L.cuda())
+        out = attnscore.dot_product_attention(*ins, L.cuda(), causal=causal)
     g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     (out.double() * g.cuda()).sum().backward()
     ref_ins = [t.clone().requires_grad_() for t in (q, k, v)]
     allowed = torch.arange(m) < L.view(B, 1, 1, 1)
+    if causal:
+        allowed = allowed & torch.ones(n, m, dtype=torch.bool).tril()
     s = ref_ins[0] @ ref_ins[1].mT * d**-0.5
     ref = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0) @ ref_ins[2]
     (ref * g).sum().backward()
@@ -293,11 +295,16 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
     """Dot-product attention by key lengths (one per example) on the variable-length flash
     kernel (kernels/_varlen.py) against SDPA with the key mask, a user's call and
     attnscore's SDPA route, through the public function (host time included): lengths
-    uniform in [1, m], and every length m (nothing to skip)."""
+    uniform in [1, m], every length m (nothing to skip), and uniform with causal masking."""
     import attnscore
     from attnscore import kernels
 
-    errors = {d: _varlen_error(DTYPES[d]) for d in dtypes if d != "float32"}
+    errors = {
+        f"{d}{', causal' if causal else ''}": _varlen_error(DTYPES[d], causal)
+        for d in dtypes
+        if d != "float32"
+        for causal in (False, True)
+    }
     print(json.dumps(errors), flush=True)
     rows = []
     gen = torch.Generator().manual_seed(0)
@@ -307,19 +314,22 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
                 continue
             dtype = DTYPES[dtype_name]
             q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=dtype) for s in (n, m, m))
-            for kind in ("uniform", "full"):
-                if kind == "uniform":
-                    L = torch.randint(1, m + 1, (B,), generator=gen).cuda()
-                else:
+            for kind in ("uniform", "full", "causal + uniform"):
+                if kind == "full":
                     L = torch.full((B,), m, device="cuda")
+                else:
+                    L = torch.randint(1, m + 1, (B,), generator=gen).cuda()
+                causal = kind.startswith("causal")
                 key_mask = (torch.arange(m, device="cuda") < L[:, None])[:, None, None, :]
+                if causal:
+                    key_mask = key_mask & torch.ones(n, m, dtype=torch.bool, device="cuda").tril()
 
                 def user(a: Any, b: Any, c: Any, km: Any = key_mask) -> Any:
                     return F.scaled_dot_product_attention(a, b, c, attn_mask=km)
 
-                def ours(a: Any, b: Any, c: Any, name: str, L: Any = L) -> Any:
+                def ours(a: Any, b: Any, c: Any, name: str, L: Any = L, cz: bool = causal) -> Any:
                     with kernels.use(name):
-                        return attnscore.dot_product_attention(a, b, c, L)
+                        return attnscore.dot_product_attention(a, b, c, L, causal=cz)
 
                 impls = {
                     "sdpa_key_mask": user,

@@ -301,12 +301,36 @@ THRESHOLDS: tuple[Threshold, ...] = (
             }
         ),
         "CUDA: (dtype, training) -> the fewest keys from which flash attention's "
-        "variable-length kernel (padded keys never read) replaces SDPA with the dense mask.",
-        "Not yet measured against SDPA with the mask.",
+        "variable-length kernel (padded keys never read) runs calls by one key length per "
+        "example instead of SDPA with the dense mask.",
+        "It took less time than attnscore's SDPA route in every row measured, m from 32 to "
+        "8192, lengths uniform in [1, m] or all m, forward and forward + backward.",
+        "one NVIDIA H200, torch 2.11 (26 November 2026)",
         None,
-        None,
-        "tools/gpu_measure.py --only varlen (docs/benchmarks.md, 'On a GPU (CUDA backend)').",
+        "tools/gpu_measure.py --only varlen (docs/benchmarks.md, 'On a GPU (CUDA backend)', "
+        "rows 'uniform' and 'full').",
         ("attnscore.kernels._varlen:VARLEN_MIN_KEYS",),
+    ),
+    Threshold(
+        "varlen_causal_min_keys",
+        MappingProxyType(
+            {
+                (torch.bfloat16, False): 4096,
+                (torch.bfloat16, True): 1024,
+                (torch.float16, False): 4096,
+                (torch.float16, True): 1024,
+            }
+        ),
+        "CUDA: (dtype, training) -> the fewest keys from which causal masking with key "
+        "lengths runs as two variable-length flash calls instead of SDPA with the dense mask.",
+        "Two calls and their offsets cost host time that small calls do not win back: "
+        "forward took longer than the SDPA route at some shapes up to m = 1024 and less at "
+        "4096 and 8192; forward + backward took less at every shape from m = 1024.",
+        "one NVIDIA H200, torch 2.11 (26 November 2026)",
+        None,
+        "tools/gpu_measure.py --only varlen (docs/benchmarks.md, 'On a GPU (CUDA backend)', "
+        "rows 'causal + uniform').",
+        ("attnscore.kernels._varlen:VARLEN_CAUSAL_MIN_KEYS",),
     ),
 )
 
