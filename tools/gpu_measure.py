@@ -266,7 +266,11 @@ def _varlen_error(dtype: torch.dtype, causal: bool) -> dict[str, Any]:
     ins[1].masked_fill_(padded.cuda(), math.nan)
     ins[2].masked_fill_(padded.cuda(), math.nan)
     ins = [t.requires_grad_() for t in ins]
-    with kernels.use("flash_varlen"):
+    every = {(dtype, training): 1 for training in (False, True)}
+    with (
+        kernels.use("flash_varlen"),
+        kernels.thresholds(varlen_min_keys=every, varlen_causal_min_keys=every),
+    ):
         out = attnscore.dot_product_attention(*ins, L.cuda(), causal=causal)
     g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     (out.double() * g.cuda()).sum().backward()
@@ -299,6 +303,9 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
     import attnscore
     from attnscore import kernels
 
+    # flash_varlen at every size, whatever the thresholds (which these rows justify)
+    every = {(DTYPES[d], training): 1 for d in dtypes for training in (False, True)}
+    everywhere = {"varlen_min_keys": every, "varlen_causal_min_keys": every}
     errors = {
         f"{d}{', causal' if causal else ''}": _varlen_error(DTYPES[d], causal)
         for d in dtypes
@@ -328,7 +335,7 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
                     return F.scaled_dot_product_attention(a, b, c, attn_mask=km)
 
                 def ours(a: Any, b: Any, c: Any, name: str, L: Any = L, cz: bool = causal) -> Any:
-                    with kernels.use(name):
+                    with kernels.use(name), kernels.thresholds(**everywhere):
                         return attnscore.dot_product_attention(a, b, c, L, causal=cz)
 
                 impls = {
