@@ -115,12 +115,19 @@ def worker(only: list[str]) -> None:
     qh, kh, vh = (rn(4, 8, 256, 64, grad=True) for _ in range(3))
     Lh = lens_b(4, 256)
     case("heads lengths (B,) f32 fwd+bwd", fwdbwd(lambda: dpa(qh, kh, vh, Lh), qh, kh, vh))
+    qc, kc, vc = (t.detach() for t in (qh, kh, vh))
+    case("heads causal + lengths f32 fwd", lambda: dpa(qc, kc, vc, Lh, causal=True))
+    case(
+        "dot causal + lengths f32 fwd+bwd",
+        fwdbwd(lambda: dpa(qg, kg, vg, L8, causal=True), qg, kg, vg),
+    )
     # multihead B=8 n=256 E=256 H=4
     mha = attnscore.MultiHeadAttention(256, 4)
     x = rn(8, 256, 256)
     Lm = lens_b(8, 256)
     mha(x, x, x, Lm)
     case("multihead lengths (B,) fwd+bwd", fwdbwd(lambda: mha(x, x, x, Lm), x))
+    case("multihead causal + lengths fwd", lambda: mha(x, x, x, Lm, causal=True))
     # additive B=4 n=128 m=256 h=128 d=64
     add = attnscore.AdditiveAttention(64, 64, 128)
     qa, ka, va = rn(4, 128, 64, grad=True), rn(4, 256, 64, grad=True), rn(4, 256, 64, grad=True)
