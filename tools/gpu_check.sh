@@ -5,11 +5,10 @@
 #
 #   OUT/env.txt          nvidia-smi, versions
 #   OUT/measure.json     tools/gpu_measure.py: copy bandwidth, masked softmax bandwidth,
-#                        flash_varlen and flex_attention against SDPA + mask, additive
-#                        against the textbook, a profile of one call (OUT/measure.log: its
-#                        progress)
-#   OUT/tests.log        the CUDA tests (tests/kernels/test_cuda_*.py, test_flex.py,
-#                        test_varlen.py), not skipped
+#                        flash_varlen against SDPA + mask, additive against the textbook,
+#                        a profile of one call (OUT/measure.log: its progress)
+#   OUT/tests.log        the CUDA tests (tests/kernels/test_cuda_*.py, test_varlen.py), not
+#                        skipped
 #   OUT/g2p/, g2p.log    the G2P headline recipe for --steps optimizer steps on the GPU
 #   OUT/bench-ROW.json   attnscore bench --device cuda --json, one file per row, rows in
 #                        order until --budget seconds (default 420) have passed; all of them
@@ -68,15 +67,14 @@ if [ "$dry" -eq 0 ] && ! "$py" -c "import torch, sys; sys.exit(not torch.cuda.is
 fi
 
 if [ "$dry" -eq 1 ]; then
-    run_step flex-cpu 300 "$py" -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_flex.py
+    run_step varlen-cpu 300 "$py" -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_varlen.py
     run_step measure-help 60 "$py" tools/gpu_measure.py --help
     run_step bench-args 60 "$py" -m attnscore bench --device cpu --quick --cases dot --min-time 0.01 \
         --json "$out/bench-dot.json" --overwrite --quiet
 else
     run_step measure 280 "$py" tools/gpu_measure.py --out "$out/measure.json" >"$out/measure.log" 2>&1
     run_step tests 90 "$py" -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 \
-        tests/kernels/test_flex.py tests/kernels/test_varlen.py tests/kernels/test_cuda_paths.py \
-        tests/kernels/test_cuda_backend.py \
+        tests/kernels/test_varlen.py tests/kernels/test_cuda_paths.py tests/kernels/test_cuda_backend.py \
         >"$out/tests.log" 2>&1
     tail -5 "$out/tests.log"
     g2p=(--steps "$steps" --precision bfloat16 --hidden 512 --dropout 0.0 --eval-every 0

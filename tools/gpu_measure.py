@@ -7,17 +7,19 @@ Sections (``--only`` picks some; all by default), written as one JSON file:
   ceiling the masked softmax is held against.
 - ``softmax``: ``attnscore.masked_softmax`` forward, bytes read + written over time, as a
   fraction of ``copy``; ``torch.softmax`` beside it.
-- ``flex``: dot-product attention by lengths: ``flex_attention`` with the block mask from
-  the lengths (kernels/_flex.py) against SDPA with the dense mask (a user's call, and the
-  library's, kernels/_sdpa.py), over shapes, dtypes and mask kinds, forward and forward +
-  backward; first its error against float64 on fresh random inputs.
 - ``overhead``: where a DotProductAttention call by lengths spends its time (profiler).
-- ``flex_compile``: the compile and block-mask variants of flex at one shape.
+- ``varlen``: dot-product attention by key lengths on flash attention's variable-length
+  kernel (kernels/_varlen.py) against SDPA with the key mask (a user's call, and the
+  library's SDPA route), over shapes, dtypes and lengths, with and without causal masking,
+  forward and forward + backward; first its error against float64.
 - ``additive``: AdditiveAttention forward + backward against the textbook module (time and
   ``max_memory_allocated`` above the inputs).
 
+``--render`` also shows the ``flex`` and ``flex_compile`` sections of runs 1 and 2, which
+measured ``flex_attention`` by lengths (since removed from the library).
+
 Times: ``triton.testing.do_bench`` medians (CUDA events, warm-up first) in milliseconds.
-Usage: ``python tools/gpu_measure.py --out measure.json [--only flex additive]``.
+Usage: ``python tools/gpu_measure.py --out measure.json [--only varlen additive]``.
 """
 
 from __future__ import annotations
@@ -97,144 +99,6 @@ def softmax(copy_gb_s: float) -> list[dict[str, Any]]:
             )
         del x
     return rows
-
-
-def _lengths(kind: str, B: int, n: int, m: int, gen: torch.Generator) -> torch.Tensor:
-    """(B, 1, n) int64 on CUDA: per example uniform in [1, m] (``lengths``), or that and
-    causal (``causal + lengths``)."""
-    per_example = torch.randint(1, m + 1, (B, 1, 1), generator=gen)
-    if kind == "lengths":
-        out = per_example.expand(B, 1, n)
-    else:
-        out = torch.minimum(torch.arange(1, n + 1), per_example)
-    return out.contiguous().cuda()
-
-
-def _error(kind: str, dtype: torch.dtype) -> dict[str, Any]:
-    """flex against float64 on fresh random inputs: output and gradients."""
-    from attnscore.kernels import _flex
-
-    gen = torch.Generator().manual_seed(1)
-    B, H, n, m, d = 3, 4, 300, 517, 64
-    q, k, v = (torch.randn(B, H, s, d, generator=gen) for s in (n, m, m))
-    L = _lengths(kind, B, n, m, gen)
-    L[0, 0, :7] = 0  # rows that attend nothing
-    ins = [t.cuda().to(dtype).requires_grad_() for t in (q, k, v)]
-    out = _flex.attention(*ins, L, scale=d**-0.5)
-    g = torch.randn(out.shape, generator=gen).cuda()
-    (out.float() * g.float()).sum().backward()
-    ref_ins = [t.detach().double().cpu().requires_grad_() for t in ins]
-    allowed = torch.arange(m) < L.cpu().unsqueeze(-1)
-    s = ref_ins[0] @ ref_ins[1].mT * d**-0.5
-    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
-    ref = w @ ref_ins[2]
-    (ref * g.double().cpu()).sum().backward()
-
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
-
-    return {
-        "out": rel(out.detach(), ref.detach()),
-        **{f"grad_{x}": rel(t.grad, r.grad) for x, t, r in zip("qkv", ins, ref_ins, strict=True)},
-        "idle_rows_zero": bool((out[0, 0, :7] == 0).all()),
-    }
-
-
-FLEX_SHAPES = [  # (B, H, n, m, d)
-    (32, 8, 1024, 1024, 64),
-    (32, 1, 1024, 1024, 64),
-    (16, 16, 1024, 1024, 64),
-    (64, 8, 256, 256, 64),
-    (32, 8, 512, 512, 64),
-    (8, 8, 4096, 4096, 64),
-    (2, 16, 8192, 8192, 64),
-]
-LONG = {(8, 8, 4096, 4096), (2, 16, 8192, 8192)}
-"""Shapes also measured in float16 (the selection's candidates)."""
-FLOAT32 = {(32, 8, 1024, 1024), (32, 1, 1024, 1024), (8, 8, 4096, 4096)}
-
-
-def flex(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
-    from attnscore._mask import AttentionMask
-    from attnscore.kernels import _flex, _sdpa
-
-    errors = {
-        f"{dtype} {kind}": _error(kind, DTYPES[dtype])
-        for dtype in dtypes
-        for kind in ("lengths", "causal + lengths")
-    }
-    rows = []
-    gen = torch.Generator().manual_seed(0)
-    for B, H, n, m, d in shapes:
-        for dtype_name in dtypes:
-            dtype = DTYPES[dtype_name]
-            if (dtype == torch.float32 and (B, H, n, m) not in FLOAT32) or (
-                dtype == torch.float16 and (B, H, n, m) not in LONG
-            ):
-                continue
-            q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=dtype) for s in (n, m, m))
-            for kind in ("lengths", "causal + lengths"):
-                L = _lengths(kind, B, n, m, gen)
-                allowed = torch.arange(m, device="cuda") < L.unsqueeze(-1)  # (B, 1, n, m)
-                mask = AttentionMask(n=n, m=m, lengths=L, key_lengths=L)
-                scale = d**-0.5
-                impls = {
-                    "sdpa_bool_mask": lambda a, b, c, al=allowed: F.scaled_dot_product_attention(
-                        a, b, c, attn_mask=al
-                    ),
-                    "attnscore_sdpa": partial(_sdpa.masked, mask=mask, scale=scale, dropout_p=0.0),
-                    "flex": partial(_flex.attention, lengths=L, scale=scale),
-                }
-                for backward in (False, True):
-                    ins = [t.detach().requires_grad_(backward) for t in (q, k, v)]
-                    grad = torch.randn(B, H, n, d, device="cuda", dtype=dtype)
-                    times = {}
-                    for name, fn in impls.items():
-
-                        def step(
-                            fn: Callable[..., Any] = fn,
-                            ins: list[torch.Tensor] = ins,
-                            backward: bool = backward,
-                            grad: torch.Tensor = grad,
-                        ) -> None:
-                            out = fn(*ins)
-                            if backward:
-                                out.backward(grad)
-
-                        try:
-                            t0 = time.perf_counter()
-                            if not backward:
-                                with torch.no_grad():
-                                    step()
-                            else:
-                                step()
-                            torch.cuda.synchronize()
-                            first = time.perf_counter() - t0
-                            if backward:
-                                times[name] = _bench(step)
-                            else:
-                                with torch.no_grad():
-                                    times[name] = _bench(step)
-                            times[name + "_first_s"] = first
-                        except Exception as err:  # one failing implementation: noted
-                            times[name] = None
-                            times[name + "_error"] = f"{type(err).__name__}: {err}"[:300]
-                    base = times.get("sdpa_bool_mask")
-                    fl = times.get("flex")
-                    rows.append(
-                        {
-                            "shape": [B, H, n, m, d],
-                            "dtype": dtype_name,
-                            "mask": kind,
-                            "step": "fwd+bwd" if backward else "fwd",
-                            "ms": times,
-                            "flex_over_sdpa": (fl / base) if fl and base else None,
-                        }
-                    )
-                    print(json.dumps(rows[-1]), flush=True)
-            del q, k, v
-            torch.cuda.empty_cache()
-    return {"errors": errors, "rows": rows}
 
 
 VARLEN_SHAPES = [  # (B, H, n, m, d)
@@ -383,43 +247,6 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
     return {"errors": errors, "rows": rows}
 
 
-def flex_compile() -> dict[str, Any]:
-    """Why flex_attention is slow at some shapes: the library's compile (dynamic shapes,
-    block mask built per call) against a static compile and a block mask built once, at
-    (16, 16, 1024, 1024, 64) bfloat16 forward, with dynamo's recompile counters."""
-    from torch._dynamo.utils import counters
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from attnscore.kernels import _flex
-
-    B, H, n, m, d = 16, 16, 1024, 1024, 64
-    q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for s in (n, m, m))
-    L = torch.randint(1, m + 1, (B, 1, 1), device="cuda").expand(B, 1, n)
-    static = torch.compile(flex_attention)
-    once = _flex.block_mask(L, B, H, n, m)
-    out: dict[str, Any] = {}
-    with torch.no_grad():
-        for name, fn in (
-            ("library (dynamic, mask per call)", lambda: _flex.attention(q, k, v, L, scale=0.125)),
-            ("dynamic, mask built once", lambda: _flex._compiled()(q, k, v, block_mask=once)),
-            ("static, mask built once", lambda: static(q, k, v, block_mask=once)),
-            (
-                "static, mask per call",
-                lambda: static(q, k, v, block_mask=_flex.block_mask(L, B, H, n, m)),
-            ),
-            ("block mask alone", lambda: _flex.block_mask(L, B, H, n, m)),
-        ):
-            try:
-                fn()
-                out[name] = _bench(fn)
-            except Exception as err:
-                out[name] = f"{type(err).__name__}: {err}"[:300]
-    kept = ("stats", "recompiles", "frames")
-    out["dynamo_counters"] = {key: dict(c) for key, c in counters.items() if key in kept}
-    print(json.dumps(out), flush=True)
-    return out
-
-
 def overhead() -> dict[str, Any]:
     """Where a DotProductAttention call by lengths spends its time on the GPU: the
     profiler's table (CPU and CUDA time per op) of 20 calls, bfloat16 (32, 1024, 1024, 64)
@@ -502,7 +329,7 @@ def additive() -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ["copy", "softmax", "overhead", "varlen", "flex", "flex_compile", "additive"]
+SECTIONS = ["copy", "softmax", "overhead", "varlen", "additive"]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -670,12 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                 copy_gb_s = result["copy"]["gb_s"]
             elif section == "softmax":
                 result["softmax"] = softmax(copy_gb_s or copy_bandwidth()["gb_s"])
-            elif section == "flex":
-                result["flex"] = flex(FLEX_SHAPES, args.dtypes)
             elif section == "varlen":
                 result["varlen"] = varlen(VARLEN_SHAPES, args.dtypes)
-            elif section == "flex_compile":
-                result["flex_compile"] = flex_compile()
             elif section == "overhead":
                 result["overhead"] = overhead()
             else:

@@ -278,19 +278,6 @@ THRESHOLDS: tuple[Threshold, ...] = (
         minimum=1,
     ),
     Threshold(
-        "flex_min_keys",
-        MappingProxyType({}),
-        "CUDA: (dtype, training) -> the fewest keys from which flex_attention with a block "
-        "mask from the lengths replaces SDPA with the dense mask; empty: never.",
-        "On the one GPU measured it took longer than SDPA with the mask at every shape, "
-        "dtype and step; an entry goes in with the measurement that justifies it.",
-        "one NVIDIA H200 (tools/gpu_check.sh, two runs)",
-        None,
-        "Not an attnscore bench row: tools/gpu_measure.py --only flex (docs/benchmarks.md, "
-        "'On a GPU (CUDA backend)').",
-        ("attnscore.kernels._flex:FLEX_MIN_KEYS", "attnscore.kernels._cuda:FLEX_MIN_KEYS"),
-    ),
-    Threshold(
         "varlen_min_keys",
         MappingProxyType(
             {

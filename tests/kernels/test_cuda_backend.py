@@ -597,14 +597,13 @@ def _dot(
     dropout_p: float,
 ) -> Tensor:  # fmt: skip
     """Dot-product attention on (B, n, d) inputs with (B,) or (B, n) lengths, on the CUDA
-    priority list's implementations (flex_attention where it measured faster, else SDPA
-    with the mask), whatever the tensors' device."""
+    priority list's SDPA route (with the mask), whatever the tensors' device."""
     from attnscore import kernels
     from attnscore.masking import build_mask
 
     B, n, m = q.shape[0], q.shape[1], k.shape[1]
     mask = build_mask(torch.Size([B]), n, m, q.device, valid_lens=lens)
-    with kernels.use("flex", "sdpa"):
+    with kernels.use("sdpa"):
         return kernels.dot_product_attention(q, k, v, mask, scale=scale, dropout_p=dropout_p)
 
 

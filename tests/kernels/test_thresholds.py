@@ -129,7 +129,7 @@ def test_an_override_steers_the_implementation():
         ({"small_work": True}, TypeError, "`small_work` to be an int, but got bool"),
         ({"min_work_per_thread": 0}, ValueError, "`min_work_per_thread` >= 1, but got 0"),
         ({"softmax_training_dtypes": {"float32"}}, TypeError, "set of torch dtypes"),
-        ({"flex_min_keys": {torch.float32: 8}}, TypeError, "(dtype, training) -> int"),
+        ({"varlen_min_keys": {torch.float32: 8}}, TypeError, "(dtype, training) -> int"),
     ],
 )
 def test_bad_overrides_are_refused_before_anything_changes(values, error, words):

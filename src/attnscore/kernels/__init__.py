@@ -8,7 +8,7 @@ entry point                                 cpu                   cuda          
 =========================================== ===================== ================== =====
 :func:`masked_softmax`                      C kernel (``_cpu``)   Triton (``_cuda``) plain
 :func:`additive_scores`                     C kernel (``_cpu``)   Triton (``_cuda``) plain
-:func:`dot_product_attention`               the priority list of  flex, SDPA         SDPA
+:func:`dot_product_attention`               the priority list of  flash varlen, SDPA SDPA
                                             :data:`PRIORITY` (C
                                             kernels, flash loop,
                                             SDPA)

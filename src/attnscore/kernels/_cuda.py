@@ -48,9 +48,9 @@ The hardware instruction exists only on CUDA: under the interpreter ``exact`` al
 **Softmax by a boolean mask** and **mask summaries**: the plain backend's (PyTorch ops).
 
 **Dot-product attention** is not a backend function: the CUDA priority list
-(:data:`attnscore.kernels._select.PRIORITY`) runs ``flex_attention`` by lengths where it
-measured faster (:class:`attnscore.kernels._flex.Flex`), else SDPA
-(:class:`attnscore.kernels._sdpa.Sdpa`); the measurements are in docs/benchmarks.md.
+(:data:`attnscore.kernels._select.PRIORITY`) runs flash attention's variable-length kernel
+by lengths where it measured faster (:class:`attnscore.kernels._varlen.FlashVarlen`), else
+SDPA (:class:`attnscore.kernels._sdpa.Sdpa`); the measurements are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

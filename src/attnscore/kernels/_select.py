@@ -1,13 +1,14 @@
 """Which implementation runs dot-product attention: the one place that chooses.
 
 An *implementation* (:class:`Implementation`) is one way to run an attention call: the C
-kernel by lengths, PyTorch's SDPA, ``flex_attention``, the plain formulation, ... Each says
-what it takes in :meth:`~Implementation.supports`, which returns None where it runs a call
-and otherwise the reason it declines, read from the call alone (:class:`AttentionCall`:
-its tensors, mask, scale, dropout and what has been found out about them). The candidates
-of a device type are a priority list (:data:`PRIORITY`): the first that takes a call runs
-it (:func:`choose`). The lists are the design; the sizes at which a kernel pays are data
-(:data:`attnscore.kernels.THRESHOLDS`), read by the ``supports`` methods.
+kernel by lengths, PyTorch's SDPA, flash attention's varlen kernel, the plain formulation,
+... Each says what it takes in :meth:`~Implementation.supports`, which returns None where
+it runs a call and otherwise the reason it declines, read from the call alone
+(:class:`AttentionCall`: its tensors, mask, scale, dropout and what has been found out
+about them). The candidates of a device type are a priority list (:data:`PRIORITY`): the
+first that takes a call runs it (:func:`choose`). The lists are the design; the sizes at
+which a kernel pays are data (:data:`attnscore.kernels.THRESHOLDS`), read by the
+``supports`` methods.
 
 Control is public, in the manner of ``torch.nn.attention.sdpa_kernel``:
 
@@ -18,7 +19,7 @@ Control is public, in the manner of ``torch.nn.attention.sdpa_kernel``:
   ran it and why each one ahead of it declined;
 - every choice is logged at DEBUG level by the ``attnscore`` logger.
 
-Implementations live next to their kernels (``_cpu``, ``_sdpa``, ``_flex``,
+Implementations live next to their kernels (``_cpu``, ``_sdpa``, ``_varlen``,
 ``_attention``) and are named here by ``"module:Class"``, imported on first use (the CUDA
 module needs Triton).
 """
@@ -66,7 +67,7 @@ Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 #: without a row use ``"*"``'s.
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("c_small", "c_by_lengths", "flash_cut", "flash_grouped", "sdpa", "plain"),
-    "cuda": ("flash_varlen", "flex", "sdpa", "plain"),
+    "cuda": ("flash_varlen", "sdpa", "plain"),
     "*": ("sdpa", "plain"),
 }
 
@@ -78,7 +79,6 @@ WHERE: dict[str, str] = {
     "flash_cut": "_cpu:CutExamples",
     "flash_grouped": "_cpu:GroupedExamples",
     "flash_varlen": "_varlen:FlashVarlen",
-    "flex": "_flex:Flex",
     "sdpa": "_sdpa:Sdpa",
     "plain": "_attention:Plain",
 }
