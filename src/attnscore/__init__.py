@@ -29,7 +29,7 @@ from .modules import (
     make_scorer,
 )
 from .multihead import MultiHeadAttention
-from .normalizers import normalizer_names, register_normalizer
+from .normalizers import Softmax, normalizer_names, register_normalizer
 from .plotting import show_heatmaps
 from .registry import SCORERS, Param, ScorerSpec, get_scorer, register_scorer, scorer_names
 
@@ -46,6 +46,7 @@ __all__ = [
     "Param",
     "ScorerAttention",
     "ScorerSpec",
+    "Softmax",
     "__version__",
     "additive_attention",
     "attention",

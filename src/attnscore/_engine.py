@@ -36,7 +36,14 @@ from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .kernels._dispatch import Projection
 from .masking import build_mask
-from .normalizers import NORMALIZERS, Normalizer, get_normalizer, softmax
+from .normalizers import (
+    NORMALIZERS,
+    Normalizer,
+    Softmax,
+    get_normalizer,
+    score_factor,
+    softmax,
+)
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
@@ -210,10 +217,14 @@ def attend(
     on the plain path the tensor already computed (a :class:`ComputedWeights`), on a fused
     path a recomputation from copies the call owns (so the weights exist only if someone
     asks for them; see :func:`dot_weights_later`).
+
+    ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`)
+    and must have been made for the normalizer's factor (``fused_dot_product(...,
+    factor=)``).
     """
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
-    if fused is not None and normalize is softmax:
+    if fused is not None and score_factor(normalize) is not None:
         result = fused(
             prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p, score_bias
         )
@@ -221,7 +232,7 @@ def attend(
             return result
     # Keys and queries matter to gradients only, but also to custom normalizers (which may
     # read masked scores) and to captured graphs (which may later run with gradients).
-    built_in = normalize in NORMALIZERS.values()
+    built_in = normalize in NORMALIZERS.values() or type(normalize) is Softmax
     keys_and_queries = torch.is_grad_enabled() or not built_in or in_transform(prepared.queries)
     prepared = zero_padding(prepared, keys_and_queries=keys_and_queries)
     # In the inputs' dtype throughout, as the plain formulation computes it; the softmax
@@ -243,7 +254,9 @@ def finish(
     return (output, weights_fn()) if return_weights else output
 
 
-def fused_dot_product(scale: float | None, project: Projection | None = None) -> FusedPath:
+def fused_dot_product(
+    scale: float | None, project: Projection | None = None, *, factor: float = 1.0
+) -> FusedPath:
     """The fused path of scaled dot-product attention.
 
     Runs :func:`attnscore.kernels.dot_product_attention` (PyTorch's SDPA wherever nothing
@@ -259,6 +272,10 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
     mask, no dropout); elsewhere they decline. While ``torch.export`` traces, every call is
     declined (:func:`attnscore.kernels._attention.declines`). In training the padding is
     made inert once the call is taken (the projections' gradients read it).
+
+    ``factor``: a softmax-like normalizer's factor on the scores
+    (:func:`attnscore.normalizers.score_factor`), folded into the scale (and the score
+    bias): the path of ``softmax(factor · scores)``.
     """
 
     def fused(
@@ -272,7 +289,9 @@ def fused_dot_product(scale: float | None, project: Projection | None = None) ->
         if _attention.declines(q, k, v):
             return None
         d = q.shape[-1]
-        scale_ = default_scale(d) if scale is None else scale
+        scale_ = (default_scale(d) if scale is None else scale) * factor
+        if score_bias is not None and factor != 1.0:
+            score_bias = score_bias * factor
         if project is None:
             out = _attention.dot_product_attention(
                 q, k, v, mask, scale=scale_, dropout_p=dropout_p, score_bias=score_bias

@@ -42,7 +42,7 @@ from ._engine import (
     prepare,
 )
 from ._habits import check_keywords
-from .normalizers import Normalizer
+from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import ProjectionFunction, ScorerSpec, get_scorer, unprojected
 from .scoring import cosine_scores, dot_product_scores, unit_rows
 
@@ -258,7 +258,8 @@ def _pool(
     )
     tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
-    fused = spec.fused_path(tensors)
+    factor = score_factor(get_normalizer(options.get("normalizer", "softmax")))
+    fused = None if factor is None else spec.fused_path(tensors, factor)
     return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, fused)
 
 

@@ -43,7 +43,7 @@ from .kernels._attention import (
 )
 from .kernels._dispatch import Projection
 from .masking import build_mask
-from .normalizers import Normalizer, get_normalizer
+from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import Param, ScorerSpec, get_scorer, unprojected
 from .scoring import (
     additive_scores_from_projections,
@@ -405,13 +405,20 @@ class ScorerAttention(Attention):
 
     def fused_path(self) -> FusedPath | None:
         """The spec's fused path (:meth:`~attnscore.registry.ScorerSpec.fused_path`) with this
-        module's parameters, once made (the plain path makes lazy ones)."""
+        module's parameters, once made (the plain path makes lazy ones), for its
+        normalizer's factor (softmax-like ones only)."""
+        factor = score_factor(get_normalizer(self.normalizer))
         spec, scale = self.spec, self._dot_scale()
-        if spec.projection is unprojected and scale != spec.scale:  # DotProductAttention's own
-            return fused_dot_product(scale)
-        if spec.fused is not None or spec.projection is None or self._lazy():
-            return spec.fused
-        return fused_dot_product(1.0, _checked(self, spec.projector(self.parameters_by_name())))
+        if factor is None:
+            return None
+        if spec.projection is unprojected:
+            if scale != spec.scale:  # DotProductAttention's own
+                return fused_dot_product(scale, factor=factor)
+            return spec.fused_path({}, factor)
+        if spec.projection is None or self._lazy():
+            return spec.fused if factor == 1.0 else None
+        params = self.parameters_by_name()
+        return fused_dot_product(1.0, _checked(self, spec.projector(params)), factor=factor)
 
     def _dot_scale(self) -> float | None:
         """The factor on the dot products of the queries and keys themselves."""

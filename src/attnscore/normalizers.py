@@ -5,10 +5,16 @@ weights of the same shape and dtype that are zero at masked positions and all ze
 with no allowed key. ``softmax`` is the default; ``sparsemax`` and ``entmax15`` need the
 optional ``entmax`` package (``pip install attnscore[entmax]``); ``hardmax`` puts all
 weight on the best allowed key.
+
+A normalizer may be an object with parameters, such as :class:`Softmax` with a
+temperature. A *softmax-like* normalizer, the softmax of its scores times a factor,
+declares that factor (``score_factor``): the fused paths of the dot-product family then
+run it as well, their scale multiplied by the factor (:func:`score_factor`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -21,10 +27,12 @@ from .kernels import _ops
 __all__ = [
     "NORMALIZERS",
     "Normalizer",
+    "Softmax",
     "get_normalizer",
     "hardmax",
     "normalizer_names",
     "register_normalizer",
+    "score_factor",
     "softmax",
 ]
 
@@ -46,6 +54,82 @@ def softmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:
     dense = mask.dense()
     assert dense is not None
     return _ops.masked_softmax_dense(scores, dense)
+
+
+class Softmax:
+    """Masked softmax of the scores divided by a ``temperature``: weights
+    ``softmax(scores / temperature)`` over the allowed keys (..., n, m), in the scores'
+    dtype and device; rows with no allowed key are zeros (zero gradients).
+
+    A temperature above 1 flattens the weights, below 1 sharpens them; 1 is
+    :func:`softmax`. Softmax-like: it declares :attr:`score_factor` (1 / temperature), so
+    the fused paths of the dot-product family (dot, scaled dot, general, cosine and scorers
+    that declare a projection) run it, with their scale multiplied by the factor.
+
+    Args:
+        temperature: a positive finite number.
+
+    Raises:
+        TypeError: ``temperature`` is not a real number.
+        ValueError: ``temperature`` is not positive and finite.
+
+    Source: Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network"
+    (2015), the softmax with a temperature; D2L "Attention Scoring Functions" (masked
+    softmax).
+
+    >>> from attnscore.masking import AttentionMask
+    >>> mask = AttentionMask(n=1, m=3, lengths=torch.tensor([[2]]))
+    >>> Softmax(2.0)(torch.tensor([[[0.0, 2.0, 9.0]]]), mask)
+    tensor([[[0.2689, 0.7311, 0.0000]]])
+    """
+
+    __slots__ = ("temperature",)
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(
+                f"Expected `temperature` to be a real number, but got "
+                f"{type(temperature).__name__} instead."
+            )
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise ValueError(
+                f"Expected `temperature` > 0 and finite, but got {temperature!r} instead."
+            )
+        self.temperature = float(temperature)
+
+    @property
+    def score_factor(self) -> float:
+        """The factor on the scores inside the softmax: 1 / temperature."""
+        return 1.0 / self.temperature
+
+    def __call__(self, scores: Tensor, mask: AttentionMask | None) -> Tensor:
+        """``softmax(scores / temperature)`` over the keys ``mask`` allows (see the class)."""
+        factor = self.score_factor
+        return softmax(scores if factor == 1.0 else scores * factor, mask)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Softmax) and other.temperature == self.temperature
+
+    def __hash__(self) -> int:
+        return hash((Softmax, self.temperature))
+
+    def __repr__(self) -> str:
+        return f"Softmax(temperature={self.temperature!r})"
+
+
+def score_factor(normalizer: Normalizer) -> float | None:
+    """The factor a softmax-like ``normalizer`` applies to the scores inside its softmax (1
+    for :func:`softmax`, 1 / temperature for :class:`Softmax`, a user's object's
+    ``score_factor`` attribute); None for every other normalizer (sparsemax, hardmax, ...),
+    which the fused paths do not run.
+
+    >>> score_factor(softmax), score_factor(Softmax(4.0)), score_factor(hardmax)
+    (1.0, 0.25, None)
+    """
+    if normalizer is softmax:
+        return 1.0
+    factor = getattr(normalizer, "score_factor", None)
+    return float(factor) if isinstance(factor, (int, float)) else None
 
 
 def hardmax(scores: Tensor, mask: AttentionMask | None) -> Tensor:

@@ -196,12 +196,16 @@ class ScorerSpec:
 
         return scaled
 
-    def fused_path(self, params: Mapping[str, object]) -> FusedPath | None:
-        """:attr:`fused`, else dot-product attention of the :meth:`projector`'s vectors,
-        else None."""
+    def fused_path(self, params: Mapping[str, object], factor: float = 1.0) -> FusedPath | None:
+        """The fused path of ``softmax(factor · scores)`` (``factor``: a softmax-like
+        normalizer's, :func:`attnscore.normalizers.score_factor`): :attr:`fused` for the
+        plain softmax, else dot-product attention of the :meth:`projector`'s vectors, else
+        None (a user's :attr:`fused` runs the plain softmax only)."""
+        if self.projection is unprojected:
+            return self.fused if factor == 1.0 else fused_dot_product(self.scale, factor=factor)
         if self.fused is not None or self.projection is None:
-            return self.fused
-        return fused_dot_product(1.0, self.projector(params))
+            return self.fused if factor == 1.0 else None
+        return fused_dot_product(1.0, self.projector(params), factor=factor)
 
 
 SCORERS: dict[str, ScorerSpec] = {}
