@@ -25,6 +25,7 @@ timed call, on both sides, as a user's code builds it per batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ import attnscore
 
 from .. import textbook
 from ..modules import make_scorer
-from ._core import Built, Forward, Shapes, key_mask, lengths
+from ._core import Built, Forward, Shapes, lengths
 
 MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")
 """The matrix's mask columns."""
@@ -184,7 +185,7 @@ def multihead(
         padding, attn_mask = None, None
         if masks.kind in ("lengths (B,)", "causal + lengths"):
             assert valid_lens is not None
-            padding = ~key_mask(valid_lens, n)  # True = ignore, torch's convention
+            padding = torch.arange(n, device=device) >= valid_lens[:, None]  # True = ignore
         elif masks.kind in ("lengths (B, n)", "bool"):
             allowed = masks.dense()
             assert allowed is not None
@@ -219,13 +220,16 @@ def multihead(
 
 def _scorer_row(
     name: str,
+    plain_scores: Callable[[Any, Tensor, Tensor], Tensor],
     s: Shapes,
     mask: str,
+    *,
     dtype: torch.dtype,
     device: torch.device,
     backward: bool,
-    plain_scores: Callable[[Any, Tensor, Tensor], Tensor],
 ) -> Built:
+    """attnscore's ``name`` module and the plain formulation (``plain_scores``, then
+    :func:`_plain_pool`) with the same parameters."""
     B, n, m, d = s["B"], s["n"], s["m"], s["d"]
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], dtype, device, backward)
     masks = Masks(mask, B, n, m, device)
@@ -247,7 +251,8 @@ def _scorer_row(
 
 
 def _additive_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
-    """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v."""
+    """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v (the plain
+    formulation holds (B, n, m, h) tensors)."""
     features = torch.tanh(module.W_q(q).unsqueeze(2) + module.W_k(k).unsqueeze(1))
     scores: Tensor = module.w_v(features).squeeze(-1)
     return scores
@@ -263,36 +268,14 @@ def _cosine_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
     return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(1, 2)
 
 
-def additive(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """Additive attention: attnscore's module and the plain (textbook) formulation with the
-    same parameters; the plain one holds (B, n, m, h) tensors."""
-    return _scorer_row("additive", s, mask, dtype, device, backward, _additive_scores)
-
-
-def general(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """General (Luong) attention: attnscore's module and ``(q W_a) kᵀ`` plainly."""
-    return _scorer_row("general", s, mask, dtype, device, backward, _general_scores)
-
-
-def cosine(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """Cosine attention: attnscore's module and ``s · normalize(q) normalize(k)ᵀ`` plainly."""
-    return _scorer_row("cosine", s, mask, dtype, device, backward, _cosine_scores)
-
-
 BUILDERS: dict[str, Callable[..., Built]] = {
     "masked_softmax": softmax,
     "dot": dot,
     "heads": dot,
     "multihead": multihead,
-    "additive": additive,
-    "general": general,
-    "cosine": cosine,
+    "additive": partial(_scorer_row, "additive", _additive_scores),
+    "general": partial(_scorer_row, "general", _general_scores),
+    "cosine": partial(_scorer_row, "cosine", _cosine_scores),
 }
 """Row name -> builder ``(shapes, mask, *, dtype, device, backward) -> Built``."""
 
@@ -319,52 +302,39 @@ def decoder_step(s: Shapes, *, device: torch.device) -> Built:
     )
 
 
+def _additive(s: Shapes, device: torch.device) -> tuple[list[Tensor], nn.Module]:
+    """(queries, keys, values, valid_lens) and attnscore's additive module at ``s``."""
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    inputs = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    return [*inputs, lengths(B, m, device)], ours
+
+
 def additive_memory(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd at a size where the textbook's (B, n, m, h) tensor alone
     takes several GiB: attnscore only (its peak RSS is the target)."""
-    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
-    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    valid_lens = lengths(B, m, device)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    args, ours = _additive(s, device)
+    nbytes = s["B"] * s["n"] * s["m"] * s["h"] * 4
+    size = f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
     return Built(
-        {"attnscore": lambda: ours(q, k, v, valid_lens)},
+        {"attnscore": lambda: ours(*args)},
         {"attnscore": list(ours.parameters())},
         notes=[
             "additive_memory: attnscore's peak RSS alone (the textbook is not run); the "
-            f"textbook's (B, n, m, h) float32 features tensor would take {_size(B * n * m * h * 4)}"
-            " here by itself"
+            f"textbook's (B, n, m, h) float32 features tensor would take {size} here by itself"
         ],
     )
-
-
-def _size(nbytes: int) -> str:
-    """Bytes as the table says them: MiB below a GiB, GiB above.
-
-    >>> _size(16 * 2**20), _size(4 * 2**30)
-    ('16 MiB', '4.0 GiB')
-    """
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd, attnscore's module and the textbook's (same parameters),
     both under ``torch.compile``: the registered kernel ops stay in the compiled graph."""
-    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
-    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    valid_lens = lengths(B, m, device)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
-    book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
+    args, ours = _additive(s, device)
+    book = textbook.AdditiveAttention(s["d"], s["d"], s["h"], 0.0).to(device)
     book.load_state_dict(ours.state_dict(), strict=True)
-    modules: dict[str, Callable[..., Tensor]] = {
-        "attnscore": torch.compile(ours),
-        "textbook": torch.compile(book),
-    }
-
-    def forward(module: Callable[..., Tensor]) -> Forward:
-        return lambda: module(q, k, v, valid_lens)
-
+    ours_compiled, book_compiled = torch.compile(ours), torch.compile(book)
     return Built(
-        {name: forward(module) for name, module in modules.items()},
+        {"attnscore": lambda: ours_compiled(*args), "textbook": lambda: book_compiled(*args)},
         {"attnscore": list(ours.parameters()), "textbook": list(book.parameters())},
         same=("textbook",),
         notes=["additive_compiled: both modules under torch.compile (default mode)"],
