@@ -105,11 +105,9 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> Tensor:
 
 
 def _plain_pool(scores: Tensor, v: Tensor, masks: Masks) -> Tensor:
-    """The plain formulation after the scores: masked_fill(-inf), softmax, @ V."""
+    """The plain formulation after the (B, n, m) scores: masked_fill(-inf), softmax, @ V."""
     allowed = masks.dense()
     if allowed is not None:
-        if scores.ndim == 4:
-            allowed = allowed.unsqueeze(1)
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
