@@ -2,19 +2,9 @@
 
 Each builder makes its inputs from a fixed seed (valid lengths uniform in [1, m]) and
 returns a :class:`~attnscore.bench._core.Built`: attnscore's implementation (scorers from
-the registry) and the PyTorch call a user would write instead, on the same work:
-
-========================== =====================================================================
-row                        baseline
-========================== =====================================================================
-``masked_softmax``         ``torch.softmax`` without a mask (the pace to beat)
-``dot``, ``heads``         ``scaled_dot_product_attention`` in its 4-D layout with the equivalent
-                           boolean mask, or ``is_causal=True``
-``multihead``              ``nn.MultiheadAttention`` (same weights, ``need_weights=False``) with
-                           ``key_padding_mask`` / ``attn_mask`` / ``is_causal``
-``additive``, ``general``, the plain PyTorch formulation (PyTorch has none of these scorers): the
-``cosine``                 textbook's scores, ``masked_fill(-inf)``, ``torch.softmax``, ``@ V``
-========================== =====================================================================
+the registry) and the PyTorch call a user would write instead, on the same work (each
+builder's docstring names it; additive, general and cosine, which PyTorch lacks, against
+their plain formulation: the textbook's scores, ``masked_fill(-inf)``, softmax, ``@ V``).
 
 Masks (the matrix's columns): ``none``; ``lengths (B,)`` and ``lengths (B, n)``, uniform in
 [1, m]; ``bool``, a (B, n, m) mask letting each query attend a random half of the keys (key

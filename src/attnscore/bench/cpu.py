@@ -1,11 +1,5 @@
-"""CPU-only helpers of the bench: peak RSS of a case in a fresh process, and the C kernels'
-cold compile time.
-
-Peak RSS (``VmHWM``) is of the whole process (torch included); the one cell that needs it
-is ``additive_memory`` (additive attention at a size where the textbook's (B, n, m, h)
-tensor alone takes GiBs). Every other cell's peak memory is what its step allocates
-(:func:`attnscore.bench._core.peak_mib`).
-"""
+"""CPU-only helpers of the bench: peak RSS (``VmHWM``, the whole process, torch included) of
+a case in a fresh process, for ``additive_memory``, and the C kernels' cold compile time."""
 
 from __future__ import annotations
 
