@@ -71,11 +71,7 @@ def llama(s: Shapes, *, device: torch.device) -> Built:
     ids, attention_mask = padded_batch(B, n, config.vocab_size, device)
 
     def forward(model: torch.nn.Module) -> Forward:
-        def logits() -> torch.Tensor:
-            out: torch.Tensor = model(input_ids=ids, attention_mask=attention_mask).logits
-            return out
-
-        return logits
+        return lambda: model(input_ids=ids, attention_mask=attention_mask).logits
 
     return Built(
         {name: forward(model) for name, model in models.items()},
