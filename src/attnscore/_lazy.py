@@ -1,11 +1,4 @@
-"""Lazily sized projections that a checkpoint sizes as a first call would.
-
-PyTorch's ``nn.LazyLinear`` takes its input size from its first call. ``load_state_dict``
-of a trained checkpoint materialises its weight and bias but leaves ``in_features`` at 0
-and the module lazy until that call: checks that read ``in_features`` then fail, and its
-``repr`` shows 0. :class:`LazyLinear` finishes the job on loading, so a module built,
-loaded and run behaves as one built, run and trained (and prints its sizes).
-"""
+"""Lazily sized projections that a checkpoint sizes as a first call would."""
 
 from __future__ import annotations
 
@@ -18,7 +11,9 @@ __all__ = ["LazyLinear"]
 
 class LazyLinear(nn.LazyLinear):
     """``nn.LazyLinear(out_features, bias)`` that becomes an ``nn.Linear`` of the loaded
-    size when ``load_state_dict`` gives it a materialised weight, as its first call would.
+    size when ``load_state_dict`` gives it a materialised weight, as its first call would
+    (PyTorch's leaves ``in_features`` at 0 and the module lazy until a call, so checks that
+    read ``in_features`` fail and its ``repr`` shows 0).
 
     State-dict keys (``weight``, ``bias``) are ``nn.LazyLinear``'s and ``nn.Linear``'s, so
     checkpoints load either way; a checkpoint of a module never called (uninitialised

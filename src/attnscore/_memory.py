@@ -1,10 +1,5 @@
-"""This process's memory: the one peak-memory reader of attnscore, and glibc's ``malloc``
-tuned to keep freed blocks.
-
-``attnscore bench`` (the peak of each measuring subprocess) and the G2P runs (their
-summaries) both report the peak; both keep freed memory (the bench so that its timings do
-not depend on whether an allocation happens to fault fresh pages, training for speed).
-"""
+"""This process's memory: the one peak-memory reader of attnscore (``attnscore bench``, G2P
+summaries), and glibc's ``malloc`` tuned to keep freed blocks (the bench, G2P training)."""
 
 from __future__ import annotations
 
@@ -42,12 +37,9 @@ def keep_freed_memory() -> bool:
 
     Every training step (and every benchmark repetition) allocates and frees the same
     few-MiB buffers. By default glibc serves blocks above 128 KiB with ``mmap`` and unmaps
-    them on free, so each step faults its buffers in afresh, page by page; on the 2-core
-    machine this project measures on, a fresh 2.6 MiB zero tensor took 4.6 ms against
-    0.18 ms for a reused one, and whether a call hit fresh pages made the same benchmark
-    vary by 2x. Raising the mmap and trim thresholds keeps the memory in the heap.
-    Process-wide, so it is called where a long run starts (G2P training, ``attnscore
-    bench``), never on import.
+    them on free, so each step faults its buffers in afresh, page by page, and whether a
+    call hit fresh pages decides its time. Process-wide, so it is called where a long run
+    starts (G2P training, ``attnscore bench``), never on import.
 
     Returns:
         True if glibc took both settings; False elsewhere (no glibc: nothing changes).

@@ -2,14 +2,8 @@
 
 Dive into Deep Learning, section "Attention Scoring Functions" (PyTorch tab), rewritten
 here once and used by ``attnscore bench`` and the test suite. It is kept as the book has
-it, limits included, so comparisons are fair to the book:
-
-* :func:`masked_softmax` fills padded scores with ``-1e6`` (not ``-inf``): a row with
-  valid length 0 gets *uniform* weights, not zeros, and ``sequence_mask`` writes into its
-  argument in place;
-* :class:`AdditiveAttention` builds the whole (B, n, m, h) ``tanh`` features tensor;
-* :class:`DotProductAttention` is scaled by ``1/√d`` and works on 3-D (B, n, d) batches
-  with ``torch.bmm``.
+it, limits included (each docstring names them: ``-1e6`` fills, in-place masking, the whole
+(B, n, m, h) features tensor, 3-D batches only), so comparisons are fair to the book.
 
 Names, constructor arguments and ``state_dict`` keys (``W_q``, ``W_k``, ``w_v``) are the
 book's, so a checkpoint of the book's ``AdditiveAttention`` loads here and into

@@ -1,20 +1,12 @@
 """``attnscore bench``: attnscore against the PyTorch call a user would write instead, side
 by side, over the matrix of real use.
 
-Every cell is timed in one process with ``torch.utils.benchmark``, its implementations
-interleaved over rounds (median); valid lengths are uniform in [1, m] from a fixed seed. The
-cells (:mod:`attnscore.bench.matrix`): rows {masked_softmax, dot, heads, multihead,
-additive, general, cosine} x masks x dtypes {float32, bfloat16, float16} x {forward,
-forward + backward}, then large calls at their own shapes, tiny and mid-size calls and the
-decoder step; on the CPU also additive attention's peak RSS and the compiled rows. Peak memory is
-what one step allocates (``torch.profiler`` on the CPU, ``max_memory_allocated`` on CUDA).
-
-The full run prints each target's verdict and exits 1 if one is missed. ``--quick`` is a
-smoke run at small shapes: no verdicts (the targets are for the full shapes), but it lists
-the cells slower than their PyTorch baseline.
-
-The command line (``attnscore bench``, ``python -m attnscore.bench``) is
-:mod:`attnscore.cli.bench`.
+The cells and their targets are :mod:`attnscore.bench.matrix`'s, the implementations
+:mod:`attnscore.bench._cases`'s; :mod:`attnscore.bench._core` times them in one process
+(interleaved rounds, median) and reads their peak memory. The full run prints each target's
+verdict and exits 1 if one is missed; ``--quick`` is a smoke run at small shapes: no verdicts
+(the targets are for the full shapes), but it lists the cells slower than their PyTorch
+baseline. The command line is :mod:`attnscore.cli.bench`.
 """
 
 from __future__ import annotations
@@ -162,9 +154,7 @@ def render(result: dict[str, Any]) -> str:
         "",
         *render_rows(result["rows"], verdicts=not quick),
     ]
-    if result["device"] == "cpu" and "kernel_first_load_s" not in result:
-        pass  # a saved run without the kernels' fields (--from-json): nothing to say
-    elif result["device"] == "cpu":
+    if result["device"] == "cpu" and "kernel_first_load_s" in result:  # not in old saved runs
         cold = result.get("kernel_cold_compile_s")
         lines += [
             "",
@@ -180,7 +170,7 @@ def render(result: dict[str, Any]) -> str:
                 else "not measured (--no-memory)."
             ),
         ]
-    else:
+    elif result["device"] != "cpu":
         lines += [
             "",
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "

@@ -2,19 +2,9 @@
 
 Each builder makes its inputs from a fixed seed (valid lengths uniform in [1, m]) and
 returns a :class:`~attnscore.bench._core.Built`: attnscore's implementation (scorers from
-the registry) and the PyTorch call a user would write instead, on the same work:
-
-========================== =====================================================================
-row                        baseline
-========================== =====================================================================
-``masked_softmax``         ``torch.softmax`` without a mask (the pace to beat)
-``dot``, ``heads``         ``scaled_dot_product_attention`` in its 4-D layout with the equivalent
-                           boolean mask, or ``is_causal=True``
-``multihead``              ``nn.MultiheadAttention`` (same weights, ``need_weights=False``) with
-                           ``key_padding_mask`` / ``attn_mask`` / ``is_causal``
-``additive``, ``general``, the plain PyTorch formulation (PyTorch has none of these scorers): the
-``cosine``                 textbook's scores, ``masked_fill(-inf)``, ``torch.softmax``, ``@ V``
-========================== =====================================================================
+the registry) and the PyTorch call a user would write instead, on the same work (each
+builder's docstring names it; additive, general and cosine, which PyTorch lacks, against
+their plain formulation: the textbook's scores, ``masked_fill(-inf)``, softmax, ``@ V``).
 
 Masks (the matrix's columns): ``none``; ``lengths (B,)`` and ``lengths (B, n)``, uniform in
 [1, m]; ``bool``, a (B, n, m) mask letting each query attend a random half of the keys (key
@@ -25,6 +15,7 @@ timed call, on both sides, as a user's code builds it per batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -35,7 +26,7 @@ import attnscore
 
 from .. import textbook
 from ..modules import make_scorer
-from ._core import Built, Forward, Shapes, key_mask, lengths
+from ._core import Built, Forward, Shapes, lengths
 
 MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")
 """The matrix's mask columns."""
@@ -104,11 +95,9 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> Tensor:
 
 
 def _plain_pool(scores: Tensor, v: Tensor, masks: Masks) -> Tensor:
-    """The plain formulation after the scores: masked_fill(-inf), softmax, @ V."""
+    """The plain formulation after the (B, n, m) scores: masked_fill(-inf), softmax, @ V."""
     allowed = masks.dense()
     if allowed is not None:
-        if scores.ndim == 4:
-            allowed = allowed.unsqueeze(1)
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -184,7 +173,7 @@ def multihead(
         padding, attn_mask = None, None
         if masks.kind in ("lengths (B,)", "causal + lengths"):
             assert valid_lens is not None
-            padding = ~key_mask(valid_lens, n)  # True = ignore, torch's convention
+            padding = torch.arange(n, device=device) >= valid_lens[:, None]  # True = ignore
         elif masks.kind in ("lengths (B, n)", "bool"):
             allowed = masks.dense()
             assert allowed is not None
@@ -219,13 +208,16 @@ def multihead(
 
 def _scorer_row(
     name: str,
+    plain_scores: Callable[[Any, Tensor, Tensor], Tensor],
     s: Shapes,
     mask: str,
+    *,
     dtype: torch.dtype,
     device: torch.device,
     backward: bool,
-    plain_scores: Callable[[Any, Tensor, Tensor], Tensor],
 ) -> Built:
+    """attnscore's ``name`` module and the plain formulation (``plain_scores``, then
+    :func:`_plain_pool`) with the same parameters."""
     B, n, m, d = s["B"], s["n"], s["m"], s["d"]
     q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], dtype, device, backward)
     masks = Masks(mask, B, n, m, device)
@@ -247,7 +239,8 @@ def _scorer_row(
 
 
 def _additive_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
-    """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v."""
+    """The textbook's: features (B, n, m, h) = tanh(W_q q + W_k k), then w_v (the plain
+    formulation holds (B, n, m, h) tensors)."""
     features = torch.tanh(module.W_q(q).unsqueeze(2) + module.W_k(k).unsqueeze(1))
     scores: Tensor = module.w_v(features).squeeze(-1)
     return scores
@@ -263,36 +256,14 @@ def _cosine_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
     return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(1, 2)
 
 
-def additive(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """Additive attention: attnscore's module and the plain (textbook) formulation with the
-    same parameters; the plain one holds (B, n, m, h) tensors."""
-    return _scorer_row("additive", s, mask, dtype, device, backward, _additive_scores)
-
-
-def general(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """General (Luong) attention: attnscore's module and ``(q W_a) kᵀ`` plainly."""
-    return _scorer_row("general", s, mask, dtype, device, backward, _general_scores)
-
-
-def cosine(
-    s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
-) -> Built:
-    """Cosine attention: attnscore's module and ``s · normalize(q) normalize(k)ᵀ`` plainly."""
-    return _scorer_row("cosine", s, mask, dtype, device, backward, _cosine_scores)
-
-
 BUILDERS: dict[str, Callable[..., Built]] = {
     "masked_softmax": softmax,
     "dot": dot,
     "heads": dot,
     "multihead": multihead,
-    "additive": additive,
-    "general": general,
-    "cosine": cosine,
+    "additive": partial(_scorer_row, "additive", _additive_scores),
+    "general": partial(_scorer_row, "general", _general_scores),
+    "cosine": partial(_scorer_row, "cosine", _cosine_scores),
 }
 """Row name -> builder ``(shapes, mask, *, dtype, device, backward) -> Built``."""
 
@@ -319,52 +290,39 @@ def decoder_step(s: Shapes, *, device: torch.device) -> Built:
     )
 
 
+def _additive(s: Shapes, device: torch.device) -> tuple[list[Tensor], nn.Module]:
+    """(queries, keys, values, valid_lens) and attnscore's additive module at ``s``."""
+    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
+    inputs = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
+    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    return [*inputs, lengths(B, m, device)], ours
+
+
 def additive_memory(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd at a size where the textbook's (B, n, m, h) tensor alone
     takes several GiB: attnscore only (its peak RSS is the target)."""
-    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
-    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    valid_lens = lengths(B, m, device)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
+    args, ours = _additive(s, device)
+    nbytes = s["B"] * s["n"] * s["m"] * s["h"] * 4
+    size = f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
     return Built(
-        {"attnscore": lambda: ours(q, k, v, valid_lens)},
+        {"attnscore": lambda: ours(*args)},
         {"attnscore": list(ours.parameters())},
         notes=[
             "additive_memory: attnscore's peak RSS alone (the textbook is not run); the "
-            f"textbook's (B, n, m, h) float32 features tensor would take {_size(B * n * m * h * 4)}"
-            " here by itself"
+            f"textbook's (B, n, m, h) float32 features tensor would take {size} here by itself"
         ],
     )
-
-
-def _size(nbytes: int) -> str:
-    """Bytes as the table says them: MiB below a GiB, GiB above.
-
-    >>> _size(16 * 2**20), _size(4 * 2**30)
-    ('16 MiB', '4.0 GiB')
-    """
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def compiled_additive(s: Shapes, *, device: torch.device) -> Built:
     """Additive attention fwd+bwd, attnscore's module and the textbook's (same parameters),
     both under ``torch.compile``: the registered kernel ops stay in the compiled graph."""
-    B, n, m, h, d = s["B"], s["n"], s["m"], s["h"], s["d"]
-    q, k, v = _inputs([(B, n, d), (B, m, d), (B, m, d)], torch.float32, device, False)
-    valid_lens = lengths(B, m, device)
-    ours = make_scorer("additive", query_size=d, key_size=d, num_hiddens=h).to(device)
-    book = textbook.AdditiveAttention(d, d, h, 0.0).to(device)
+    args, ours = _additive(s, device)
+    book = textbook.AdditiveAttention(s["d"], s["d"], s["h"], 0.0).to(device)
     book.load_state_dict(ours.state_dict(), strict=True)
-    modules: dict[str, Callable[..., Tensor]] = {
-        "attnscore": torch.compile(ours),
-        "textbook": torch.compile(book),
-    }
-
-    def forward(module: Callable[..., Tensor]) -> Forward:
-        return lambda: module(q, k, v, valid_lens)
-
+    ours_compiled, book_compiled = torch.compile(ours), torch.compile(book)
     return Built(
-        {name: forward(module) for name, module in modules.items()},
+        {"attnscore": lambda: ours_compiled(*args), "textbook": lambda: book_compiled(*args)},
         {"attnscore": list(ours.parameters()), "textbook": list(book.parameters())},
         same=("textbook",),
         notes=["additive_compiled: both modules under torch.compile (default mode)"],

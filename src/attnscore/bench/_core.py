@@ -17,7 +17,6 @@ allocations and frees that ``torch.profiler`` records during the step.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import platform
 import statistics
@@ -86,11 +85,6 @@ def lengths(B: int, m: int, device: torch.device | str = "cpu", seed: int = 0) -
     """(B,) int64 valid lengths, uniform in [1, m], from a fixed seed."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(1, m + 1, (B,), generator=gen).to(device)
-
-
-def key_mask(valid_lens: Tensor, m: int) -> Tensor:
-    """(B, m) bool, True where key j < valid_lens[b] may be attended."""
-    return torch.arange(m, device=valid_lens.device)[None, :] < valid_lens[:, None]
 
 
 def device_name(device: torch.device) -> str:
@@ -261,7 +255,6 @@ def _check(
 ) -> dict[str, Any]:
     value: float | None = None
     judged = judge
-    times = {name: statistics.median(values) for name, values in samples.items()}
     if t.kind == "time":
         ours, base = samples.get("attnscore"), samples.get(t.vs or "")
         judged = judged and bool(base)  # no baseline, no verdict
@@ -279,9 +272,8 @@ def _check(
         value = peaks.get("attnscore")
     elif t.kind == "rss_mib":
         value = rss.get("attnscore")
-    elif t.kind == "us":
-        seconds = times.get("attnscore")
-        value = None if seconds is None else seconds * 1e6
+    elif t.kind == "us" and "attnscore" in samples:
+        value = statistics.median(samples["attnscore"]) * 1e6
     if (t.kind in ("peak", "peak_mib") and not peaks) or (t.kind == "rss_mib" and not rss):
         judged = False  # memory not measured (--no-memory): no verdict
     met = (value is not None and value <= t.bound) if judged else None
@@ -305,6 +297,9 @@ _FORMATS = {
 }
 
 
+_VERDICTS = {True: "yes", False: "**NO**", None: "n/a"}
+
+
 def ratio_text(c: dict[str, Any]) -> str:
     """A target's measured value, as the table shows it."""
     if c["value"] is None:
@@ -315,10 +310,6 @@ def ratio_text(c: dict[str, Any]) -> str:
 def target_text(c: dict[str, Any]) -> str:
     """A target's bound, as the table shows it."""
     return _FORMATS[c["kind"]][1].format(b=c["bound"])
-
-
-def _verdict(c: dict[str, Any]) -> str:
-    return {True: "yes", False: "**NO**", None: "n/a"}[c["met"]]
 
 
 def render_rows(rows: list[dict[str, Any]], *, verdicts: bool) -> list[str]:
@@ -347,7 +338,7 @@ def render_rows(rows: list[dict[str, Any]], *, verdicts: bool) -> list[str]:
         if verdicts:
             cells += [
                 "; ".join(target_text(c) for c in checks) or "-",
-                "; ".join(_verdict(c) for c in checks) or "-",
+                "; ".join(_VERDICTS[c["met"]] for c in checks) or "-",
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -385,11 +376,16 @@ def render_summary(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _label(row: dict[str, Any], c: dict[str, Any]) -> str:
+    return (
+        f"{row['case']} ({row.get('mask') or '-'}, {row['dtype']}, {row['step']}): {ratio_text(c)}"
+    )
+
+
 def missed(result: dict[str, Any]) -> list[str]:
     """``"row (mask, dtype, step): ratio"`` for each target judged and missed."""
     return [
-        f"{row['case']} ({row.get('mask') or '-'}, {row['dtype']}, {row['step']}): "
-        f"{ratio_text(c)} (target {target_text(c)})"
+        f"{_label(row, c)} (target {target_text(c)})"
         for row in result["rows"]
         for c in row["targets"]
         if c["met"] is False
@@ -400,13 +396,8 @@ def slower(result: dict[str, Any]) -> list[str]:
     """Cells slower than their PyTorch baseline (time ratio above 1.05), judged or not: what
     a smoke run reports."""
     return [
-        f"{row['case']} ({row.get('mask') or '-'}, {row['dtype']}, {row['step']}): {ratio_text(c)}"
+        _label(row, c)
         for row in result["rows"]
         for c in row["targets"]
         if c["kind"] == "time" and c["value"] is not None and c["value"] > 1.05
     ]
-
-
-def scaled(shapes: Shapes, scale: float, keep: Sequence[str] = ()) -> Shapes:
-    """``shapes`` with every size not in ``keep`` multiplied by ``scale`` (at least 1)."""
-    return {k: v if k in keep else max(1, math.floor(v * scale)) for k, v in shapes.items()}

@@ -1,13 +1,9 @@
 """The bench's Hugging Face row (issue 18): a tiny Llama trained one step with the attention
 implementation ``"attnscore"`` against the same model with ``"sdpa"``.
 
-The model is built from a config (random weights, no download): grouped-query heads (8 query
-heads, 4 key/value heads), a batch whose examples are padded on the left to lengths uniform
-in [1, n] from a fixed seed, as a tokenizer pads a batch for a decoder. One step is the
-forward of the logits and the gradients of their sum with respect to every parameter.
-
-Without transformers (the ``[hf]`` extra) the row is measured as nothing: a note says why
-and the target gets no verdict.
+The model is built from a config (random weights, no download), with grouped-query heads
+and a batch padded on the left, as a tokenizer pads one for a decoder. Without transformers
+(the ``[hf]`` extra) the row is measured as nothing: a note says why, no verdict.
 """
 
 from __future__ import annotations
@@ -75,11 +71,7 @@ def llama(s: Shapes, *, device: torch.device) -> Built:
     ids, attention_mask = padded_batch(B, n, config.vocab_size, device)
 
     def forward(model: torch.nn.Module) -> Forward:
-        def logits() -> torch.Tensor:
-            out: torch.Tensor = model(input_ids=ids, attention_mask=attention_mask).logits
-            return out
-
-        return logits
+        return lambda: model(input_ids=ids, attention_mask=attention_mask).logits
 
     return Built(
         {name: forward(model) for name, model in models.items()},

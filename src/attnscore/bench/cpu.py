@@ -1,11 +1,5 @@
-"""CPU-only helpers of the bench: peak RSS of a case in a fresh process, and the C kernels'
-cold compile time.
-
-Peak RSS (``VmHWM``) is of the whole process (torch included); the one cell that needs it
-is ``additive_memory`` (additive attention at a size where the textbook's (B, n, m, h)
-tensor alone takes GiBs). Every other cell's peak memory is what its step allocates
-(:func:`attnscore.bench._core.peak_mib`).
-"""
+"""CPU-only helpers of the bench: peak RSS (``VmHWM``, the whole process, torch included) of
+a case in a fresh process, for ``additive_memory``, and the C kernels' cold compile time."""
 
 from __future__ import annotations
 
@@ -29,15 +23,6 @@ def child(case: str, quick: bool, impl: str) -> None:
     print(peak_rss_mib())
 
 
-def env(**extra: str) -> dict[str, str]:
-    """Environment for subprocesses: import this very attnscore (not another install)."""
-    import attnscore
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(attnscore.__file__)))
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **extra}
-
-
 def _last_float(stdout: str) -> float | None:
     try:
         value = float(stdout.strip().splitlines()[-1])
@@ -46,12 +31,23 @@ def _last_float(stdout: str) -> float | None:
     return value if value == value else None
 
 
+def _run(args: list[str], timeout: float, **extra_env: str) -> float | None:
+    """The number a Python subprocess prints last (None if it prints none); it imports this
+    very attnscore (not another install)."""
+    import attnscore
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(attnscore.__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, **extra_env}
+    cmd = [sys.executable, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return _last_float(proc.stdout)
+
+
 def peak_rss(case: str, quick: bool, impl: str, threads: int) -> float | None:
     """Peak RSS in MiB of a fresh process running ``impl`` of ``case`` once; None on failure."""
-    cmd = [sys.executable, "-m", "attnscore.bench", "--child", case, impl]
-    cmd += ["--threads", str(threads)] + (["--quick"] if quick else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env())
-    return _last_float(proc.stdout)
+    args = ["-m", "attnscore.bench", "--child", case, impl, "--threads", str(threads)]
+    return _run(args + (["--quick"] if quick else []), 900)
 
 
 def cold_compile_seconds() -> float | None:
@@ -62,12 +58,5 @@ def cold_compile_seconds() -> float | None:
         "print(time.perf_counter() - t if ok else -1)"
     )
     with tempfile.TemporaryDirectory() as cache:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=env(ATTNSCORE_CACHE=cache),
-            timeout=600,
-        )
-    seconds = _last_float(proc.stdout)
+        seconds = _run(["-c", code], 600, ATTNSCORE_CACHE=cache)
     return None if seconds is None or seconds < 0 else seconds

@@ -2,12 +2,7 @@
 
 A timing taken while other processes compete for the cores is slower than on an idle
 machine, and not by the same factor on both sides of a ratio. The run reads the 1-minute
-load average before it starts and after each cell; where it exceeds the number of cores,
-the run says so (one line on stderr) and records it in its results (``"load"``).
-
-"Exceeds" allows half a core (:data:`MARGIN`): a run that times on every core keeps the
-load at its own thread count, and the 1-minute average of an otherwise idle machine
-wobbles a little above that; another process that competes for a core adds a whole one.
+load average before it starts and after each cell and warns where it exceeds the cores.
 """
 
 from __future__ import annotations
@@ -21,7 +16,9 @@ from ..g2p.config import usable_cores
 __all__ = ["MARGIN", "LoadWatch", "load_average", "usable_cores"]
 
 MARGIN = 0.5
-"""How far above the core count the load average may go before the machine counts as busy."""
+"""How far above the core count the load average may go before the machine counts as busy: a
+run that times on every core keeps the load at its thread count, and an idle machine's
+average wobbles a little above that; a competing process adds a whole core."""
 
 
 def load_average() -> float | None:

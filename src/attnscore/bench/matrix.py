@@ -2,14 +2,10 @@
 check the kernels' other promises (memory, compiled code).
 
 The matrix: rows {masked_softmax, dot (B, n, d), heads (B, H, n, d), multihead, additive,
-general, cosine} x masks {none, lengths (B,), lengths (B, n), bool, causal, causal +
-lengths} (masked_softmax: lengths only) x dtypes {float32, bfloat16, float16} x steps {eval
-forward, forward + backward}. Every cell has two targets against the PyTorch call a user
-would write instead (:mod:`attnscore.bench._cases`): time <= 1.05x and peak memory <= 1.05x;
-some have stricter ones (:func:`targets`).
-
-Shapes: ``--device cpu`` full shapes take about 10 minutes on 2 cores; ``--quick`` runs the same
-cells at small shapes (no verdicts); ``--device cuda`` runs the same cells at larger shapes.
+general, cosine} x masks (:data:`attnscore.bench._cases.MASKS`; masked_softmax: lengths
+only) x dtypes x steps {eval forward, forward + backward}, each cell with the targets of
+:func:`targets`. The CPU's full shapes take about 10 minutes on 2 cores; ``--quick`` runs
+the same cells at small shapes, CUDA at larger ones (:data:`SHAPES`).
 """
 
 from __future__ import annotations

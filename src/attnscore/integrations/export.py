@@ -5,17 +5,10 @@ The standard routes work on any model that holds attnscore modules, with no wrap
 args, dynamic_shapes=..., dynamo=True)``. While ``torch.export`` traces, attnscore's kernels
 package runs every op as its plain PyTorch formulation (:func:`attnscore.kernels._dispatch.
 exporting`), so the program holds plain PyTorch (or ONNX) operators only and runs without
-attnscore or its C kernels, at every size its dynamic dimensions allow.
-
-This module adds two conveniences over those routes, for an attention module or any model
-called as ``model(queries, keys, values[, valid_lens])``:
-
-- :func:`export_program`: ``torch.export.export`` with dynamic B, n and m
-  (:func:`dynamic_shapes`) in eval mode; save it with ``torch.export.save`` as ``.pt2``;
-- :func:`export_onnx`: that program through ``torch.onnx.export(..., dynamo=True)``, inputs
-  and dimensions named after the legend, run by ONNX Runtime in a process that imports
-  neither torch nor attnscore. Needs the ``[onnx]`` extra (onnx, onnxscript, onnxruntime),
-  imported only here.
+attnscore or its C kernels, at every size its dynamic dimensions allow. This module adds two
+conveniences over those routes, :func:`export_program` and :func:`export_onnx` (the
+``[onnx]`` extra, imported only there), for a model called as ``model(queries, keys,
+values[, valid_lens])``.
 
 Shape legend: B batch, n queries, m keys, q / k / v feature sizes, E the output size of
 :class:`~attnscore.MultiHeadAttention`. B, n and m are dynamic; feature sizes are fixed.
@@ -54,9 +47,6 @@ INPUT_NAMES = ("queries", "keys", "values", "valid_lens")
 OUTPUT_NAMES = ("output",)
 
 _SHAPES = ("(B, n, q)", "(B, m, k)", "(B, m, v)")
-
-
-# ---- checks --------------------------------------------------------------------------------------
 
 
 def _check_module(module: object) -> nn.Module:
@@ -145,9 +135,6 @@ def _for_export(module: nn.Module) -> Iterator[None]:
             m.training = mode
         for m, weights in kept:
             m.__dict__["_weights"] = weights
-
-
-# ---- the two routes --------------------------------------------------------------------------
 
 
 def export_program(

@@ -15,15 +15,10 @@ name                         computes
 ============================ ==========================================================
 
 Each runs :func:`attnscore.dot_product_attention` on the model's projected queries, keys
-and values (so the library's fast paths and guarantees apply: padded keys get exact zero
-weight, queries that may attend no key get zero output and zero gradient, never NaN) and
-builds its masks with transformers' own ``sdpa_mask``: a boolean mask (B, 1, n, m),
-True = may attend (attnscore's convention too), or None where causal masking alone (or no
-mask) says everything. What ``"sdpa"`` adds to the scores it adds too, with
-``score_bias``: a float 4-D mask a user passes (additive: 0 / the dtype's lowest value)
-and T5's relative ``position_bias``. The sparse normalizers need the optional ``entmax`` package
-(``pip install 'attnscore[entmax]'``); they change what a pretrained model computes, so
-they are for models trained with them (from scratch or fine-tuned).
+and values (:func:`attention_function` says how), with transformers' own ``sdpa_mask`` as
+its mask function. The sparse normalizers need the optional ``entmax`` package (``pip
+install 'attnscore[entmax]'``); they change what a pretrained model computes, so they are
+for models trained with them (from scratch or fine-tuned).
 
 Additive and general (bilinear) scoring are not registered: they need parameters
 (``W_q``, ``W_k``, ``w_v``; ``W_a``) that a pretrained transformer does not have, and its
