@@ -79,18 +79,11 @@ def _load_pt(path: Path) -> dict[str, object]:
 
 
 def load_arrays(path: Path) -> dict[str, Tensor]:
-    """The named tensors of an ``attnscore run --input`` file.
-
-    Args:
-        path: a ``.npz`` (``numpy.savez``) or ``.pt`` (``torch.save`` of a dict) file.
-
-    Returns:
-        ``queries``, ``keys``, ``values`` and, when the file has it, ``valid_lens``, as CPU
-        tensors (other arrays in the file are left out).
-
-    Raises:
-        UsageError: a missing file, a folder, another extension, a damaged or foreign file,
-            objects other than tensors, a missing array or a non-numeric one.
+    """``queries``, ``keys``, ``values`` and, when it has it, ``valid_lens`` of an ``attnscore
+    run --input`` file (``.npz`` from ``numpy.savez``, ``.pt`` from ``torch.save`` of a
+    dict), as CPU tensors; other arrays are left out. UsageError: a missing file, a folder,
+    another extension, a damaged or foreign file, objects other than tensors, a missing
+    array or a non-numeric one.
 
     >>> load_arrays(Path("no-such-file.npz"))
     Traceback (most recent call last):

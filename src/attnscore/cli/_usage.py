@@ -71,18 +71,9 @@ def _missing_extra(module: str, option: str | None, otherwise: str = "") -> Usag
 
 
 def require_extra(module: str, option: str, *, otherwise: str = "") -> None:
-    """Import the optional package ``module`` (a key of :data:`EXTRAS`), or refuse the option
-    that needs it, naming the extra to install.
-
-    Args:
-        module: the import name (``"entmax"``).
-        option: what needs it, for the message (``"--normalizer sparsemax"``).
-        otherwise: the end of the message: what else the user may do
-            (``", or pass --data FILE"``).
-
-    Raises:
-        UsageError: ``module`` cannot be imported.
-    """
+    """Import the optional package ``module`` (a key of :data:`EXTRAS`), or refuse the
+    ``option`` that needs it (``"--normalizer sparsemax"``) with a UsageError naming the
+    extra to install, ended by ``otherwise`` (``", or pass --data FILE"``)."""
     try:
         importlib.import_module(module)
     except ImportError:
@@ -120,12 +111,8 @@ def run_main(prog: str, command: Callable[[], int]) -> int:
       Python's own flush at exit does not fail again), nothing is printed, exit code
       :data:`CLOSED_PIPE`.
 
-    Args:
-        prog: the program's name, first on the error line (``"attnscore"``).
-        command: parses and runs; returns the exit code.
-
-    Returns:
-        The exit code.
+    ``prog`` is the program's name, first on the error line; ``command`` parses, runs and
+    returns the exit code, which this returns.
 
     >>> def bad() -> int:
     ...     raise UsageError("--n: expected a positive integer")
@@ -208,18 +195,12 @@ def argument_type(
     expected: str,
     option: str | None = None,
 ) -> Callable[[str], T]:
-    """An argparse ``type=`` that converts the text and accepts only some values.
+    """An argparse ``type=`` that converts the text (``convert``: ``int``, ``float``) and
+    accepts only the values ``accept`` allows, described by ``expected``.
 
-    Args:
-        convert: ``int`` or ``float`` (any callable raising ``ValueError`` on bad text).
-        accept: whether a converted value is allowed.
-        expected: what is allowed, for the message ("a positive integer").
-        option: the option's name (``"--threads"``) for a message of its own.
-
-    Returns:
-        The type function; it raises ``argparse.ArgumentTypeError("expected <expected>, but
-        got '<text>'")``, which argparse reports naming the option, or with ``option``
-        :class:`UsageError` ``"<option>: expected <expected>, but got '<text>'"``.
+    A refused text raises ``argparse.ArgumentTypeError("expected <expected>, but got
+    '<text>'")``, which argparse reports naming the option, or, given ``option``
+    (``"--threads"``), :class:`UsageError` ``"<option>: expected <expected>, but got ..."``.
 
     >>> parser = ArgumentParser(prog="demo")
     >>> _ = parser.add_argument("--heads", type=positive_int)
@@ -253,16 +234,8 @@ fraction = argument_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def device_arg(value: str) -> str:
-    """argparse ``type=`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked here.
-
-    Args:
-        value: the option's text.
-
-    Returns:
-        ``value`` unchanged.
-
-    Raises:
-        UsageError: an unknown device, or CUDA asked for where torch sees no GPU.
+    """argparse ``type=`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, returned
+    unchanged; UsageError for an unknown device, or CUDA where torch sees no GPU.
 
     >>> device_arg("cpu")
     'cpu'

@@ -52,11 +52,9 @@ def _usage_errors(fn: Handler) -> Handler:
     def handler(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except ImportError as exc:
-            if optional_package(exc) is not None:
+        except (ImportError, ValueError, FileNotFoundError) as exc:
+            if isinstance(exc, ImportError) and optional_package(exc) is not None:
                 raise
-            raise UsageError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
-        except (ValueError, FileNotFoundError) as exc:
             raise UsageError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
 
     return handler
@@ -98,25 +96,17 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     )
     # The defaults are the dataclasses' (one source): the recipe of docs/g2p.md's results.
     t, m = TrainConfig, ModelConfig
-    p.add_argument("--batch-size", type=positive_int, default=t.batch_size, help="words a step")
-    p.add_argument("--lr", type=positive_float, default=t.lr, help="peak learning rate")
-    p.add_argument(
-        "--warmup-steps", type=non_negative_int, default=t.warmup_steps, help="linear LR warm-up"
-    )
-    p.add_argument("--emb", type=positive_int, default=m.emb, help="letter/phone embedding size")
-    p.add_argument(
-        "--hidden", type=positive_int, default=m.enc_hidden, help="encoder/decoder GRU size"
-    )
-    p.add_argument(
-        "--enc-layers",
-        type=positive_int,
-        default=m.enc_layers,
-        help="bidirectional GRU layers over letters",
-    )
-    p.add_argument("--dropout", type=fraction, default=m.dropout, help="dropout of every layer")
-    p.add_argument(
-        "--label-smoothing", type=fraction, default=t.label_smoothing, help="of the phone loss"
-    )
+    for flag, kind, default, what in (
+        ("--batch-size", positive_int, t.batch_size, "words a step"),
+        ("--lr", positive_float, t.lr, "peak learning rate"),
+        ("--warmup-steps", non_negative_int, t.warmup_steps, "linear LR warm-up"),
+        ("--emb", positive_int, m.emb, "letter/phone embedding size"),
+        ("--hidden", positive_int, m.enc_hidden, "encoder/decoder GRU size"),
+        ("--enc-layers", positive_int, m.enc_layers, "bidirectional GRU layers over letters"),
+        ("--dropout", fraction, m.dropout, "dropout of every layer"),
+        ("--label-smoothing", fraction, t.label_smoothing, "of the phone loss"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=what)
     p.add_argument(
         "--input-feeding", action="store_true", help="feed the attention output to the next step"
     )
@@ -145,8 +135,6 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         "--nprocs",
         type=positive_int,
         default=t.nprocs,
-        # One process with every core as threads: as fast as two DDP processes at batch 128
-        # on two quiet cores, and simpler (docs/g2p.md, "Using both cores").
         help="training processes, DDP on gloo (default 1: one process, every core as threads)",
     )
     p.add_argument(

@@ -154,18 +154,20 @@ def grid_table(grid: dict[str, dict[float, float | None]], chosen: dict[str, flo
     """Markdown table of a learning-rate grid: best validation WER (%) per scorer and rate,
     the chosen rate in bold."""
     rates = sorted({lr for row in grid.values() for lr in row})
-    lines = [
-        "| scoring | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |",
-        "|" + "---|" * (len(rates) + 1),
-    ]
+    rows = []
     for scoring, row in grid.items():
-        cells = []
+        cells = [scoring]
         for lr in rates:
             wer = row.get(lr)
             text = "-" if wer is None else f"{100 * wer:.2f}"
             cells.append(f"**{text}**" if lr == chosen.get(scoring) else text)
-        lines.append(f"| {scoring} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _markdown(["scoring", *(f"lr {lr:g}" for lr in rates)], rows)
+
+
+def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(cells) + " |" for cells in (head, *rows)]
+    return "\n".join([lines[0], "|" + "---|" * len(head), *lines[1:]])
 
 
 def run_result(
@@ -198,16 +200,12 @@ def run_result(
         res = evaluate_checkpoint(run, "test", beam, device=device, length_norm=length_norm)
         cache.write_text(json.dumps(res, indent=2) + "\n")
     beam_res = res.get("beam", res["greedy"])
+    kept = ("seed", "steps", "train_seconds", "epochs", "peak_rss_mb", "parameters")
     return {
         "run": str(run),
         "scoring": summary.scoring,
         "lr": summary.config.lr,
-        "seed": summary.seed,
-        "steps": summary.steps,
-        "train_seconds": summary.train_seconds,
-        "epochs": summary.epochs,
-        "peak_rss_mb": summary.peak_rss_mb,
-        "parameters": summary.parameters,
+        **{key: getattr(summary, key) for key in kept},
         "per_greedy": res["greedy"]["per"],
         "wer_greedy": res["greedy"]["wer"],
         "per_beam": beam_res["per"],
@@ -326,21 +324,16 @@ def curves_table(curves: dict[str, dict[int, dict[str, float | None]]]) -> str:
     ranking changed between the last two validations."""
     names = list(curves)
     steps = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
-    lines = [
-        "| step | " + " | ".join(names) + " | ranking (spread-separated) |",
-        "|" + "---|" * (len(names) + 2),
-    ]
-    ranks = []
+    rows, ranks = [], []
     for step in steps:
         at = {name: curves[name][step] for name in names}
         ranks.append(ranking(at))
-        cells = [_pm(at[name]) for name in names]
-        lines.append(f"| {step} | " + " | ".join(cells) + f" | {ranking_text(ranks[-1])} |")
+        rows.append([str(step), *(_pm(at[name]) for name in names), ranking_text(ranks[-1])])
+    table = _markdown(["step", *names, "ranking (spread-separated)"], rows)
     if len(steps) >= 2:
-        stable = same_ranking(ranks[-2], ranks[-1])
-        verdict = "unchanged" if stable else "changed"
-        lines += ["", f"ranking between steps {steps[-2]} and {steps[-1]}: {verdict}"]
-    return "\n".join(lines)
+        verdict = "unchanged" if same_ranking(ranks[-2], ranks[-1]) else "changed"
+        table += f"\n\nranking between steps {steps[-2]} and {steps[-1]}: {verdict}"
+    return table
 
 
 def _pm(s: dict[str, float | None], scale: float = 100.0, digits: int = 2) -> str:
@@ -364,15 +357,14 @@ def format_table(rows: Sequence[dict[str, Any]], beam: int) -> str:
     head = ["scoring", *(["peak lr"] if with_lr else []), "seeds", "steps"]
     head += [title for _, title in metrics]
     head += ["train time (min)", "peak RSS (MiB)", "parameters"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         cells = [r["scoring"], *([f"{r['lr']:g}"] if with_lr else [])]
         cells += [str(len(r["seeds"])), _pm(r["steps"], 1, 0)]
         cells += [_pm(r[key]) for key, _ in metrics]
         cells += [_pm(r["train_seconds"], 1 / 60, 1), _pm(r["peak_rss_mb"], 1, 0)]
-        cells.append(f"{r['parameters']:,}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append([*cells, f"{r['parameters']:,}"])
+    return _markdown(head, lines)
 
 
 def budget_line(cfg: TrainConfig) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 DEFAULT_STEPS = 15_000
 """Step budget when neither ``--steps`` nor ``--time-budget`` is given."""
@@ -32,6 +32,29 @@ def known_fields(cls: type, d: Mapping[str, Any], exclude: Collection[str] = ())
     return {k: v for k, v in d.items() if k in names}
 
 
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A dataclass kept as a plain dict in checkpoints and JSON files: :meth:`to_dict` and
+    its inverse :meth:`from_dict`, the base of every record of the G2P task.
+
+    >>> ModelConfig.from_dict({**ModelConfig(emb=8).to_dict(), "other": 1}).emb
+    8
+    """
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name, nested records as dicts (checkpoint- and JSON-safe)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        return cls(**known_fields(cls, d))
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
     try:
@@ -41,7 +64,7 @@ def usable_cores() -> int:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Record):
     """Hyper-parameters of :class:`~attnscore.g2p.model.G2PModel`.
 
     The vocabulary sizes are not part of it: they come from the data (and the vocabularies
@@ -57,18 +80,9 @@ class ModelConfig:
     dropout: float = 0.1
     input_feeding: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (checkpoint- and JSON-safe)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        return cls(**known_fields(cls, d))
-
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Record):
     """Everything a training run depends on (stored in its checkpoints and summary)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -108,13 +122,10 @@ class TrainConfig:
                 f"but got {self.precision!r} instead"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict, the model config nested under ``"model"``."""
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict` (the model config nested under ``"model"``); unknown
+        keys are ignored."""
         model = ModelConfig.from_dict(d.get("model", {}))
         return cls(model=model, **known_fields(cls, d, {"model"}))
 

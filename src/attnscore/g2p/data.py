@@ -67,28 +67,21 @@ def parse_cmudict(lines: Iterable[str], keep_stress: bool = False) -> ParseResul
         if not line or line.startswith(";;;"):
             continue
         parts = line.split()
-        if len(parts) < 2:
-            errors.append(
-                (
-                    lineno,
-                    f"Expected a word and at least one phoneme, but got {raw.strip()!r} instead",
-                )
-            )
-            continue
         m = _VARIANT.match(parts[0])
-        if m is None or "(" in m.group("word") or ")" in m.group("word"):
-            errors.append(
-                (lineno, f"Expected a word like 'word' or 'word(2)', but got {parts[0]!r} instead")
-            )
+        bad = [p for p in parts[1:] if not _PHONE.match(p)]
+        if len(parts) < 2:
+            error = f"Expected a word and at least one phoneme, but got {raw.strip()!r}"
+        elif m is None or "(" in m.group("word") or ")" in m.group("word"):
+            error = f"Expected a word like 'word' or 'word(2)', but got {parts[0]!r}"
+        elif bad:
+            error = f"Expected ARPAbet phonemes like 'AH0' or 'K', but got {bad[0]!r}"
+        else:
+            error = ""
+        if error:
+            errors.append((lineno, f"{error} instead"))
             continue
-        word = m.group("word").lower()
-        phones = parts[1:]
-        bad = [p for p in phones if not _PHONE.match(p)]
-        if bad:
-            errors.append(
-                (lineno, f"Expected ARPAbet phonemes like 'AH0' or 'K', but got {bad[0]!r} instead")
-            )
-            continue
+        assert m is not None
+        word, phones = m.group("word").lower(), parts[1:]
         pron = tuple(phones if keep_stress else (strip_stress(p) for p in phones))
         prons = lexicon.setdefault(word, [])
         if pron not in prons:

@@ -62,8 +62,6 @@ def predict(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    prons: list[list[str]] = []
-    atts: list[torch.Tensor] = []
     try:
         # sort by length so that batches hold words of similar length
         order = sorted(range(len(words)), key=lambda i: len(words[i]))
@@ -77,12 +75,9 @@ def predict(
                 ids, ws = model.beam_search(src, lengths, beam=beam, length_norm=length_norm)
             for i, seq, w in zip(chunk, ids, ws, strict=True):
                 out[i] = (phones.decode(seq), w)
-        for i in range(len(words)):
-            prons.append(out[i][0])
-            atts.append(out[i][1])
     finally:
         model.train(was_training)
-    return prons, atts
+    return [out[i][0] for i in range(len(words))], [out[i][1] for i in range(len(words))]
 
 
 def evaluate(

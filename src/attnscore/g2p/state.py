@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .config import known_fields
+from .config import Record, known_fields
 
 
 @dataclass(frozen=True)
-class Validation:
+class Validation(Record):
     """One periodic validation of a run (an entry of :attr:`TrainState.history`).
 
     Attributes:
@@ -27,25 +28,9 @@ class Validation:
     valid_per: float
     valid_wer: float
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Validation:
-        """Inverse of ``dataclasses.asdict``; unknown keys are ignored.
-
-        Args:
-            d: the fields by name.
-
-        Returns:
-            The record.
-
-        >>> Validation.from_dict({"step": 5, "elapsed": 1.0, "train_loss": 2.0,
-        ...                       "valid_per": 0.1, "valid_wer": 0.3}).step
-        5
-        """
-        return cls(**known_fields(cls, d))
-
 
 @dataclass(frozen=True)
-class AttentionStats:
+class AttentionStats(Record):
     """A model's attention on a fixed sample of validation words at one step of its
     training (:mod:`attnscore.g2p.attention_stats` says what each number is)."""
 
@@ -54,18 +39,9 @@ class AttentionStats:
     entropy: float
     max_weight: float
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields by name (JSON-safe)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttentionStats:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        return cls(**known_fields(cls, d))
-
 
 @dataclass
-class TrainState:
+class TrainState(Record):
     """Progress of a training run, saved in every checkpoint and restored on ``--resume``.
 
     Attributes:
@@ -96,16 +72,8 @@ class TrainState:
     history: list[Validation] = field(default_factory=list)
     attention: list[AttentionStats] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields by name, ``history`` as a list of dicts.
-
-        Returns:
-            A plain dict of numbers and lists (checkpoint- and JSON-safe).
-        """
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainState:
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainState:
         """Inverse of :meth:`to_dict`; unknown keys are ignored.
 
         Args:

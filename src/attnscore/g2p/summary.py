@@ -7,11 +7,12 @@ The file is plain JSON with the keys of :class:`RunSummary`'s fields (``budget``
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, known_fields
+from .config import Record, TrainConfig
 from .state import AttentionStats, Validation
 
 SUMMARY_FILE = "summary.json"
@@ -19,7 +20,7 @@ SUMMARY_FILE = "summary.json"
 
 
 @dataclass(frozen=True)
-class Budget:
+class Budget(Record):
     """The step budget a run followed, and how a time budget was turned into it.
 
     Attributes:
@@ -36,24 +37,9 @@ class Budget:
     seconds_per_validation: float | None = None
     warmup_seconds: float | None = None
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Budget:
-        """Inverse of ``dataclasses.asdict``; unknown keys are ignored.
-
-        Args:
-            d: the fields by name.
-
-        Returns:
-            The record.
-
-        >>> Budget.from_dict({"steps": 300, "time_budget_min": None}).steps
-        300
-        """
-        return cls(**known_fields(cls, d))
-
 
 @dataclass(frozen=True)
-class RunSummary:
+class RunSummary(Record):
     """The outcome of a training run (:func:`attnscore.g2p.train.train`).
 
     Attributes:
@@ -92,16 +78,8 @@ class RunSummary:
     budget: Budget
     config: TrainConfig
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields by name, the nested ones as dicts.
-
-        Returns:
-            A plain, JSON-safe dict (the content of ``summary.json``).
-        """
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunSummary:
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
         """Inverse of :meth:`to_dict`; unknown keys are ignored.
 
         Args:
