@@ -58,8 +58,8 @@ __all__ = [
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
-# The size and work thresholds below are bound once from the one table of them
-# (attnscore._thresholds: what each decides, why, and the measurement behind it).
+# The size and work thresholds below (upper-case names bound by value()) are bound once from
+# the one table of them, attnscore._thresholds, which says what each decides and why.
 _MIN_WORK_PER_THREAD: int = value("min_work_per_thread")
 
 
@@ -265,9 +265,6 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
-#: A softmax without a mask runs the C masked softmax with every length m from this many
-#: elements on in inference, and in training from ``_SOFTMAX_TRAINING`` for its dtypes (with
-#: PyTorch's backward of its output): where it measured faster than ``torch.softmax``.
 _SOFTMAX_INFERENCE: int = value("softmax_inference")
 _SOFTMAX_TRAINING: int = value("softmax_training")
 _SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtypes")
@@ -409,9 +406,7 @@ def mask_summary(
     ``dtype`` (0 / -inf; None when ``dtype`` is None), which rows allow some key (..., r) and
     which keys some row allows (..., m), in one read of the mask."""
     lib = load_library()
-    suffix = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}.get(
-        dtype or torch.float32, "f16" if dtype == torch.float16 else None
-    )
+    suffix = _SUFFIX.get(dtype or torch.float32, "f16" if dtype == torch.float16 else None)
     if lib is None or suffix is None or allowed.ndim < 2:
         return _plain.mask_summary(allowed, dtype)
     *lead, r, m = allowed.shape
@@ -543,8 +538,7 @@ def additive_scores_backward(
 
 # ---- inputs ---------------------------------------------------------------------------------
 
-_NONFINITE_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16",
-                     torch.float16: "f16"}  # fmt: skip
+_NONFINITE_SUFFIX = {**_SUFFIX, torch.float16: "f16"}
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -623,19 +617,9 @@ def _count3_for(
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
 
-#: A call of the per-example loop costs about this much work (multiply-adds) in overhead;
-#: cutting pays when it saves more than this per example.
 _CALL_WORK: int = value("call_work")
-#: Work (multiply-adds) of the loop's backward from which threads of its own pay for
-#: their start.
 _THREADS_WORK: int = value("threads_work")
-
-
-#: Work (multiply-adds, B * H * n * m * (d + dv)) up to which inference runs in one C pass
-#: (:func:`_small_attention`): below it SDPA's fixed cost and the ops around it (mask,
-#: zeroed padding) are most of a call.
-_SMALL_WORK: int = value("small_work")
-
+_SMALL_WORK: int = value("small_work")  # multiply-adds, B * H * n * m * (d + dv)
 
 _SMALL_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 #: The dtypes of calls by key lengths that dot-product attention runs whole from the
@@ -1183,13 +1167,8 @@ class _GroupedAttention(torch.autograd.Function):
 #: float32.
 _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _FLASH_LENGTHS = {dtype: f"flash_lengths_{suffix}" for dtype, suffix in _BY_LENGTHS_SUFFIX.items()}
-#: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats.
 _BY_LENGTHS_KEYS: int = value("by_lengths_keys")
-#: Work (multiply-adds) from which lengths take the C kernel, in inference and training: every
-#: call (small inference calls take their C pass first where it applies).
 _BY_LENGTHS_WORK: int = value("by_lengths_work")
-#: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
-#: this many of them, so that a few examples and heads still give every thread work.
 _BY_LENGTHS_CHUNK: int = value("by_lengths_chunk")
 #: The kernel's tile of queries (FA_ROWS in the C source); fewer go row by row.
 _FA_ROWS = 8
@@ -1254,7 +1233,6 @@ def _ascending(n: int) -> Tensor:
     return torch.arange(n).view(1, 1, n)
 
 
-#: :func:`_ascending_rows` are kept up to this many values each.
 _KEPT_ORDER: int = value("kept_order")
 
 
@@ -1273,15 +1251,10 @@ def _unpadded_by(n: int, m: int, causal: bool) -> _ByLength:
     return _ByLength.of(lengths.view(1, 1, n), n, ascending=True)
 
 
-def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
-    """``values`` as a C array of int64 (the kernels' strides): a few microseconds less
-    than a tensor's; the same values give the same array (kept: the kernels only read
-    it), a microsecond less again."""
-    return _kept_int64s(tuple(values))
-
-
 @functools.lru_cache(maxsize=256)
-def _kept_int64s(values: tuple[int, ...]) -> ctypes.Array[ctypes.c_int64]:
+def _int64s(values: tuple[int, ...]) -> ctypes.Array[ctypes.c_int64]:
+    """``values`` as a C array of int64 (the kernels' strides): cheaper than a tensor's;
+    the same values give the same array (kept: the kernels only read it)."""
     return (ctypes.c_int64 * len(values))(*values)
 
 
@@ -1352,7 +1325,7 @@ def _by_lengths_forward(
     # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
     out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
-    strides = _int64s([*_strides(q, k, v, out), *by.strides])
+    strides = _int64s((*_strides(q, k, v, out), *by.strides))
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
     # those for the threads to share.
     chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
@@ -1392,9 +1365,7 @@ def _by_lengths_backward(
     B, H, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
     dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    strides = _strides(q, k, v, out)
-    strides += [*by.strides, *_strides(grad, dq, dk, dv_)]
-    st = _int64s(strides)
+    st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
     head = (
         *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
         by.order.data_ptr(),
@@ -1447,16 +1418,6 @@ def _attention_by_lengths(
     return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
 
 
-#: With nothing padded (no mask, or causal masking alone) the kernel by lengths runs from
-#: ``_UNPADDED_WORK`` multiply-adds on in training, and from ``_UNPADDED_INFERENCE`` in
-#: inference: below, SDPA's fixed cost is small and its own loop fast. Without a mask,
-#: where nothing is skipped, only with head sizes up to ``_UNPADDED_HEAD``, at least a tile
-#: of queries (``_FA_ROWS``), and in training one (example, head) per thread at least (the
-#: backward's task). SDPA's float16 kernel has no float16 arithmetic to use on CPUs
-#: without it: float16 takes the kernel from ``_SMALL_WORK`` on, and so do projected calls
-#: (general, cosine) with causal masking, whose plain pipeline skips nothing. Projected
-#: calls without a mask compare with their plain pipeline instead, whose bfloat16 products
-#: run at twice float32's rate: in bfloat16 they keep it (the kernel computes in float32).
 _UNPADDED_WORK: int = value("unpadded_work")
 _UNPADDED_HEAD: int = value("unpadded_head")
 _UNPADDED_INFERENCE: int = value("unpadded_inference")
@@ -1465,10 +1426,12 @@ _UNPADDED_INFERENCE: int = value("unpadded_inference")
 def _unpadded_pays(
     q: Tensor, k: Tensor, v: Tensor, work: int, heads: int, *, causal: bool, projected: bool
 ) -> bool:
-    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or,
-    for ``projected`` calls without a mask, their plain pipeline) on inputs like these,
-    ``heads`` (example, head) pairs in all (cheapest tests first: most calls are decided by
-    their size alone)."""
+    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or, for
+    ``projected`` calls without a mask, their plain pipeline) on inputs like these, ``heads``
+    (example, head) pairs in all (cheapest tests first: most calls are decided by size).
+    SDPA's float16 kernel has no float16 arithmetic to use on CPUs without it; projected
+    calls in bfloat16 keep their plain pipeline, whose bfloat16 products run at twice
+    float32's rate (the kernel computes in float32)."""
     if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
     if work < _UNPADDED_INFERENCE or (projected and q.dtype == torch.bfloat16):
