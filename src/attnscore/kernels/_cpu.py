@@ -245,9 +245,8 @@ def _suffix(dtype: torch.dtype) -> str:
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
-    """Backend contract (C kernel): softmax of ``x[..., :L]``, exact zeros beyond; one pass
-    per row, padded positions never read; 16-bit rows are read and written in their own
-    dtype and reduced in float32."""
+    """Backend contract (C kernel): one pass per row; 16-bit rows are read and written in
+    their own dtype."""
     lib = load_library()
     if lib is None:
         return _plain.masked_softmax(x, lengths)
@@ -271,9 +270,8 @@ _SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtype
 
 
 def softmax_pays(x: Tensor, training: bool) -> bool:
-    """Backend contract: whether the C masked softmax with every length m measured faster
-    than ``torch.softmax`` on x (see ``_SOFTMAX_INFERENCE``, ``_SOFTMAX_TRAINING``):
-    contiguous inputs in a dtype the kernel reads as it is, from a size on."""
+    """Backend contract: contiguous inputs in a dtype the C kernel reads as it is, from the
+    sizes of ``softmax_inference`` / ``softmax_training`` on."""
     if training:
         if x.numel() < _SOFTMAX_TRAINING or x.dtype not in _SOFTMAX_TRAINING_DTYPES:
             return False
@@ -303,11 +301,9 @@ def _callers_lengths(valid_lens: Tensor, rows_shape: Sequence[int]) -> tuple[int
 
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
-    """Backend contract (C kernel): the masked softmax of a call small enough for one
-    thread, straight from the caller's lengths: (B,) are read with every row of an example
-    sharing its entry, x.shape[:-1] one per row; read once into Python, to check them.
-    None for larger calls, non-contiguous tensors, dtypes converted on the way, lengths of
-    another shape or with a negative value, and without the C library."""
+    """Backend contract (C kernel): the lengths are read once into Python, to check them.
+    None for calls the general path would split, non-contiguous tensors, dtypes converted on
+    the way, and without the C library."""
     m = x.shape[-1]
     rows = x.numel() // m if m else 0
     if (
@@ -374,10 +370,8 @@ def _row_offsets(mask: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
-    """Backend contract (C kernel): softmax of each row of ``x`` (..., m) over the positions
-    ``allowed`` (bool, broadcastable to x) allows, exact zeros elsewhere and on rows that
-    allow nothing; one pass over the row and its mask, masked entries never used; 16-bit
-    rows read and written in their own dtype, reduced in float32."""
+    """Backend contract (C kernel): one pass over the row and its mask, masked entries never
+    used; 16-bit rows read and written in their own dtype."""
     lib = load_library()
     if lib is None:
         return _plain.masked_softmax_dense(x, allowed)
@@ -402,9 +396,7 @@ def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
 def mask_summary(
     allowed: Tensor, dtype: torch.dtype | None
 ) -> tuple[Tensor | None, Tensor, Tensor]:
-    """Backend contract (C kernel): for a boolean mask (..., r, m), its additive form in
-    ``dtype`` (0 / -inf; None when ``dtype`` is None), which rows allow some key (..., r) and
-    which keys some row allows (..., m), in one read of the mask."""
+    """Backend contract (C kernel): one read of the mask."""
     lib = load_library()
     suffix = _SUFFIX.get(dtype or torch.float32, "f16" if dtype == torch.float16 else None)
     if lib is None or suffix is None or allowed.ndim < 2:
@@ -441,11 +433,9 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Backend contract (C kernel): float16 ``a @ b`` for a (..., r, k) and b (k, c) or
-    (..., k, c) with a's leading dimensions, read through their strides, accumulated in
-    float32 and rounded once into the float16 result (..., r, c): 10-30x PyTorch's float16
-    product on CPUs without float16 arithmetic. Other shapes and dtypes, and without the
-    C library or its float16 support: ``torch.matmul``."""
+    """Backend contract (C kernel): a and b read through their strides, the float32 sums
+    rounded once (PyTorch's float16 product is slow on CPUs without float16 arithmetic).
+    Other shapes and dtypes, and without the C library or its float16: ``torch.matmul``."""
     lib = load_library()
     if (
         lib is None
@@ -476,8 +466,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    """Backend contract (C kernel): ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths, exact
-    zeros elsewhere, without a (B, n, m, h) intermediate; keys j >= lengths never read."""
+    """Backend contract (C kernel): no (B, n, m, h) intermediate; keys j >= lengths never
+    read."""
     lib = load_library()
     if lib is None:
         return _plain.additive_scores(qh, kh, w_v, lengths)
@@ -501,11 +491,8 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
 def additive_scores_backward(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Backend contract (C kernel): gradients (qh, kh, w_v), tanh recomputed.
-
-    Memory: (B, n, h) for dqh and one (B, m, h) dkh accumulator per thread, never anything
-    of size B*n*m*h.
-    """
+    """Backend contract (C kernel), tanh recomputed. Memory: (B, n, h) for dqh and one
+    (B, m, h) dkh accumulator per thread, never anything of size B*n*m*h."""
     lib = load_library()
     if lib is None:
         return _plain.additive_scores_backward(grad_scores, qh, kh, w_v, lengths)
@@ -542,10 +529,9 @@ _NONFINITE_SUFFIX = {**_SUFFIX, torch.float16: "f16"}
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
-    """Backend contract (C scan): no NaN or inf in any of ``tensors``, one read of each.
-    An attention call's three contiguous inputs of one dtype take one C call (a small
-    call notices each microsecond); a tensor passed twice (self-attention's keys and
-    values) is read once; other layouts take PyTorch's reduction."""
+    """Backend contract (C scan): an attention call's three contiguous inputs of one dtype
+    take one C call; a tensor passed twice (self-attention's keys and values) is read once;
+    other layouts take PyTorch's reduction."""
     lib = load_library()
     if len(tensors) == 3:
         q, k, v = tensors
@@ -572,9 +558,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
 
 def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
-    """Backend contract (C scan): whether q, k, v hold no NaN or inf, and copies of q and k
-    (detached; made by the same C call where the three are contiguous and of one dtype
-    with a scan)."""
+    """Backend contract (C scan): the copies made by the same C call where the three are
+    contiguous and of one dtype with a scan."""
     count = _count3_for(load_library(), q, k, v)
     if count is None:
         return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
@@ -667,12 +652,8 @@ def _small_pass(
 def _small_attention(
     q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
 ) -> Tensor | None:
-    """Dot-product attention of a small call in one C pass (float32, float64; inference):
-    each query row over its first ``lengths`` keys, padding never read (so nothing is
-    zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
-    general path) without the C library, for other dtypes, or where a row's scores or
-    output are not all finite. ``lengths``: (B or 1, H or 1, n or 1),
-    :func:`~attnscore._mask.compact`."""
+    """:func:`_small_pass` of a call by lengths (B or 1, H or 1, n or 1)
+    (:func:`~attnscore._mask.compact`); None without the C library or for other dtypes."""
     if load_library() is None or q.dtype not in _SMALL_SUFFIX:
         return None
     B, H, n, _ = q.shape
@@ -741,15 +722,11 @@ def small_dot_product_attention(
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
 ) -> tuple[Tensor, Tensor | None] | None:
-    """Backend contract (C kernels): an inference call by key lengths from the caller's
-    tensors, where :func:`_small_layout` takes it, run whole before the layers between (at
-    mid sizes they cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
-    and float64, the C pass of :func:`_small_pass`, which writes the weights as well (one
+    """Backend contract (C kernels), for calls :func:`_small_layout` takes (at mid sizes the
+    layers between cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
+    and float64 the C pass of :func:`_small_pass`, which writes the weights as well (one
     (..., n, m) tensor costs less than keeping copies of the inputs); above it and in 16
-    bits, the kernel by lengths (:func:`_by_lengths_forward`) where it runs, without
-    weights. q and k go through ``project`` first, once the call is taken (else they share
-    their size d). None for anything else, without the C library, or where the small pass
-    meets non-finite scores."""
+    bits the kernel by lengths (:func:`_by_lengths_forward`) where it runs, no weights."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
     taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
@@ -792,13 +769,9 @@ def small_additive_attention(
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
 ) -> tuple[Tensor, Tensor] | None:
-    """Backend contract (C kernel): a small inference call of additive attention from the
-    caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score) and
-    the work is at most ``_SMALL_WORK`` multiply-adds (float32, float64):
-    ``project`` (q, k) -> (qh, kh, w) (the projections and w_v, applied once it does), then
-    one C pass: each query row's scores ``w . tanh(qh + kh_j)`` over its valid keys only,
-    their softmax and the weighted values; (output, weights). None for anything else,
-    without the C library, or where the pass meets non-finite scores."""
+    """Backend contract (C kernel), for calls :func:`_small_layout` takes of at most
+    ``_SMALL_WORK`` multiply-adds (float32, float64): one C pass of each query row's scores
+    over its valid keys only, their softmax and the weighted values."""
     taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
     if taken is None or taken[1] > _SMALL_WORK:
         return None
@@ -994,9 +967,8 @@ class _CutAttention(torch.autograd.Function):
         # PyTorch's flash backward splits its work by (example, head) only: with fewer heads
         # than threads one call would leave cores idle, so examples run side by side on
         # threads instead (each writes its own slices; ATen releases the GIL). The threads
-        # end with the backward: a live thread that has run a PyTorch op makes every later
-        # small op of the main thread about 35 us slower (measured, torch 2.13, CPython
-        # 3.11), so a pool kept for the next call would tax the whole program.
+        # end with the backward: a live thread that has run a PyTorch op slows every later
+        # small op of the main thread, so a pool kept for the next call would tax the program.
         threads = torch.get_num_threads()
         if q.shape[1] < threads and len(by_example) > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="attnscore-bwd") as pool:
@@ -1305,15 +1277,13 @@ def _by_lengths_forward(
     head)'s queries in order of length (``by``), 8 at a time, each tile over the keys its
     longest query attends, so the work follows the lengths (PyTorch's CPU flash kernel
     takes keys in blocks of 512: a mask inside a call saves nothing there). Keys beyond an
-    (example, head)'s longest length and queries of length 0 are never read; those queries
-    are zeros. Computes in float32 for every dtype; inputs it takes
-    (:func:`_by_lengths_declines`).
+    (example, head)'s longest length and queries of length 0 (zeros) are never read.
+    Computes in float32 for every dtype it takes (:func:`_by_lengths_declines`).
 
     q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv), or all three without H. Returns the
     output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
-    n, dv) without H) and, with ``logsumexp``,
-    each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
-    rows of length 0)."""
+    n, dv) without H) and, with ``logsumexp``, each row's logsumexp of its scaled scores
+    (B, H, n) float32 as that op keeps it (0 for rows of length 0)."""
     q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
     if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
