@@ -8,9 +8,9 @@ around them live in :mod:`attnscore.kernels`.
 Shapes: B batch, n queries, m keys, h hidden units, d query/key size, dv value size.
 Devices: CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1`` (Triton's interpreter,
 used by the test suite). Dtypes: float16, bfloat16, float32, float64 (16-bit reduced in
-float32). :func:`supports` says whether a set of tensors can be taken. The kernels are
-described in :mod:`._triton_softmax` (masked softmax) and :mod:`._triton_additive`
-(additive scores); their timings on hardware and compile report are in docs/benchmarks.md.
+float32). The kernels are described in :mod:`._triton_softmax` (masked softmax) and
+:mod:`._triton_additive` (additive scores); their timings on hardware and compile report
+are in docs/benchmarks.md.
 
 **tanh mode** (``ATTNSCORE_TANH``, read on every call; :func:`tanh_mode`):
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 from torch import Tensor
 
 # A private module without __all__: its names are the backend contract (_dispatch.Backend,
@@ -58,20 +57,7 @@ from ._triton_additive import additive_bwd, additive_fwd
 from ._triton_launch import hardware_tanh as uses_hardware_tanh
 from ._triton_launch import interpreting
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TANH_MODES = ("auto", "exact", "approx")
-
-
-def supports(*tensors: Tensor) -> bool:
-    """True when the Triton kernels can take these tensors: all of a float dtype (float16,
-    bfloat16, float32, float64), all on one CUDA device, or all on CPU while
-    ``TRITON_INTERPRET=1`` was set before triton was imported."""
-    if not tensors:
-        return False
-    device = tensors[0].device
-    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
-        return False
-    return all(t.device == device and t.dtype in _FLOATS for t in tensors)
 
 
 def tanh_mode() -> str:
