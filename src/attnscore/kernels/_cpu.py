@@ -864,7 +864,7 @@ def _flash_forward(
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
     the backward). One call's output, mask and gathered inputs live at a time."""
-    flash, _ = _flash_ops()  # type: ignore[misc]
+    flash, _ = _flash_ops()
     saved = []
     for piece in pieces:
         qp, kp, vp, mask, causal = piece.call(q, k, v)
@@ -880,7 +880,7 @@ def _flash_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The flash backward of one piece's ``call`` (its :func:`_flash_forward` arguments),
     given the piece's upstream gradient, output and logsumexp: (dq, dk, dv) of the piece."""
-    _, backward = _flash_ops()  # type: ignore[misc]
+    _, backward = _flash_ops()
     qp, kp, vp, mask, causal = call
     grads: tuple[Tensor, Tensor, Tensor] = backward(
         grad, qp, kp, vp, out, lse, 0.0, causal, attn_mask=mask, scale=scale
@@ -888,11 +888,9 @@ def _flash_backward(
     return grads
 
 
-def _flash_ops() -> tuple[Any, Any] | None:
-    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept), if any."""
+def _flash_ops() -> tuple[Any, Any]:
+    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept; torch >= 2.2)."""
     aten = torch.ops.aten
-    if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        return None  # pragma: no cover - torch < 2.2
     return (
         aten._scaled_dot_product_flash_attention_for_cpu,
         aten._scaled_dot_product_flash_attention_for_cpu_backward,
@@ -1620,9 +1618,7 @@ def _grouped(call: AttentionCall, kept: int) -> bool:
 
 def _flash_takes(call: AttentionCall) -> bool:
     """The flash op takes no dropout and one head size for q, k and v."""
-    return (
-        call.dropout_p == 0.0 and call.q.shape[-1] == call.v.shape[-1] and _flash_ops() is not None
-    )
+    return call.dropout_p == 0.0 and call.q.shape[-1] == call.v.shape[-1]
 
 
 class CutExamples(Implementation):
