@@ -15,8 +15,9 @@ with ``-fopenmp``: loading it then reuses the libgomp torch loaded (same soname)
 ``*_par`` drivers run row ranges on torch's own OpenMP threads. That matters under
 ``torch.compile``, whose kernels leave those threads spinning for a while after each
 parallel region: a second pool of threads (Python's) would compete with them for the
-cores. If a second libgomp gets mapped after all, or ``ATTNSCORE_OPENMP=0`` is set, or the ``-fopenmp`` build
-fails, the kernels run on Python threads instead (:func:`parallel_in_c` is False).
+cores. If a second libgomp gets mapped after all, or ``ATTNSCORE_OPENMP=0`` is set, or the
+``-fopenmp`` build fails, the kernels run on Python threads instead (:func:`parallel_in_c`
+is False).
 """
 
 from __future__ import annotations
