@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -850,17 +850,8 @@ class _Cut:
         out[self.b : self.b + 1, :, self.queries] = value
 
 
-class _Piece(Protocol):
-    """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`), a group
-    (:class:`_Group`)."""
-
-    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall: ...
-
-    def put(self, out: Tensor, value: Tensor) -> None: ...
-
-
 def _flash_forward(
-    pieces: Sequence[_Piece], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
+    pieces: Sequence[_Cut | _Group], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
     the backward). One call's output, mask and gathered inputs live at a time."""
