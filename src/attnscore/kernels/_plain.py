@@ -1,12 +1,9 @@
 """The plain PyTorch backend: runs on any device and defines the expected results.
 
-It implements the backend contract of :mod:`attnscore.kernels._dispatch` (the same functions
-as :mod:`~attnscore.kernels._cpu` and the GPU module) and keeps the same guarantees as the
-fused kernels: exact zeros (and zero gradients) at padded positions and on rows of length 0,
-reductions of float16/bfloat16 in float32, and NaN/inf garbage at padded positions changing
-nothing. Its functions are written with differentiable PyTorch ops only, so they also serve
-as the *twin* the dispatcher runs where a registered op cannot go (``torch.func``
-transforms, kernels disabled) and for double backward.
+It implements the backend contract (:class:`~attnscore.kernels._dispatch.Backend`) with
+differentiable PyTorch ops only, so its functions also serve as the *twin* the dispatcher
+runs where a registered op cannot go (``torch.func`` transforms, kernels disabled) and for
+double backward.
 
 Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value size.
 """
