@@ -669,8 +669,7 @@ def _small_layout(
     or q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing
     are for attention with nothing padded, as everywhere). Returns how many rows share a
     length and the call's work (multiply-adds, ``features`` per score), or None."""
-    # (Tensor attributes read once each: a shape slice or a device costs 0.2 us, and this
-    # runs on every small call.)
+    # (each Tensor attribute read once: this runs on every small call)
     ndim, qs, ks, vs = q.ndim, q.shape, k.shape, v.shape
     if (
         q.dtype not in dtypes
@@ -1090,12 +1089,10 @@ def _groups(longest: list[int], lengths: Tensor, size: int) -> list[_Group]:
 class _GroupedAttention(torch.autograd.Function):
     """Training where the loop's backward would leave threads idle: one flash call per group
     of examples of similar length (:func:`_groups`) on keys cut to the group's longest,
-    with the mask inside. Each call still has examples x heads to split over the threads;
-    keys beyond every example of a group are never read. One autograd node, as the loop's:
-    the output and the gradients are allocated once and each group writes its examples.
-    A group's inputs are views of them where its examples are evenly spaced (always in
-    groups of one or two), else copies that live for its call only.
-    q, k, v arrive with their padding inert (:func:`_sdpa.inert`)."""
+    with the mask inside, so each call has examples x heads to split over the threads.
+    One autograd node, as the loop's; a group's inputs are views where its examples are
+    evenly spaced (:meth:`_Group.rows`). q, k, v arrive with their padding inert
+    (:func:`_sdpa.inert`)."""
 
     @staticmethod
     def forward(
@@ -1314,12 +1311,9 @@ def _by_lengths_backward(
     by: _ByLength,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward`, given its output and
-    logsumexps and the upstream gradient, in one C call (``flash_lengths_backward``): the
-    same tiles of sorted queries over the keys their longest attends, so the backward's
-    work follows the lengths too; one task per (example, head), whose key gradients add
-    up in float32. Keys beyond an (example, head)'s longest length and queries of length
-    0 are never read and get zero gradients."""
+    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward` in one C call
+    (``flash_lengths_backward``) on the forward's tiles, one task per (example, head), whose
+    key gradients add up in float32; what the forward never reads gets zero gradients."""
     q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
     B, H, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
@@ -1477,8 +1471,7 @@ def _lengths_decline(call: AttentionCall) -> str | None:
 class SmallPass(Implementation):
     """Small inference calls by lengths in one C pass (:func:`_small_attention`): every
     query over its own keys, padding never read, nothing zeroed and no mask built; up to
-    ``small_work`` multiply-adds, where SDPA's fixed cost and the ops around it are most of
-    a call. float32 and float64."""
+    ``small_work`` multiply-adds. float32 and float64."""
 
     name = "c_small"
     summary = "one C pass for small inference calls by lengths (float32, float64)"
