@@ -244,7 +244,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
     Read on the CPU only. Off the CPU (CUDA and other accelerators) reading the answer
     makes the host wait for the device, which on a GPU cost more than the attention itself
-    at the sizes measured (docs/benchmarks.md, "CUDA on hardware"): there the answer is
+    at the sizes measured (docs/benchmarks.md, "On a GPU"): there the answer is
     true without a read, the callers zero padding without looking, and NaN in what some
     query attends may reach other queries of the same kernel tile (README, NaN contract).
     Meta tensors have no values: true as well."""
