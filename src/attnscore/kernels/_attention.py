@@ -55,11 +55,9 @@ __all__ = [
 
 def declines(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the fused dot-product path declines a call of q (..., n, d), k (..., m, d),
-    v (..., m, dv), which the plain pipeline then runs: empty inputs (whose documented
-    results the plain pipeline gives), and every call while ``torch.export`` traces
-    (:func:`~._dispatch.exporting`): the plain formulation traces to plain operators that
-    hold at every size, where the fused path's branches on sizes (empty or not, which side
-    is smaller) would hold the program to the example's case."""
+    v (..., m, dv), which the plain pipeline then runs: empty inputs, and every call while
+    ``torch.export`` traces (:func:`~._dispatch.exporting`), where the fused path's branches
+    on sizes would hold the program to the example's case."""
     if exporting():
         return True
     return min(q.numel(), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]) == 0
@@ -73,10 +71,9 @@ def finite_inputs(*tensors: Tensor) -> bool:
     does not attend wherever another query of the tile attends them (0 x NaN is NaN), and
     SDPA returns zeros for a query that is NaN. The plain pipeline carries NaN exactly
     (masked scores are filled before the softmax, values reach only the queries that attend
-    them: :func:`weighted_values`), so inputs that hold NaN or inf take it. One read of each
-    input (the backend's ``all_finite``); taken as true where values cannot be read
-    (tracing, transforms) or not without waiting for the device (off the CPU), which then
-    run the kernels as they are."""
+    them: :func:`weighted_values`), so inputs that hold NaN or inf take it. The backend's
+    ``all_finite`` (true off the CPU: reading would wait for the device); true where values
+    cannot be read (tracing, transforms)."""
     if in_transform(*tensors):
         return True
     return backend_for(tensors[0], "all_finite")(tensors)  # type: ignore[no-any-return]
@@ -432,13 +429,10 @@ def small_dot_product_attention(
     scale: float,
     project: Projection | None = None,
 ) -> tuple[Tensor, Tensor | None] | None:
-    """A small eager inference call by key lengths, whole in one backend step from the
-    caller's arguments as they came (unchecked: the backend contract's
-    ``small_dot_product_attention`` takes only what fits and checks the lengths it reads):
-    (output, the weights where the backend wrote them, else None). None for every other
-    call, which then takes the checks and :func:`dot_product_attention`.
-    ``project`` (q, k) -> (q', k'): scorers that are dot products of other vectors (general,
-    cosine), applied once the call is taken; the caller checks that it can run."""
+    """The backend contract's ``small_dot_product_attention`` for calls :func:`_offered`
+    takes (outside :func:`attnscore.kernels.use`); None for every other call, which then
+    takes the checks and :func:`dot_product_attention`. The caller checks that ``project``
+    can run."""
     if not _offered(q, k, v, valid_lens) or restricted():
         return None
     assert isinstance(q, Tensor)

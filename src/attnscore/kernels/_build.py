@@ -14,10 +14,10 @@ callers fall back to the PyTorch implementations.
 with ``-fopenmp``: loading it then reuses the libgomp torch loaded (same soname), and its
 ``*_par`` drivers run row ranges on torch's own OpenMP threads. That matters under
 ``torch.compile``, whose kernels leave those threads spinning for a while after each
-parallel region: a second pool of threads (Python's) would compete with them for the cores
-(measured: compiled masked_softmax about 2x slower than eager that way). If a second
-libgomp gets mapped after all, or ``ATTNSCORE_OPENMP=0`` is set, or the ``-fopenmp`` build
-fails, the kernels run on Python threads instead (:func:`parallel_in_c` is False).
+parallel region: a second pool of threads (Python's) would compete with them for the
+cores. If a second libgomp gets mapped after all, or ``ATTNSCORE_OPENMP=0`` is set, or the
+``-fopenmp`` build fails, the kernels run on Python threads instead (:func:`parallel_in_c`
+is False).
 """
 
 from __future__ import annotations
@@ -175,16 +175,12 @@ def python_threads() -> Iterator[None]:
         _python_threads -= 1
 
 
-def _extra_flags() -> list[str]:
-    return os.environ.get(EXTRA_FLAGS_ENV, "").split()
-
-
 def _build(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[Path, bool]:
     source = _SOURCE.read_bytes()
     version = subprocess.run(
         [cc, "--version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    extra = _extra_flags()
+    extra = os.environ.get(EXTRA_FLAGS_ENV, "").split()
     cflags, ldflags = [*cflags, *extra], [*ldflags, *extra]
     key = hashlib.sha256()
     for part in (

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +58,8 @@ __all__ = [
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
-# The size and work thresholds below are bound once from the one table of them
-# (attnscore._thresholds: what each decides, why, and the measurement behind it).
+# The size and work thresholds below (upper-case names bound by value()) are bound once from
+# the one table of them, attnscore._thresholds, which says what each decides and why.
 _MIN_WORK_PER_THREAD: int = value("min_work_per_thread")
 
 
@@ -245,9 +245,8 @@ def _suffix(dtype: torch.dtype) -> str:
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
-    """Backend contract (C kernel): softmax of ``x[..., :L]``, exact zeros beyond; one pass
-    per row, padded positions never read; 16-bit rows are read and written in their own
-    dtype and reduced in float32."""
+    """Backend contract (C kernel): one pass per row; 16-bit rows are read and written in
+    their own dtype."""
     lib = load_library()
     if lib is None:
         return _plain.masked_softmax(x, lengths)
@@ -265,18 +264,14 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
-#: A softmax without a mask runs the C masked softmax with every length m from this many
-#: elements on in inference, and in training from ``_SOFTMAX_TRAINING`` for its dtypes (with
-#: PyTorch's backward of its output): where it measured faster than ``torch.softmax``.
 _SOFTMAX_INFERENCE: int = value("softmax_inference")
 _SOFTMAX_TRAINING: int = value("softmax_training")
 _SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtypes")
 
 
 def softmax_pays(x: Tensor, training: bool) -> bool:
-    """Backend contract: whether the C masked softmax with every length m measured faster
-    than ``torch.softmax`` on x (see ``_SOFTMAX_INFERENCE``, ``_SOFTMAX_TRAINING``):
-    contiguous inputs in a dtype the kernel reads as it is, from a size on."""
+    """Backend contract: contiguous inputs in a dtype the C kernel reads as it is, from the
+    sizes of ``softmax_inference`` / ``softmax_training`` on."""
     if training:
         if x.numel() < _SOFTMAX_TRAINING or x.dtype not in _SOFTMAX_TRAINING_DTYPES:
             return False
@@ -306,11 +301,9 @@ def _callers_lengths(valid_lens: Tensor, rows_shape: Sequence[int]) -> tuple[int
 
 
 def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
-    """Backend contract (C kernel): the masked softmax of a call small enough for one
-    thread, straight from the caller's lengths: (B,) are read with every row of an example
-    sharing its entry, x.shape[:-1] one per row; read once into Python, to check them.
-    None for larger calls, non-contiguous tensors, dtypes converted on the way, lengths of
-    another shape or with a negative value, and without the C library."""
+    """Backend contract (C kernel): the lengths are read once into Python, to check them.
+    None for calls the general path would split, non-contiguous tensors, dtypes converted on
+    the way, and without the C library."""
     m = x.shape[-1]
     rows = x.numel() // m if m else 0
     if (
@@ -377,10 +370,8 @@ def _row_offsets(mask: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
-    """Backend contract (C kernel): softmax of each row of ``x`` (..., m) over the positions
-    ``allowed`` (bool, broadcastable to x) allows, exact zeros elsewhere and on rows that
-    allow nothing; one pass over the row and its mask, masked entries never used; 16-bit
-    rows read and written in their own dtype, reduced in float32."""
+    """Backend contract (C kernel): one pass over the row and its mask, masked entries never
+    used; 16-bit rows read and written in their own dtype."""
     lib = load_library()
     if lib is None:
         return _plain.masked_softmax_dense(x, allowed)
@@ -405,13 +396,9 @@ def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
 def mask_summary(
     allowed: Tensor, dtype: torch.dtype | None
 ) -> tuple[Tensor | None, Tensor, Tensor]:
-    """Backend contract (C kernel): for a boolean mask (..., r, m), its additive form in
-    ``dtype`` (0 / -inf; None when ``dtype`` is None), which rows allow some key (..., r) and
-    which keys some row allows (..., m), in one read of the mask."""
+    """Backend contract (C kernel): one read of the mask."""
     lib = load_library()
-    suffix = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}.get(
-        dtype or torch.float32, "f16" if dtype == torch.float16 else None
-    )
+    suffix = _SUFFIX.get(dtype or torch.float32, "f16" if dtype == torch.float16 else None)
     if lib is None or suffix is None or allowed.ndim < 2:
         return _plain.mask_summary(allowed, dtype)
     *lead, r, m = allowed.shape
@@ -446,11 +433,9 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Backend contract (C kernel): float16 ``a @ b`` for a (..., r, k) and b (k, c) or
-    (..., k, c) with a's leading dimensions, read through their strides, accumulated in
-    float32 and rounded once into the float16 result (..., r, c): 10-30x PyTorch's float16
-    product on CPUs without float16 arithmetic. Other shapes and dtypes, and without the
-    C library or its float16 support: ``torch.matmul``."""
+    """Backend contract (C kernel): a and b read through their strides, the float32 sums
+    rounded once (PyTorch's float16 product is slow on CPUs without float16 arithmetic).
+    Other shapes and dtypes, and without the C library or its float16: ``torch.matmul``."""
     lib = load_library()
     if (
         lib is None
@@ -481,8 +466,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    """Backend contract (C kernel): ``sum_h w_v tanh(qh_i + kh_j)`` for j < lengths, exact
-    zeros elsewhere, without a (B, n, m, h) intermediate; keys j >= lengths never read."""
+    """Backend contract (C kernel): no (B, n, m, h) intermediate; keys j >= lengths never
+    read."""
     lib = load_library()
     if lib is None:
         return _plain.additive_scores(qh, kh, w_v, lengths)
@@ -506,11 +491,8 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
 def additive_scores_backward(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Backend contract (C kernel): gradients (qh, kh, w_v), tanh recomputed.
-
-    Memory: (B, n, h) for dqh and one (B, m, h) dkh accumulator per thread, never anything
-    of size B*n*m*h.
-    """
+    """Backend contract (C kernel), tanh recomputed. Memory: (B, n, h) for dqh and one
+    (B, m, h) dkh accumulator per thread, never anything of size B*n*m*h."""
     lib = load_library()
     if lib is None:
         return _plain.additive_scores_backward(grad_scores, qh, kh, w_v, lengths)
@@ -543,15 +525,13 @@ def additive_scores_backward(
 
 # ---- inputs ---------------------------------------------------------------------------------
 
-_NONFINITE_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16",
-                     torch.float16: "f16"}  # fmt: skip
+_NONFINITE_SUFFIX = {**_SUFFIX, torch.float16: "f16"}
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
-    """Backend contract (C scan): no NaN or inf in any of ``tensors``, one read of each.
-    An attention call's three contiguous inputs of one dtype take one C call (a small
-    call notices each microsecond); a tensor passed twice (self-attention's keys and
-    values) is read once; other layouts take PyTorch's reduction."""
+    """Backend contract (C scan): an attention call's three contiguous inputs of one dtype
+    take one C call; a tensor passed twice (self-attention's keys and values) is read once;
+    other layouts take PyTorch's reduction."""
     lib = load_library()
     if len(tensors) == 3:
         q, k, v = tensors
@@ -578,9 +558,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
 
 def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
-    """Backend contract (C scan): whether q, k, v hold no NaN or inf, and copies of q and k
-    (detached; made by the same C call where the three are contiguous and of one dtype
-    with a scan)."""
+    """Backend contract (C scan): the copies made by the same C call where the three are
+    contiguous and of one dtype with a scan."""
     count = _count3_for(load_library(), q, k, v)
     if count is None:
         return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
@@ -623,19 +602,9 @@ def _count3_for(
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
 
-#: A call of the per-example loop costs about this much work (multiply-adds) in overhead;
-#: cutting pays when it saves more than this per example.
 _CALL_WORK: int = value("call_work")
-#: Work (multiply-adds) of the loop's backward from which threads of its own pay for
-#: their start.
 _THREADS_WORK: int = value("threads_work")
-
-
-#: Work (multiply-adds, B * H * n * m * (d + dv)) up to which inference runs in one C pass
-#: (:func:`_small_attention`): below it SDPA's fixed cost and the ops around it (mask,
-#: zeroed padding) are most of a call.
-_SMALL_WORK: int = value("small_work")
-
+_SMALL_WORK: int = value("small_work")  # multiply-adds, B * H * n * m * (d + dv)
 
 _SMALL_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 #: The dtypes of calls by key lengths that dot-product attention runs whole from the
@@ -683,12 +652,8 @@ def _small_pass(
 def _small_attention(
     q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
 ) -> Tensor | None:
-    """Dot-product attention of a small call in one C pass (float32, float64; inference):
-    each query row over its first ``lengths`` keys, padding never read (so nothing is
-    zeroed and no mask is built), rows of length 0 zeros. None (the caller takes the
-    general path) without the C library, for other dtypes, or where a row's scores or
-    output are not all finite. ``lengths``: (B or 1, H or 1, n or 1),
-    :func:`~attnscore._mask.compact`."""
+    """:func:`_small_pass` of a call by lengths (B or 1, H or 1, n or 1)
+    (:func:`~attnscore._mask.compact`); None without the C library or for other dtypes."""
     if load_library() is None or q.dtype not in _SMALL_SUFFIX:
         return None
     B, H, n, _ = q.shape
@@ -704,8 +669,7 @@ def _small_layout(
     or q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing
     are for attention with nothing padded, as everywhere). Returns how many rows share a
     length and the call's work (multiply-adds, ``features`` per score), or None."""
-    # (Tensor attributes read once each: a shape slice or a device costs 0.2 us, and this
-    # runs on every small call.)
+    # (each Tensor attribute read once: this runs on every small call)
     ndim, qs, ks, vs = q.ndim, q.shape, k.shape, v.shape
     if (
         q.dtype not in dtypes
@@ -757,15 +721,11 @@ def small_dot_product_attention(
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
 ) -> tuple[Tensor, Tensor | None] | None:
-    """Backend contract (C kernels): an inference call by key lengths from the caller's
-    tensors, where :func:`_small_layout` takes it, run whole before the layers between (at
-    mid sizes they cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
-    and float64, the C pass of :func:`_small_pass`, which writes the weights as well (one
+    """Backend contract (C kernels), for calls :func:`_small_layout` takes (at mid sizes the
+    layers between cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
+    and float64 the C pass of :func:`_small_pass`, which writes the weights as well (one
     (..., n, m) tensor costs less than keeping copies of the inputs); above it and in 16
-    bits, the kernel by lengths (:func:`_by_lengths_forward`) where it runs, without
-    weights. q and k go through ``project`` first, once the call is taken (else they share
-    their size d). None for anything else, without the C library, or where the small pass
-    meets non-finite scores."""
+    bits the kernel by lengths (:func:`_by_lengths_forward`) where it runs, no weights."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
     taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
@@ -808,13 +768,9 @@ def small_additive_attention(
     hidden: int,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
 ) -> tuple[Tensor, Tensor] | None:
-    """Backend contract (C kernel): a small inference call of additive attention from the
-    caller's tensors, where :func:`_small_layout` takes it (``hidden`` units per score) and
-    the work is at most ``_SMALL_WORK`` multiply-adds (float32, float64):
-    ``project`` (q, k) -> (qh, kh, w) (the projections and w_v, applied once it does), then
-    one C pass: each query row's scores ``w . tanh(qh + kh_j)`` over its valid keys only,
-    their softmax and the weighted values; (output, weights). None for anything else,
-    without the C library, or where the pass meets non-finite scores."""
+    """Backend contract (C kernel), for calls :func:`_small_layout` takes of at most
+    ``_SMALL_WORK`` multiply-adds (float32, float64): one C pass of each query row's scores
+    over its valid keys only, their softmax and the weighted values."""
     taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
     if taken is None or taken[1] > _SMALL_WORK:
         return None
@@ -893,21 +849,12 @@ class _Cut:
         out[self.b : self.b + 1, :, self.queries] = value
 
 
-class _Piece(Protocol):
-    """What :func:`_flash_forward` runs: a loop piece (:class:`_Cut`), a group
-    (:class:`_Group`)."""
-
-    def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall: ...
-
-    def put(self, out: Tensor, value: Tensor) -> None: ...
-
-
 def _flash_forward(
-    pieces: Sequence[_Piece], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
+    pieces: Sequence[_Cut | _Group], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
     the backward). One call's output, mask and gathered inputs live at a time."""
-    flash, _ = _flash_ops()  # type: ignore[misc]
+    flash, _ = _flash_ops()
     saved = []
     for piece in pieces:
         qp, kp, vp, mask, causal = piece.call(q, k, v)
@@ -923,7 +870,7 @@ def _flash_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The flash backward of one piece's ``call`` (its :func:`_flash_forward` arguments),
     given the piece's upstream gradient, output and logsumexp: (dq, dk, dv) of the piece."""
-    _, backward = _flash_ops()  # type: ignore[misc]
+    _, backward = _flash_ops()
     qp, kp, vp, mask, causal = call
     grads: tuple[Tensor, Tensor, Tensor] = backward(
         grad, qp, kp, vp, out, lse, 0.0, causal, attn_mask=mask, scale=scale
@@ -931,11 +878,9 @@ def _flash_backward(
     return grads
 
 
-def _flash_ops() -> tuple[Any, Any] | None:
-    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept), if any."""
+def _flash_ops() -> tuple[Any, Any]:
+    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept; torch >= 2.2)."""
     aten = torch.ops.aten
-    if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        return None  # pragma: no cover - torch < 2.2
     return (
         aten._scaled_dot_product_flash_attention_for_cpu,
         aten._scaled_dot_product_flash_attention_for_cpu_backward,
@@ -1010,9 +955,8 @@ class _CutAttention(torch.autograd.Function):
         # PyTorch's flash backward splits its work by (example, head) only: with fewer heads
         # than threads one call would leave cores idle, so examples run side by side on
         # threads instead (each writes its own slices; ATen releases the GIL). The threads
-        # end with the backward: a live thread that has run a PyTorch op makes every later
-        # small op of the main thread about 35 us slower (measured, torch 2.13, CPython
-        # 3.11), so a pool kept for the next call would tax the whole program.
+        # end with the backward: a live thread that has run a PyTorch op slows every later
+        # small op of the main thread, so a pool kept for the next call would tax the program.
         threads = torch.get_num_threads()
         if q.shape[1] < threads and len(by_example) > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="attnscore-bwd") as pool:
@@ -1145,12 +1089,10 @@ def _groups(longest: list[int], lengths: Tensor, size: int) -> list[_Group]:
 class _GroupedAttention(torch.autograd.Function):
     """Training where the loop's backward would leave threads idle: one flash call per group
     of examples of similar length (:func:`_groups`) on keys cut to the group's longest,
-    with the mask inside. Each call still has examples x heads to split over the threads;
-    keys beyond every example of a group are never read. One autograd node, as the loop's:
-    the output and the gradients are allocated once and each group writes its examples.
-    A group's inputs are views of them where its examples are evenly spaced (always in
-    groups of one or two), else copies that live for its call only.
-    q, k, v arrive with their padding inert (:func:`_sdpa.inert`)."""
+    with the mask inside, so each call has examples x heads to split over the threads.
+    One autograd node, as the loop's; a group's inputs are views where its examples are
+    evenly spaced (:meth:`_Group.rows`). q, k, v arrive with their padding inert
+    (:func:`_sdpa.inert`)."""
 
     @staticmethod
     def forward(
@@ -1183,13 +1125,8 @@ class _GroupedAttention(torch.autograd.Function):
 #: float32.
 _BY_LENGTHS_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _FLASH_LENGTHS = {dtype: f"flash_lengths_{suffix}" for dtype, suffix in _BY_LENGTHS_SUFFIX.items()}
-#: Keys up to which it runs: its scratch per thread grows with m (d + dv) floats.
 _BY_LENGTHS_KEYS: int = value("by_lengths_keys")
-#: Work (multiply-adds) from which lengths take the C kernel, in inference and training: every
-#: call (small inference calls take their C pass first where it applies).
 _BY_LENGTHS_WORK: int = value("by_lengths_work")
-#: A task of the kernel is one (example, head) or a chunk of its sorted queries, at least
-#: this many of them, so that a few examples and heads still give every thread work.
 _BY_LENGTHS_CHUNK: int = value("by_lengths_chunk")
 #: The kernel's tile of queries (FA_ROWS in the C source); fewer go row by row.
 _FA_ROWS = 8
@@ -1254,7 +1191,6 @@ def _ascending(n: int) -> Tensor:
     return torch.arange(n).view(1, 1, n)
 
 
-#: :func:`_ascending_rows` are kept up to this many values each.
 _KEPT_ORDER: int = value("kept_order")
 
 
@@ -1273,15 +1209,10 @@ def _unpadded_by(n: int, m: int, causal: bool) -> _ByLength:
     return _ByLength.of(lengths.view(1, 1, n), n, ascending=True)
 
 
-def _int64s(values: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
-    """``values`` as a C array of int64 (the kernels' strides): a few microseconds less
-    than a tensor's; the same values give the same array (kept: the kernels only read
-    it), a microsecond less again."""
-    return _kept_int64s(tuple(values))
-
-
 @functools.lru_cache(maxsize=256)
-def _kept_int64s(values: tuple[int, ...]) -> ctypes.Array[ctypes.c_int64]:
+def _int64s(values: tuple[int, ...]) -> ctypes.Array[ctypes.c_int64]:
+    """``values`` as a C array of int64 (the kernels' strides): cheaper than a tensor's;
+    the same values give the same array (kept: the kernels only read it)."""
     return (ctypes.c_int64 * len(values))(*values)
 
 
@@ -1332,15 +1263,13 @@ def _by_lengths_forward(
     head)'s queries in order of length (``by``), 8 at a time, each tile over the keys its
     longest query attends, so the work follows the lengths (PyTorch's CPU flash kernel
     takes keys in blocks of 512: a mask inside a call saves nothing there). Keys beyond an
-    (example, head)'s longest length and queries of length 0 are never read; those queries
-    are zeros. Computes in float32 for every dtype; inputs it takes
-    (:func:`_by_lengths_declines`).
+    (example, head)'s longest length and queries of length 0 (zeros) are never read.
+    Computes in float32 for every dtype it takes (:func:`_by_lengths_declines`).
 
     q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv), or all three without H. Returns the
     output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
-    n, dv) without H) and, with ``logsumexp``,
-    each row's logsumexp of its scaled scores (B, H, n) float32 as that op keeps it (0 for
-    rows of length 0)."""
+    n, dv) without H) and, with ``logsumexp``, each row's logsumexp of its scaled scores
+    (B, H, n) float32 as that op keeps it (0 for rows of length 0)."""
     q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
     if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
@@ -1352,7 +1281,7 @@ def _by_lengths_forward(
     # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
     out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
-    strides = _int64s([*_strides(q, k, v, out), *by.strides])
+    strides = _int64s((*_strides(q, k, v, out), *by.strides))
     # Tasks: (example, head), or chunks of its sorted queries where there are too few of
     # those for the threads to share.
     chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
@@ -1382,19 +1311,14 @@ def _by_lengths_backward(
     by: _ByLength,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward`, given its output and
-    logsumexps and the upstream gradient, in one C call (``flash_lengths_backward``): the
-    same tiles of sorted queries over the keys their longest attends, so the backward's
-    work follows the lengths too; one task per (example, head), whose key gradients add
-    up in float32. Keys beyond an (example, head)'s longest length and queries of length
-    0 are never read and get zero gradients."""
+    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward` in one C call
+    (``flash_lengths_backward``) on the forward's tiles, one task per (example, head), whose
+    key gradients add up in float32; what the forward never reads gets zero gradients."""
     q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
     B, H, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
     dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    strides = _strides(q, k, v, out)
-    strides += [*by.strides, *_strides(grad, dq, dk, dv_)]
-    st = _int64s(strides)
+    st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
     head = (
         *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
         by.order.data_ptr(),
@@ -1447,16 +1371,6 @@ def _attention_by_lengths(
     return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
 
 
-#: With nothing padded (no mask, or causal masking alone) the kernel by lengths runs from
-#: ``_UNPADDED_WORK`` multiply-adds on in training, and from ``_UNPADDED_INFERENCE`` in
-#: inference: below, SDPA's fixed cost is small and its own loop fast. Without a mask,
-#: where nothing is skipped, only with head sizes up to ``_UNPADDED_HEAD``, at least a tile
-#: of queries (``_FA_ROWS``), and in training one (example, head) per thread at least (the
-#: backward's task). SDPA's float16 kernel has no float16 arithmetic to use on CPUs
-#: without it: float16 takes the kernel from ``_SMALL_WORK`` on, and so do projected calls
-#: (general, cosine) with causal masking, whose plain pipeline skips nothing. Projected
-#: calls without a mask compare with their plain pipeline instead, whose bfloat16 products
-#: run at twice float32's rate: in bfloat16 they keep it (the kernel computes in float32).
 _UNPADDED_WORK: int = value("unpadded_work")
 _UNPADDED_HEAD: int = value("unpadded_head")
 _UNPADDED_INFERENCE: int = value("unpadded_inference")
@@ -1465,10 +1379,12 @@ _UNPADDED_INFERENCE: int = value("unpadded_inference")
 def _unpadded_pays(
     q: Tensor, k: Tensor, v: Tensor, work: int, heads: int, *, causal: bool, projected: bool
 ) -> bool:
-    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or,
-    for ``projected`` calls without a mask, their plain pipeline) on inputs like these,
-    ``heads`` (example, head) pairs in all (cheapest tests first: most calls are decided by
-    their size alone)."""
+    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or, for
+    ``projected`` calls without a mask, their plain pipeline) on inputs like these, ``heads``
+    (example, head) pairs in all (cheapest tests first: most calls are decided by size).
+    SDPA's float16 kernel has no float16 arithmetic to use on CPUs without it; projected
+    calls in bfloat16 keep their plain pipeline, whose bfloat16 products run at twice
+    float32's rate (the kernel computes in float32)."""
     if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
     if work < _UNPADDED_INFERENCE or (projected and q.dtype == torch.bfloat16):
@@ -1555,8 +1471,7 @@ def _lengths_decline(call: AttentionCall) -> str | None:
 class SmallPass(Implementation):
     """Small inference calls by lengths in one C pass (:func:`_small_attention`): every
     query over its own keys, padding never read, nothing zeroed and no mask built; up to
-    ``small_work`` multiply-adds, where SDPA's fixed cost and the ops around it are most of
-    a call. float32 and float64."""
+    ``small_work`` multiply-adds. float32 and float64."""
 
     name = "c_small"
     summary = "one C pass for small inference calls by lengths (float32, float64)"
@@ -1687,9 +1602,7 @@ def _grouped(call: AttentionCall, kept: int) -> bool:
 
 def _flash_takes(call: AttentionCall) -> bool:
     """The flash op takes no dropout and one head size for q, k and v."""
-    return (
-        call.dropout_p == 0.0 and call.q.shape[-1] == call.v.shape[-1] and _flash_ops() is not None
-    )
+    return call.dropout_p == 0.0 and call.q.shape[-1] == call.v.shape[-1]
 
 
 class CutExamples(Implementation):

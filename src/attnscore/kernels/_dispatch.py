@@ -160,23 +160,8 @@ class Backend(Protocol):
         float16 only: every other dtype is ``torch.matmul``'s on every device."""
 
 
-#: The contract's functions, one per op and direction.
-FUNCTIONS = (
-    "masked_softmax",
-    "masked_softmax_backward",
-    "softmax_pays",
-    "small_masked_softmax",
-    "masked_softmax_dense",
-    "mask_summary",
-    "lengths_mask",
-    "additive_scores",
-    "additive_scores_backward",
-    "small_dot_product_attention",
-    "small_additive_attention",
-    "all_finite",
-    "finite_copies",
-    "matmul",
-)
+#: The contract's functions, one per op and direction: the Protocol's methods, in order.
+FUNCTIONS: tuple[str, ...] = tuple(name for name in vars(Backend) if not name.startswith("_"))
 
 if TYPE_CHECKING:  # the backends implement the whole contract (checked by mypy)
     from . import _cpu, _cuda

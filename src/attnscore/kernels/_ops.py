@@ -92,8 +92,7 @@ def _is_fake(t: Tensor) -> bool:
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
-    """Softmax of x (..., m) over its first lengths[...] positions, exact zeros beyond (the
-    backend contract's ``masked_softmax``, dispatched as the table above says)."""
+    """The backend contract's ``masked_softmax``, dispatched as the table above says."""
     if _graph_capture():
         if exporting() or (torch.compiler.is_compiling() and not _enabled_when_compiling()):
             return _plain.masked_softmax(x, lengths)
@@ -238,10 +237,8 @@ def _eager_backend() -> bool:
 
 
 def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
-    """Softmax of x (..., m) over the positions ``allowed`` (bool, broadcastable to x)
-    allows, exact zeros elsewhere and on rows that allow nothing (the backend contract's
-    ``masked_softmax_dense``; under compile, tracing and transforms the plain twin, which
-    compilers fuse on their own)."""
+    """The backend contract's ``masked_softmax_dense``; under compile, tracing and
+    transforms the plain twin, which compilers fuse on their own."""
     if not _eager_backend() or in_functorch(x) or _is_fake(x):
         return _plain.masked_softmax_dense(x, allowed)
     if _needs_grad(x):
@@ -269,17 +266,14 @@ class _MaskedSoftmaxDense(torch.autograd.Function):
 def mask_summary(
     allowed: Tensor, dtype: torch.dtype | None
 ) -> tuple[Tensor | None, Tensor, Tensor]:
-    """For a boolean mask (..., r, m): its additive form in ``dtype`` (0 where allowed,
-    -inf elsewhere; None for ``dtype`` None), which rows allow some key (..., r) and which
-    keys some row allows (..., m) (the backend contract's ``mask_summary``)."""
+    """The backend contract's ``mask_summary`` (eager code; else the plain twin)."""
     if not _eager_backend() or in_functorch(allowed):
         return _plain.mask_summary(allowed, dtype)
     return backend_for(allowed, "mask_summary")(allowed, dtype)  # type: ignore[no-any-return]
 
 
 def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
-    """The additive mask (..., m) in ``dtype`` of lengths (...): 0 at keys j < lengths,
-    -inf beyond (the backend contract's ``lengths_mask``)."""
+    """The backend contract's ``lengths_mask`` (eager code; else the plain twin)."""
     if not _eager_backend() or in_functorch(lengths):
         return _plain.lengths_mask(lengths, m, dtype)
     return backend_for(lengths, "lengths_mask")(lengths, m, dtype)  # type: ignore[no-any-return]
@@ -290,8 +284,7 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b``, float16 through the device's backend in eager code (the backend contract's
-    ``matmul``; on the CPU a C kernel that accumulates in float32, 10-30x PyTorch's float16
-    product there), with its gradients through the same; ``torch.matmul`` for every other
+    ``matmul``), with its gradients through the same; ``torch.matmul`` for every other
     dtype, under compile, tracing and transforms, and with kernels disabled."""
     if (
         a.dtype != torch.float16
@@ -337,8 +330,7 @@ class _Matmul(torch.autograd.Function):
 
 
 def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    """Additive scores (B, n, m) of qh (B, n, h), kh (B, m, h), w_v (h,) for j < lengths
-    (B, n), exact zeros elsewhere (the backend contract's ``additive_scores``)."""
+    """The backend contract's ``additive_scores``, dispatched as the table above says."""
     if _graph_capture():
         if exporting():
             return _plain.additive_scores_whole(qh, kh, w_v, lengths)

@@ -1,12 +1,9 @@
 """The plain PyTorch backend: runs on any device and defines the expected results.
 
-It implements the backend contract of :mod:`attnscore.kernels._dispatch` (the same functions
-as :mod:`~attnscore.kernels._cpu` and the GPU module) and keeps the same guarantees as the
-fused kernels: exact zeros (and zero gradients) at padded positions and on rows of length 0,
-reductions of float16/bfloat16 in float32, and NaN/inf garbage at padded positions changing
-nothing. Its functions are written with differentiable PyTorch ops only, so they also serve
-as the *twin* the dispatcher runs where a registered op cannot go (``torch.func``
-transforms, kernels disabled) and for double backward.
+It implements the backend contract (:class:`~attnscore.kernels._dispatch.Backend`) with
+differentiable PyTorch ops only, so its functions also serve as the *twin* the dispatcher
+runs where a registered op cannot go (``torch.func`` transforms, kernels disabled) and for
+double backward.
 
 Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value size.
 """
@@ -64,14 +61,12 @@ def _longest(lengths: Tensor) -> Tensor:
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
-    """Softmax over the last axis of x (..., m) restricted to its first ``lengths`` positions;
-    rows of length 0 are zeros (see :func:`attnscore._softmax.softmax_dense`)."""
+    """Backend contract: :func:`attnscore._softmax.softmax_dense` of the lengths' mask."""
     return softmax_dense(x, _valid(lengths, x.shape[-1]))
 
 
 def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-    """``y * (grad_y - sum_j grad_y y)`` over the valid positions, exact zeros elsewhere
-    (garbage in ``grad_y`` at padded positions is never used)."""
+    """Backend contract: garbage in ``grad_y`` at padded positions is never used."""
     valid = _valid(lengths, y.shape[-1])
     yf = y.to(compute_dtype(y.dtype))
     g = torch.where(valid, grad_y.to(yf.dtype), 0.0)
@@ -114,17 +109,14 @@ def small_additive_attention(
 
 
 def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
-    """Softmax over the last axis of x (..., m) where ``allowed`` (bool, broadcastable to x)
-    is True; exact zeros elsewhere and on rows with nothing allowed."""
+    """Backend contract: :func:`attnscore._softmax.softmax_dense` itself."""
     return softmax_dense(x, allowed)
 
 
 def mask_summary(
     allowed: Tensor, dtype: torch.dtype | None
 ) -> tuple[Tensor | None, Tensor, Tensor]:
-    """For a boolean mask (..., r, m) (True = may attend): its additive form in ``dtype``
-    (0 where allowed, -inf elsewhere; None when ``dtype`` is None), which of its rows allow
-    some key (..., r), and which keys some row allows (..., m)."""
+    """Backend contract: a ``torch.where`` and two ``any`` reductions."""
     additive = None
     if dtype is not None:
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
@@ -133,8 +125,7 @@ def mask_summary(
 
 
 def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
-    """The additive form (..., m) in ``dtype`` of "key j < lengths[...]" for lengths (...):
-    0 where a key may be attended, -inf elsewhere (what SDPA adds to the scores)."""
+    """Backend contract: a ``torch.where`` of the lengths' boolean mask."""
     zero = torch.zeros((), dtype=dtype, device=lengths.device)
     neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=lengths.device)
     return torch.where(_valid(lengths, m), zero, neg_inf)
@@ -245,9 +236,6 @@ def additive_scores_whole(
     return torch.where(_valid(lengths, kh.shape[-2]), scores, 0.0)
 
 
-# ---- dot-product attention ---------------------------------------------------------------
-
-
 # ---- inputs ---------------------------------------------------------------------------------
 
 
@@ -256,7 +244,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
     Read on the CPU only. Off the CPU (CUDA and other accelerators) reading the answer
     makes the host wait for the device, which on a GPU cost more than the attention itself
-    at the sizes measured (docs/benchmarks.md, "CUDA on hardware"): there the answer is
+    at the sizes measured (docs/benchmarks.md, "On a GPU"): there the answer is
     true without a read, the callers zero padding without looking, and NaN in what some
     query attends may reach other queries of the same kernel tile (README, NaN contract).
     Meta tensors have no values: true as well."""

@@ -12,11 +12,9 @@ one hidden unit for a block of queries (or keys) are contiguous.
 **Forward** (``_fwd_kernel``): each program owns a (BI, BJ) tile of scores in registers
 and walks h one unit at a time: load BI query values and BJ key values of unit h, add
 ``w_v[h] * tanh(q_i + k_j)`` to every entry. Every thread works on its own entries: no
-reduction, no exchange between lanes. The tile size and warp count are autotuned
-(``triton.autotune``, keyed on (B, n, m, h), the tanh and the dtypes; each new key costs
-one timing run of the candidates) among ``FWD_CONFIGS``, keeping only those whose grid
-has at least ``MIN_PROGRAMS`` programs (2 per SM of an H100) when some do, else the
-first with the largest grid.
+reduction, no exchange between lanes. The tile size and warp count are autotuned among
+``FWD_CONFIGS`` (each new shape costs one timing run of the candidates; see
+:func:`_keep_full_grids`).
 
 **Backward** (``_bwd_kernel``), on the forward's tiling: each (BI, BJ) program loads its
 tile of grad_scores once, then for each h recomputes t = tanh(q_i + k_j) once and writes
@@ -28,8 +26,7 @@ three partial sums, for this tile alone:
 * grad_w_v: sum_{i, j} g t, one value, into (programs, h).
 
 A second pass sums the partial buffers over their tile axis (``torch.sum``: deterministic,
-no atomics). The tile is chosen per shape (:func:`_bwd_tile`): the one with the smallest
-partial buffers among those with at least ``MIN_PROGRAMS`` programs.
+no atomics). The tile is chosen per shape (:func:`_bwd_tile`).
 
 **What is read.** Keys at or beyond the longest length of a query block, and queries with
 length 0, are never loaded (their loads are masked off); a tile entirely beyond that
@@ -40,10 +37,8 @@ another row of the block attends cannot reach this row's results.
 float16/bfloat16 are computed and reduced in float32, float64 in float64.
 
 tanh: ``APPROX=True`` uses the hardware ``tanh.approx.f32`` (inline PTX, real CUDA only),
-otherwise an exp-based formula accurate to float32 rounding (see :func:`_tanh`). The
-launchers take the choice as an argument; :mod:`attnscore.kernels._cuda` picks it.
-Tile sizes are first choices, not tuned on hardware; their register and spill counts on
-sm_80/sm_90 are in docs/benchmarks.md.
+otherwise an exp-based formula (:func:`_tanh`); :mod:`attnscore.kernels._cuda` picks it.
+Register and spill counts on sm_80/sm_90 are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

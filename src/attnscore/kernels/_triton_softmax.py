@@ -23,11 +23,8 @@ by L rounded up to a multiple of VEC (declared with ``tl.multiple_of``) and the 
 [L, round_up(L)) is replaced by ``tl.where``: the kernels then read at most VEC - 1
 positions past L, inside the vector that holds position L - 1, and never use them.
 The compile report (``tools/triton_aot.py``) checks that the PTX of the float32
-and 16-bit kernels has ``ld.global.v4``/``.v2`` loads.
-
-Device: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (the test suite).
-Block sizes are first choices, not tuned on hardware; the register and spill counts they
-give on sm_80/sm_90 are in docs/benchmarks.md.
+and 16-bit kernels has ``ld.global.v4``/``.v2`` loads; register and spill counts on
+sm_80/sm_90 are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
