@@ -175,9 +175,17 @@ _errors: dict[str, str] = {}
 _forced: dict[str, ModuleType] = {}
 _import_lock = threading.Lock()
 _override: bool | None = None
-# disabled() is per thread, like torch.no_grad: one thread's plain-path block must not
-# switch paths under another thread's call.
-_local = threading.local()
+
+
+class _Local(threading.local):
+    """:func:`disabled` is per thread, like ``torch.no_grad``: one thread's plain-path block
+    must not switch paths under another thread's call. The default lives on the class: a
+    miss on a ``threading.local`` raises and catches inside, on every call."""
+
+    disabled = 0
+
+
+_local = _Local()
 
 
 def _env_enabled() -> bool:
@@ -196,7 +204,7 @@ def enabled() -> bool:
     over the ``ATTNSCORE_DISABLE_KERNELS`` environment variable (read when attnscore is
     imported, and again by ``set_enabled(None)``).
     """
-    if getattr(_local, "disabled", 0):
+    if _local.disabled:
         return False
     return _env if _override is None else _override
 
@@ -222,7 +230,7 @@ def set_enabled(flag: bool | None) -> None:
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """Run the body on the plain PyTorch twins, in this thread only (nests)."""
-    _local.disabled = getattr(_local, "disabled", 0) + 1
+    _local.disabled = _local.disabled + 1
     try:
         yield
     finally:

@@ -310,8 +310,10 @@ class Sdpa(Implementation):
         kind = call.kind
         if kind == "none" or kind == "causal":  # in the 4-D layout SDPA's fused kernels take
             sdpa = unmasked if kind == "none" else causal
-            out = sdpa(as_4d(q), as_4d(k), as_4d(v), scale=scale, dropout_p=p)
-            return out if q.ndim == 4 else out.squeeze(1)
+            if q.ndim == 3:  # (B, n, d), the common case of small calls: views, inline
+                q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+                return sdpa(q4, k4, v4, scale=scale, dropout_p=p).squeeze(1)
+            return sdpa(as_4d(q), as_4d(k), as_4d(v), scale=scale, dropout_p=p)
         if kind == "lengths" and call.read_lengths:  # what an implementation ahead read
             if call.shortest == k.shape[-2]:  # lengths that cut nothing: no mask at all
                 return unmasked(q, k, v, scale=scale, dropout_p=p)

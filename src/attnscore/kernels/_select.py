@@ -168,9 +168,10 @@ class AttentionCall:
     def work(self) -> int:
         """Multiply-adds of the whole call: (B·H) · n · m · (d + dv)."""
         if self._work is None:
-            q, k = self.q, self.k
-            rows = q.numel() // q.shape[-1] if q.numel() else 0  # (B·H) · n
-            self._work = rows * k.shape[-2] * (k.shape[-1] + self.v.shape[-1])
+            q, ks = self.q, self.k.shape  # (each .shape makes a torch.Size: read it once)
+            dq = q.shape[-1]
+            rows = q.numel() // dq if dq else 0  # (B·H) · n
+            self._work = rows * ks[-2] * (ks[-1] + self.v.shape[-1])
         return self._work
 
     @property
@@ -272,7 +273,16 @@ class Explanation:
         return "\n".join(str(c) for c in self.choices)
 
 
-_local = threading.local()
+class _Local(threading.local):
+    """This thread's :func:`use` restriction and :func:`explaining` record. Defaults live
+    on the class: a miss on a ``threading.local`` (``getattr`` with a default) raises and
+    catches inside, which every call of :func:`choose` would pay."""
+
+    only: tuple[tuple[str, ...], bool] | None = None
+    recording: list[Choice] | None = None
+
+
+_local = _Local()
 _instances: dict[str, Implementation | None] = {}
 _lists: dict[str, tuple[Implementation, ...]] = {}
 _lock = threading.Lock()
@@ -325,7 +335,7 @@ def use(*names: str, ordered: bool = False) -> Iterator[None]:
         raise ValueError(
             f"Expected `names` among {sorted(known)}, but got {list(names)!r} instead."
         )
-    previous = getattr(_local, "only", None)
+    previous = _local.only
     _local.only = (tuple(names), ordered)
     try:
         yield
@@ -335,7 +345,7 @@ def use(*names: str, ordered: bool = False) -> Iterator[None]:
 
 def restricted() -> bool:
     """Whether a :func:`use` block is active in this thread (fast lanes then stand aside)."""
-    return getattr(_local, "only", None) is not None
+    return _local.only is not None
 
 
 _by_kind: dict[tuple[str, str], tuple[Implementation, ...]] = {}
@@ -350,7 +360,7 @@ def _of_kind(device: str, kind: str) -> tuple[Implementation, ...]:
 
 def watched() -> bool:
     """Whether choices are being recorded (:func:`explaining`) or logged in this thread."""
-    return getattr(_local, "recording", None) is not None or _log.isEnabledFor(logging.DEBUG)
+    return _local.recording is not None or _log.isEnabledFor(logging.DEBUG)
 
 
 def _candidates(
@@ -378,7 +388,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     """
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
-    only = getattr(_local, "only", None)
+    only = _local.only
     seen = not call.traced and watched()
     candidates: Sequence[Implementation]
     if only is None and not seen:  # (the common case) skip the other mask kinds' ones
@@ -406,7 +416,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
 def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, str]] = ()) -> None:
     """Note that ``route`` ran an attention call on ``chosen`` after the candidates
     ``declined`` (name, reason) declined it: for :func:`explaining` and the DEBUG log."""
-    recording = getattr(_local, "recording", None)
+    recording = _local.recording
     if recording is not None:
         recording.append(Choice(device, chosen, tuple(declined), route))
     if _log.isEnabledFor(logging.DEBUG):
@@ -429,7 +439,7 @@ def explaining() -> Iterator[Explanation]:
     >>> seen.chosen
     ['c_small', 'sdpa']
     """
-    previous = getattr(_local, "recording", None)
+    previous = _local.recording
     found = Explanation()
     _local.recording = found.choices
     try:
