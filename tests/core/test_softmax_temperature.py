@@ -17,6 +17,7 @@ import torch
 import attnscore
 from attnscore import Softmax
 from attnscore.normalizers import score_factor
+from paths import ref_additive, ref_cosine, ref_dot, ref_general
 
 B, N, M, D = 3, 5, 7, 8
 
@@ -46,19 +47,13 @@ def _reference(scores, allowed, v, temperature):
     return weights @ v, weights
 
 
+_SCORES = {"dot": ref_dot(None), "general": ref_general, "cosine": ref_cosine}
+
+
 def _scores(name, q, k, module):
-    """The scorer's own scores in float64, from the module's parameters."""
-    if name == "dot":
-        return q @ k.mT / math.sqrt(D)
-    if name == "general":
-        assert module.W_a.bias is None
-        return (q @ module.W_a.weight.double()) @ k.mT  # q W k^T, W_a applied to the keys
-    if name == "cosine":
-        unit = torch.nn.functional.normalize
-        return unit(q, dim=-1) @ unit(k, dim=-1).mT * module.log_scale.double().exp()
-    W_q, W_k, w_v = (getattr(module, p).weight.double() for p in ("W_q", "W_k", "w_v"))
-    features = torch.tanh((q @ W_q.T).unsqueeze(2) + (k @ W_k.T).unsqueeze(1))
-    return (features @ w_v.T).squeeze(-1)
+    """The scorer's own scores in float64, from the module's parameters (tests/paths.py)."""
+    params = {n: t.double() for n, t in [*module.named_parameters(), *module.named_buffers()]}
+    return _SCORES.get(name, ref_additive)(params, q, k)
 
 
 def _module(name, temperature):
