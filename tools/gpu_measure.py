@@ -336,6 +336,43 @@ def _f(x: Any, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _route_tables(
+    part: dict[str, Any],
+    names: tuple[str, str, str],
+    ratio: tuple[str, str],
+    routes: list[tuple[str, str]],
+    flags: list[tuple[str, str]],
+) -> list[str]:
+    """The tables of a section that timed routes of attention by lengths (``varlen``; runs 1
+    and 2: ``flex``): ms per route, then the errors against float64. ``names``: the rows'
+    kind key, the errors' first heading, the route the errors are of; ``ratio``, ``routes``
+    and ``flags``: (heading, key) of the ratio, of the timed routes and of the errors'
+    yes/no columns."""
+    kind, first, route = names
+    heads = " | ".join(head for head, _ in routes)
+    lines = [
+        f"| (B, H, n, m, d) | dtype | {kind} | step | {heads} | {ratio[0]} |",
+        "|---|---|---|---|" + "---|" * (len(routes) + 1),
+    ]
+    for r in part["rows"]:
+        times = " | ".join(_f(r["ms"].get(key)) for _, key in routes)
+        lines.append(
+            f"| {tuple(r['shape'])} | {r['dtype']} | {r[kind]} | {r['step']} | {times} | "
+            f"{_f(r[ratio[1]], 2)} |"
+        )
+    lines += ["", f"{route} against float64 (relative Frobenius error):", ""]
+    lines += [
+        f"| {first} | output | grad q | grad k | grad v | "
+        + " | ".join(head for head, _ in flags) + " |",
+        "|---|---|---|---|---|" + "---|" * len(flags),
+    ]  # fmt: skip
+    for name, err in part["errors"].items():
+        grads = " | ".join(f"{err[key]:.1e}" for key in ("out", "grad_q", "grad_k", "grad_v"))
+        lines.append(f"| {name} | {grads} | " + " | ".join(str(err[k]) for _, k in flags) + " |")
+    lines.append("")
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     """Markdown tables of a measure.json (``--render``)."""
     e = result["env"]
@@ -369,51 +406,23 @@ def render(result: dict[str, Any]) -> str:
             "",
         ]
     if "varlen" in result:
-        lines += [
-            "| (B, H, n, m, d) | dtype | lengths | step | SDPA + key mask | attnscore, sdpa | "
-            "attnscore, flash_varlen | flash_varlen / SDPA |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in result["varlen"]["rows"]:
-            ms = r["ms"]
-            lines.append(
-                f"| {tuple(r['shape'])} | {r['dtype']} | {r['lengths']} | {r['step']} | "
-                f"{_f(ms.get('sdpa_key_mask'))} | {_f(ms.get('attnscore_sdpa'))} | "
-                f"{_f(ms.get('attnscore_varlen'))} | {_f(r['varlen_over_sdpa'], 2)} |"
-            )
-        lines += ["", "flash_varlen against float64 (relative Frobenius error):", ""]
-        lines += [
-            "| dtype | output | grad q | grad k | grad v | zero rows | padded keys' grads 0 |"
-        ]
-        lines += ["|---|---|---|---|---|---|---|"]
-        for name, err in result["varlen"]["errors"].items():
-            lines.append(
-                f"| {name} | {err['out']:.1e} | {err['grad_q']:.1e} | {err['grad_k']:.1e} | "
-                f"{err['grad_v']:.1e} | {err['idle_rows_zero']} | {err['padded_keys_zero_grad']} |"
-            )
-        lines.append("")
-    if "flex" in result:
-        lines += [
-            "| (B, H, n, m, d) | dtype | mask | step | SDPA + bool mask | attnscore's SDPA "
-            "route | flex_attention | flex / SDPA |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in result["flex"]["rows"]:
-            ms = r["ms"]
-            lines.append(
-                f"| {tuple(r['shape'])} | {r['dtype']} | {r['mask']} | {r['step']} | "
-                f"{_f(ms.get('sdpa_bool_mask'))} | {_f(ms.get('attnscore_sdpa'))} | "
-                f"{_f(ms.get('flex'))} | {_f(r['flex_over_sdpa'], 2)} |"
-            )
-        lines += ["", "flex_attention against float64 (relative Frobenius error):", ""]
-        lines += ["| dtype, mask | output | grad q | grad k | grad v | idle rows zero |"]
-        lines += ["|---|---|---|---|---|---|"]
-        for name, err in result["flex"]["errors"].items():
-            lines.append(
-                f"| {name} | {err['out']:.1e} | {err['grad_q']:.1e} | {err['grad_k']:.1e} | "
-                f"{err['grad_v']:.1e} | {err['idle_rows_zero']} |"
-            )
-        lines.append("")
+        lines += _route_tables(
+            result["varlen"],
+            ("lengths", "dtype", "flash_varlen"),
+            ("flash_varlen / SDPA", "varlen_over_sdpa"),
+            [("SDPA + key mask", "sdpa_key_mask"), ("attnscore, sdpa", "attnscore_sdpa"),
+             ("attnscore, flash_varlen", "attnscore_varlen")],
+            [("zero rows", "idle_rows_zero"), ("padded keys' grads 0", "padded_keys_zero_grad")],
+        )  # fmt: skip
+    if "flex" in result:  # runs 1 and 2
+        lines += _route_tables(
+            result["flex"],
+            ("mask", "dtype, mask", "flex_attention"),
+            ("flex / SDPA", "flex_over_sdpa"),
+            [("SDPA + bool mask", "sdpa_bool_mask"), ("attnscore's SDPA route", "attnscore_sdpa"),
+             ("flex_attention", "flex")],
+            [("idle rows zero", "idle_rows_zero")],
+        )  # fmt: skip
     if "flex_compile" in result:
         lines += ["| flex at (16, 16, 1024, 1024, 64) bfloat16 forward | ms |", "|---|---|"]
         for name, value in result["flex_compile"].items():
