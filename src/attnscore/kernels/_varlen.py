@@ -193,8 +193,11 @@ class FlashVarlen(Implementation):
             return "a score bias"
         if call.kind != "lengths":
             return f"no lengths to skip by (mask: {call.kind})"
-        if call.lengths.shape[-1] != 1 and self._key_lengths(call) is None:
-            return "lengths that differ between queries (query lengths, (B, n) key lengths)"
+        key_lengths = None  # set: causal masking with key lengths, the two-call route
+        if call.lengths.shape[-1] != 1:
+            key_lengths = self._key_lengths(call)
+            if key_lengths is None:
+                return "lengths that differ between queries (query lengths, (B, n) key lengths)"
         q, k, v = call.q, call.k, call.v
         if q.dtype not in (torch.float16, torch.bfloat16):
             return f"{q.dtype} (flash attention takes float16 and bfloat16)"
@@ -205,14 +208,14 @@ class FlashVarlen(Implementation):
             )
         if not _flash_here(q.device.index or 0):
             return "flash attention is not built for this GPU (sm80 or newer)"
-        two_calls = call.lengths.shape[-1] != 1  # causal masking with key lengths
-        table = VARLEN_CAUSAL_MIN_KEYS if two_calls else VARLEN_MIN_KEYS
+        table = VARLEN_MIN_KEYS if key_lengths is None else VARLEN_CAUSAL_MIN_KEYS
         least = table.get((q.dtype, call.needs_grad))
         step = "forward + backward" if call.needs_grad else "forward"
         if least is None:
             return f"{q.dtype} {step} (SDPA with the mask measured faster)"
         if k.shape[-2] < least:
             return f"{k.shape[-2]} keys, fewer than {least} (SDPA with the mask measured faster)"
+        call.notes["key_lengths"] = key_lengths
         return None
 
     @staticmethod
@@ -226,9 +229,7 @@ class FlashVarlen(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor:
         q, k, v = call.projected() if call.project or call.inert else (call.q, call.k, call.v)
-        p = call.dropout_p
-        if call.lengths.shape[-1] == 1:  # causal masking too, if any, is in these lengths
+        p, key_lengths = call.dropout_p, call.notes["key_lengths"]  # (what supports found)
+        if key_lengths is None:  # causal masking too, if any, is in these lengths
             return attention(q, k, v, call.lengths, scale=call.scale, dropout_p=p)
-        key_lengths = self._key_lengths(call)
-        assert key_lengths is not None
         return attention(q, k, v, key_lengths, scale=call.scale, dropout_p=p, causal=True)
