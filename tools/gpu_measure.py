@@ -6,7 +6,8 @@ Sections (``--only`` picks some; all by default), written as one JSON file:
 - ``copy``: the bandwidth a plain ``copy_`` reaches (bytes read + written / time): the
   ceiling the masked softmax is held against.
 - ``softmax``: ``attnscore.masked_softmax`` forward, bytes read + written over time, as a
-  fraction of ``copy``; ``torch.softmax`` beside it.
+  fraction of ``copy`` and of a ``copy_`` of the same tensor; ``torch.softmax`` and the
+  library's kernel launched alone (no checks, no Python above the launch) beside it.
 - ``overhead``: where a DotProductAttention call by lengths spends its time (profiler).
 - ``varlen``: dot-product attention by key lengths on flash attention's variable-length
   kernel (kernels/_varlen.py) against SDPA with the key mask (a user's call, and the
@@ -14,6 +15,13 @@ Sections (``--only`` picks some; all by default), written as one JSON file:
   forward and forward + backward; first its error against float64.
 - ``additive``: AdditiveAttention forward + backward against the textbook module (time and
   ``max_memory_allocated`` above the inputs).
+- ``launches``: the masked softmax kernel launched alone at each (rows per program, warps)
+  for rows of 128 to 4096 keys, float32 and bfloat16, as a fraction of a ``copy_`` of the
+  same tensor: the data behind ``_triton_softmax._warps``.
+- ``floor``: the kernels alone at the headline shape, (32, 8, 1024, 1024, 64) bfloat16,
+  lengths (B,) uniform in [1, m]: flash attention's and the efficient kernel's
+  variable-length forms on the padded layout (no library code), SDPA dense and with the
+  key mask, and attnscore's call; forward + backward by ``torch.autograd.grad``.
 
 ``--render`` also shows the ``flex`` and ``flex_compile`` sections of runs 1 and 2, which
 measured ``flex_attention`` by lengths (since removed from the library).
@@ -25,6 +33,7 @@ Usage: ``python tools/gpu_measure.py --out measure.json [--only varlen additive]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -70,18 +79,22 @@ def copy_bandwidth() -> dict[str, Any]:
 
 def softmax(copy_gb_s: float) -> list[dict[str, Any]]:
     import attnscore
+    from attnscore.kernels import _triton_softmax
 
     rows = []
     B, n, m = 64, 1024, 1024
     for dtype_name in ("float32", "bfloat16"):
         dtype = DTYPES[dtype_name]
         x = torch.randn(B, n, m, device="cuda", dtype=dtype)
+        y = torch.empty_like(x)
         full = torch.full((B, n), m, device="cuda")
         uniform = torch.randint(1, m + 1, (B, n), device="cuda")
         nbytes = 2 * x.numel() * x.element_size()
+        same = nbytes / _bench(partial(y.copy_, x)) / 1e6
         for name, fn in (
             ("attnscore, every length m", partial(attnscore.masked_softmax, x, full)),
             ("attnscore, lengths uniform in [1, m]", partial(attnscore.masked_softmax, x, uniform)),
+            ("its kernel alone, every length m", _triton_softmax.fwd_launch(x, full, y).run),
             ("torch.softmax", partial(torch.softmax, x, -1)),
         ):
             with torch.no_grad():
@@ -95,9 +108,10 @@ def softmax(copy_gb_s: float) -> list[dict[str, Any]]:
                     "ms": ms,
                     "gb_s": gb_s,
                     "of_copy": gb_s / copy_gb_s,
+                    "of_copy_same": gb_s / same,
                 }
             )
-        del x
+        del x, y
     return rows
 
 
@@ -198,15 +212,12 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
                 def user(a: Any, b: Any, c: Any, km: Any = key_mask) -> Any:
                     return F.scaled_dot_product_attention(a, b, c, attn_mask=km)
 
-                def ours(a: Any, b: Any, c: Any, name: str, L: Any = L, cz: bool = causal) -> Any:
-                    with kernels.use(name), kernels.thresholds(**everywhere):
-                        return attnscore.dot_product_attention(a, b, c, L, causal=cz)
+                def ours(a: Any, b: Any, c: Any, L: Any = L, cz: bool = causal) -> Any:
+                    return attnscore.dot_product_attention(a, b, c, L, causal=cz)
 
-                impls = {
-                    "sdpa_key_mask": user,
-                    "attnscore_sdpa": partial(ours, name="sdpa"),
-                    "attnscore_varlen": partial(ours, name="flash_varlen"),
-                }
+                # the route each is timed on (entered around the timing, not in each call)
+                impls = {"sdpa_key_mask": user, "attnscore_sdpa": ours, "attnscore_varlen": ours}
+                routes = {"attnscore_sdpa": "sdpa", "attnscore_varlen": "flash_varlen"}
                 for backward in (False, True):
                     ins = [t.detach().requires_grad_(backward) for t in (q, k, v)]
                     grad = torch.randn(B, H, n, d, device="cuda", dtype=dtype)
@@ -223,8 +234,12 @@ def varlen(shapes: list[tuple[int, ...]], dtypes: list[str]) -> dict[str, Any]:
                             if backward:
                                 out.backward(grad)
 
+                        route = routes.get(name)
                         try:
-                            with torch.set_grad_enabled(backward):
+                            with contextlib.ExitStack() as stack, torch.set_grad_enabled(backward):
+                                if route is not None:
+                                    stack.enter_context(kernels.use(route))
+                                    stack.enter_context(kernels.thresholds(**everywhere))
                                 step()
                                 times[name] = _bench(step)
                         except Exception as err:  # one failing implementation: noted
@@ -329,7 +344,109 @@ def additive() -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ["copy", "softmax", "overhead", "varlen", "additive"]
+def _softmax_launch(
+    x: torch.Tensor, lengths: torch.Tensor, y: torch.Tensor, per: int, warps: int
+) -> None:
+    """The masked softmax's one-block kernel on rows of x, ``per`` rows per program."""
+    import triton
+    import triton.language as tl
+
+    from attnscore.kernels import _triton_softmax as ts
+
+    n_rows, m = x.shape
+    ts._fwd_block_kernel[(triton.cdiv(n_rows, per),)](
+        x, lengths, y, n_rows, m, ROWS=per, BLOCK_M=m, VEC=16 // x.element_size(),
+        ACC=tl.float32, num_warps=warps,
+    )  # fmt: skip
+
+
+def launches() -> list[dict[str, Any]]:
+    from attnscore.kernels import _triton_softmax as ts
+
+    rows: list[dict[str, Any]] = []
+    for dtype_name in ("bfloat16", "float32"):
+        dtype = DTYPES[dtype_name]
+        for m in (128, 256, 512, 1024, 2048, 4096):
+            n_rows = 64 * 1024 * 1024 // m
+            x = torch.randn(n_rows, m, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
+            full = torch.full((n_rows,), m, device="cuda")
+            nbytes = 2 * x.numel() * x.element_size()
+            same = nbytes / _bench(partial(y.copy_, x)) / 1e6
+            chosen = ts.fwd_launch(x, full, y).meta
+            for per in (1, 2, 4, 8, 16):
+                for warps in (1, 2, 4, 8):
+                    if not 256 <= per * m <= 8192 or warps * 32 * 16 > 2 * per * m * dtype.itemsize:
+                        continue
+                    ms = _bench(partial(_softmax_launch, x, full, y, per, warps))
+                    rows.append(
+                        {
+                            "dtype": dtype_name,
+                            "m": m,
+                            "rows_per_program": per,
+                            "warps": warps,
+                            "chosen": (chosen.get("ROWS"), chosen["num_warps"]) == (per, warps),
+                            "ms": ms,
+                            "of_copy_same": nbytes / ms / 1e6 / same,
+                        }
+                    )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def floor() -> dict[str, Any]:
+    import attnscore
+
+    B, H, n, m, d = 32, 8, 1024, 1024, 64
+    scale = d**-0.5
+    lens = torch.randint(1, m + 1, (B,), generator=torch.Generator().manual_seed(0)).cuda()
+    q, k, v = (
+        torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        for s in (n, m, m)
+    )
+    grad = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16)
+    key_mask = (torch.arange(m, device="cuda") < lens[:, None])[:, None, None, :]
+    # the sequences of kernels/_varlen.py, written out: no query over a padded key
+    s = torch.arange(2 * B * H + 1, device="cuda", dtype=torch.int32)
+    cu_q, cu_k = (s + 1) // 2 * n, s // 2 * m
+    cu_k[1::2] += lens.repeat_interleave(H).to(torch.int32)
+
+    def flash() -> Any:
+        rows = (t.reshape(-1, 1, d) for t in (q, k, v))
+        return torch.ops.aten._flash_attention_forward(
+            *rows, cu_q, cu_k, n, m, 0.0, False, False, scale=scale
+        )[0]
+
+    def efficient() -> Any:
+        rows = (t.reshape(1, -1, 1, d) for t in (q, k, v))
+        return torch.ops.aten._efficient_attention_forward(
+            *rows, None, cu_q, cu_k, n, m, 0.0, 0, True, scale=scale
+        )[0]
+
+    calls = {
+        "SDPA + key mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask),
+        "SDPA, no mask (all the work)": lambda: F.scaled_dot_product_attention(q, k, v),
+        "flash varlen kernel alone": lambda: flash().view(B, H, n, d),
+        "efficient varlen kernel alone": lambda: efficient().view(B, H, n, d),
+        "attnscore.dot_product_attention": lambda: attnscore.dot_product_attention(q, k, v, lens),
+    }
+    out: dict[str, Any] = {}
+
+    def step(fn: Callable[[], Any]) -> Any:
+        return torch.autograd.grad(fn(), (q, k, v), grad)
+
+    for name, fn in calls.items():
+        row = {"fwd": _bench(fn), "fwd+bwd": _bench(partial(step, fn))}
+        with torch.no_grad():
+            row["fwd, no grad"] = _bench(fn)
+        out[name] = row
+        print(name, json.dumps(row), flush=True)
+    return out
+
+
+# The profile (``overhead``) runs last: sections run after it in the same process timed the
+# library's calls slower than the same calls alone (docs/benchmarks.md, the H100 session).
+SECTIONS = ["copy", "softmax", "varlen", "additive", "launches", "floor", "overhead"]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -386,14 +503,16 @@ def render(result: dict[str, Any]) -> str:
         c = result["copy"]
         lines += [f"`copy_` of 1 GiB: {c['ms']:.3f} ms, {c['gb_s']:.0f} GB/s (read + written).", ""]
     if "softmax" in result:
+        same = any("of_copy_same" in r for r in result["softmax"])
         lines += [
-            "| masked softmax forward (64, 1024, 1024) | dtype | ms | GB/s | of copy_ |",
-            "|---|---|---|---|---|",
+            "| masked softmax forward (64, 1024, 1024) | dtype | ms | GB/s | of copy_ |"
+            + (" of copy_ of the same tensor |" if same else ""),
+            "|---|---|---|---|---|" + ("---|" if same else ""),
         ]
         for r in result["softmax"]:
             lines.append(
                 f"| {r['impl']} | {r['dtype']} | {r['ms']:.3f} | {r['gb_s']:.0f} | "
-                f"{r['of_copy']:.2f} |"
+                f"{r['of_copy']:.2f} |" + (f" {_f(r.get('of_copy_same'), 2)} |" if same else "")
             )
         lines.append("")
     if "overhead" in result:
@@ -429,6 +548,32 @@ def render(result: dict[str, Any]) -> str:
             if name != "dynamo_counters":
                 lines.append(f"| {name} | {value if isinstance(value, str) else _f(value)} |")
         lines += ["", f"dynamo counters: {result['flex_compile'].get('dynamo_counters')}", ""]
+    if "floor" in result:
+        base = result["floor"]["SDPA + key mask"]
+        lines += [
+            "| (32, 8, 1024, 1024, 64) bfloat16, lengths (B,) uniform in [1, m] | fwd | "
+            "fwd+bwd | fwd+bwd / SDPA + key mask |",
+            "|---|---|---|---|",
+        ]
+        for name, r in result["floor"].items():
+            lines.append(
+                f"| {name} | {r['fwd']:.3f} | {r['fwd+bwd']:.3f} | "
+                f"{r['fwd+bwd'] / base['fwd+bwd']:.2f} |"
+            )
+        lines.append("")
+    if "launches" in result:
+        lines += [
+            "| masked softmax kernel alone: dtype | m | rows per program | warps | ms | "
+            "of copy_ of the same tensor |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in result["launches"]:
+            mark = " (chosen)" if r["chosen"] else ""
+            lines.append(
+                f"| {r['dtype']} | {r['m']} | {r['rows_per_program']} | {r['warps']}{mark} | "
+                f"{r['ms']:.3f} | {r['of_copy_same']:.2f} |"
+            )
+        lines.append("")
     if "additive" in result:
         lines += [
             "| additive fwd + bwd (B, n, m, h, d) | dtype | attnscore ms | textbook ms | "
@@ -474,6 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None)
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="B,H,n,m,d",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        default=VARLEN_SHAPES,
+        help="the varlen section's shapes (default: all of VARLEN_SHAPES)",
+    )
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render) as fh:
@@ -507,9 +660,13 @@ def main(argv: list[str] | None = None) -> int:
             elif section == "softmax":
                 result["softmax"] = softmax(copy_gb_s or copy_bandwidth()["gb_s"])
             elif section == "varlen":
-                result["varlen"] = varlen(VARLEN_SHAPES, args.dtypes)
+                result["varlen"] = varlen(args.shapes, args.dtypes)
             elif section == "overhead":
                 result["overhead"] = overhead()
+            elif section == "launches":
+                result["launches"] = launches()
+            elif section == "floor":
+                result["floor"] = floor()
             else:
                 result["additive"] = additive()
         except Exception as err:  # later sections still run

@@ -254,8 +254,17 @@ def finish(
     return (output, weights_fn()) if return_weights else output
 
 
+def _not_kept() -> Tensor:
+    """The weights function of a fused call made with ``weights=False``."""
+    raise RuntimeError("this call kept nothing to compute its attention weights from")
+
+
 def fused_dot_product(
-    scale: float | None, project: Projection | None = None, *, factor: float = 1.0
+    scale: float | None,
+    project: Projection | None = None,
+    *,
+    factor: float = 1.0,
+    weights: bool = True,
 ) -> FusedPath:
     """The fused path of scaled dot-product attention.
 
@@ -276,6 +285,9 @@ def fused_dot_product(
     ``factor``: a softmax-like normalizer's factor on the scores
     (:func:`attnscore.normalizers.score_factor`), folded into the scale (and the score
     bias): the path of ``softmax(factor · scores)``.
+
+    ``weights=False``: for a caller that never asks for the weights (the functions without
+    ``return_weights``): the call copies nothing for them, and its weights function raises.
     """
 
     def fused(
@@ -296,9 +308,11 @@ def fused_dot_product(
             out = _attention.dot_product_attention(
                 q, k, v, mask, scale=scale_, dropout_p=dropout_p, score_bias=score_bias
             )
+            if not weights:
+                return out, _not_kept
             bias = None if score_bias is None else owned(score_bias)
-            weights = dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
-            return out, weights
+            later = dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
+            return out, later
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             return None
 
@@ -313,6 +327,8 @@ def fused_dot_product(
         )  # fmt: skip
         if projected is None:
             return None
+        if not weights:
+            return projected, _not_kept
         qp, kp = kept.owned(q, k)
         return projected, dot_weights_later(qp, kp, scale_, owned_mask(mask), q.shape[:-2])
 

@@ -259,7 +259,8 @@ def _pool(
     tensors: dict[str, object] = {**_spec_tensors(spec, params, prepared), **constants}
     lengths = prepared.mask.lengths
     factor = score_factor(get_normalizer(options.get("normalizer", "softmax")))
-    fused = None if factor is None else spec.fused_path(tensors, factor)
+    # The fused path runs only where the weights are not returned (_attend): it keeps none.
+    fused = None if factor is None else spec.fused_path(tensors, factor, weights=False)
     return _attend(prepared, lambda q, k: spec.scores(q, k, tensors, lengths), options, fused)
 
 

@@ -150,6 +150,9 @@ class ScorerSpec:
     )
     """(name, whether a matrix, shape) of each parameter, read once (the fast lanes check
     the module's parameters against them on every call)."""
+    _fused_unkept: FusedPath | None = field(init=False, compare=False, repr=False, default=None)
+    # The default fused path of an unprojected scorer, made for callers that never ask for
+    # the weights (fused_path(weights=False)); None where the fused path is a user's.
 
     def __post_init__(self) -> None:
         try:
@@ -161,6 +164,7 @@ class ScorerSpec:
         object.__setattr__(self, "param_shapes", shapes)
         if self.fused is None and self.projection is unprojected:
             object.__setattr__(self, "fused", fused_dot_product(self.scale))
+            object.__setattr__(self, "_fused_unkept", fused_dot_product(self.scale, weights=False))
 
     def __copy__(self) -> ScorerSpec:
         return self  # immutable: modules that are copied share their spec
@@ -196,16 +200,21 @@ class ScorerSpec:
 
         return scaled
 
-    def fused_path(self, params: Mapping[str, object], factor: float = 1.0) -> FusedPath | None:
+    def fused_path(
+        self, params: Mapping[str, object], factor: float = 1.0, *, weights: bool = True
+    ) -> FusedPath | None:
         """The fused path of ``softmax(factor · scores)`` (``factor``: a softmax-like
         normalizer's, :func:`attnscore.normalizers.score_factor`): :attr:`fused` for the
         plain softmax, else dot-product attention of the :meth:`projector`'s vectors, else
-        None (a user's :attr:`fused` runs the plain softmax only)."""
+        None (a user's :attr:`fused` runs the plain softmax only). ``weights=False``: for a
+        caller that never asks for the weights (:func:`~attnscore._engine.fused_dot_product`)."""
         if self.projection is unprojected:
-            return self.fused if factor == 1.0 else fused_dot_product(self.scale, factor=factor)
+            if factor != 1.0:
+                return fused_dot_product(self.scale, factor=factor, weights=weights)
+            return self.fused if weights or self._fused_unkept is None else self._fused_unkept
         if self.fused is not None or self.projection is None:
             return self.fused if factor == 1.0 else None
-        return fused_dot_product(1.0, self.projector(params), factor=factor)
+        return fused_dot_product(1.0, self.projector(params), factor=factor, weights=weights)
 
 
 SCORERS: dict[str, ScorerSpec] = {}

@@ -53,7 +53,12 @@ def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _warps(elements: int) -> int:
+def _warps(elements: int, rows: int = 1) -> int:
+    """Warps per program for a tile of ``elements`` in ``rows`` rows: 2 for one or two rows
+    of at most 1024 elements (fewer warps to reduce across), else by size. The launch
+    sweep in docs/benchmarks.md ("Masked softmax launches") chose these."""
+    if elements <= 1024 and rows <= 2:
+        return 2
     return 4 if elements <= 2048 else 8 if elements <= 8192 else 16
 
 
@@ -220,7 +225,7 @@ def _launch(
     meta = {"BLOCK_M": block, "VEC": _vec(m, dtype), "ACC": _acc_dtype(dtype)}
     if one_block:
         n_programs = triton.cdiv(rows, rows_per)
-        meta |= {"ROWS": rows_per, "num_warps": _warps(rows_per * block)}
+        meta |= {"ROWS": rows_per, "num_warps": _warps(rows_per * block, rows_per)}
         return Launch(block_kernel, (*tensors, out, rows, m), meta, lambda _: (n_programs,))
     meta["num_warps"] = _warps(block)
     return Launch(loop_kernel, (*tensors, out, m), meta, lambda _: (rows,))
