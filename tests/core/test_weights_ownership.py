@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnscore import (
     AdditiveAttention,
@@ -36,6 +37,7 @@ from attnscore import (
     MultiHeadAttention,
     MultiplicativeAttention,
     ScorerAttention,
+    attention,
     make_scorer,
 )
 
@@ -406,3 +408,39 @@ def test_parameters_changed_after_the_call_do_not_change_projected_weights() -> 
     weights = module.attention_weights
     assert weights is not None
     torch.testing.assert_close(weights.double(), expected, **TOL)
+
+
+class _Copies(TorchDispatchMode):
+    """Records the shapes of the copies (clone, copy_) made under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("scorer", ["dot", "scaled_dot"])
+def test_functions_copy_no_input_for_weights_they_do_not_return(scorer: str) -> None:
+    """The functions never return a fused call's weights (``return_weights`` takes the plain
+    path), so they copy neither queries nor keys for them; the module, which keeps its
+    weights, does (the check of this test). (Projected scorers keep the projections the
+    call made, no copy, in either form.)"""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, 2, s, 16, generator=g) for s in (24, 40, 40))
+    lengths = torch.tensor([5, 40, 0])
+    module = ScorerAttention(scorer, query_size=16, key_size=16).eval()
+    params = dict(module.named_parameters())
+    for form, expect_copies in (
+        (lambda: attention(q, k, v, scorer, lengths, params=params or None), False),
+        (lambda: module(q, k, v, lengths), True),
+    ):
+        with torch.no_grad(), _Copies() as copies:
+            form()
+        shapes = {tuple(q.shape), tuple(k.shape)}
+        copied = [s for s in copies.shapes if s in shapes]
+        assert bool(copied) == expect_copies, (scorer, copies.shapes)
