@@ -117,6 +117,13 @@ def worker(only: list[str]) -> None:
     case("heads lengths (B,) f32 fwd+bwd", fwdbwd(lambda: dpa(qh, kh, vh, Lh), qh, kh, vh))
     qc, kc, vc = (t.detach() for t in (qh, kh, vh))
     case("heads causal + lengths f32 fwd", lambda: dpa(qc, kc, vc, Lh, causal=True))
+    # the function (not the module): it keeps nothing for weights
+    fdpa = attnscore.dot_product_attention
+    case(
+        "function heads lengths (B,) f32 fwd+bwd",
+        fwdbwd(lambda: fdpa(qh, kh, vh, Lh), qh, kh, vh),
+    )
+    case("function heads lengths (B,) f32 fwd", lambda: fdpa(qc, kc, vc, Lh))
     case(
         "dot causal + lengths f32 fwd+bwd",
         fwdbwd(lambda: dpa(qg, kg, vg, L8, causal=True), qg, kg, vg),
