@@ -172,7 +172,7 @@ if TYPE_CHECKING:  # the backends implement the whole contract (checked by mypy)
 
 _modules: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}
-_forced: dict[str, ModuleType] = {}
+_forced: dict[str, ModuleType | None] = {}
 _import_lock = threading.Lock()
 _override: bool | None = None
 
@@ -238,22 +238,44 @@ def disabled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def use_backend(device_type: str, module: ModuleType) -> Iterator[None]:
-    """Use ``module`` as the backend of ``device_type`` inside the body (process-wide).
+def use_backend(device_type: str, module: ModuleType | str) -> Iterator[None]:
+    """Use ``module`` as the backend of ``device_type`` inside the body (process-wide):
+    a module, or a module's name, imported as a :data:`BACKENDS` row is (one that cannot
+    be imported means the plain backend, and :func:`backend_name` says why).
 
     For tests: run a backend module on tensors of another device (e.g. Triton kernels
-    under ``TRITON_INTERPRET=1`` on CPU tensors), or force the plain one
-    (``use_backend("cpu", attnscore.kernels._plain)``).
+    under ``TRITON_INTERPRET=1`` on CPU tensors), force the plain one
+    (``use_backend("cpu", attnscore.kernels._plain)``), or see what a row that fails to
+    import gives.
     """
-    previous = _forced.get(device_type)
-    _forced[device_type] = module
+    previous, error = _forced.get(device_type, _UNSET), _errors.get(device_type)
+    _forced[device_type] = (
+        module if isinstance(module, ModuleType) else _imported(device_type, module)
+    )
     try:
         yield
     finally:
-        if previous is None:
+        if previous is _UNSET:
             del _forced[device_type]
         else:
             _forced[device_type] = previous
+        if error is None:
+            _errors.pop(device_type, None)
+        else:
+            _errors[device_type] = error
+
+
+_UNSET: Any = object()
+
+
+def _imported(device_type: str, name: str) -> ModuleType | None:
+    """The module ``name``, or None (noting why for :func:`backend_name`) where it or what
+    it needs (triton) cannot be imported."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        _errors[device_type] = f"{type(exc).__name__}: {exc}"
+        return None
 
 
 def _module(device_type: str) -> ModuleType | None:
@@ -262,13 +284,8 @@ def _module(device_type: str) -> ModuleType | None:
     if device_type in _modules:
         return _modules[device_type]
     name = BACKENDS.get(device_type)
-    module = None
     with _import_lock:
-        if name is not None:
-            try:
-                module = importlib.import_module(name)
-            except ImportError as exc:  # module or its dependency (triton) missing
-                _errors[device_type] = f"{type(exc).__name__}: {exc}"
+        module = None if name is None else _imported(device_type, name)
         _modules[device_type] = module
     return module
 
