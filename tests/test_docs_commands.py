@@ -30,7 +30,12 @@ PLACEHOLDERS = {"$N": "100", "$s": "0", "T": "1", "P": "1"}
 RUN = {("demo",), ("--version",)}  # commands quick enough to run, by their first words
 # The developer tools (tools/, outside the package) whose ``main(argv)`` parses its
 # arguments with ``parse_args`` before it does anything.
-TOOLS_PARSED = {"tools/triton_aot.py", "tools/tanh_error.py"}
+TOOLS_PARSED = {
+    "tools/triton_aot.py",
+    "tools/tanh_error.py",
+    "tools/gpu_measure.py",
+    "tools/gpu_ab.py",
+}
 
 
 def _commands() -> list[tuple[str, list[str]]]:
