@@ -146,8 +146,9 @@ def export_program(
     Over the standard route (see the module) this adds the dynamic sizes of the legend
     (:func:`dynamic_shapes`), checks of the example, and eval mode. The program computes
     what ``module.eval()(*example_inputs)`` computes, at any B, n and m (``dynamic=True``),
-    in plain PyTorch operators, so running it needs torch only. Save it with ``torch.export.save(program,
-    "attention.pt2")``; run ``torch.export.load(path).module()(q, k, v, valid_lens)``.
+    in plain PyTorch operators, so running it needs torch only. Save it with
+    ``torch.export.save(program, "attention.pt2")``; run
+    ``torch.export.load(path).module()(q, k, v, valid_lens)``.
 
     Args:
         module: an :class:`~attnscore.Attention` module (``AdditiveAttention``,
