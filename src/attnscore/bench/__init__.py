@@ -72,7 +72,7 @@ def run(
     dev = torch.device(device)
     torch.set_num_threads(threads)
     # Freed blocks stay in the heap: otherwise whether a call's buffers happen to fault in
-    # fresh pages decides its time (2x apart on the 2-core machine), on both sides.
+    # fresh pages decides its time, on both sides.
     result_notes = ["malloc keeps freed memory"] if keep_freed_memory() else []
     names = case_names(dev.type)
     unknown = sorted(set(cases or ()) - set(names))

@@ -4,8 +4,8 @@ check the kernels' other promises (memory, compiled code).
 The matrix: rows {masked_softmax, dot (B, n, d), heads (B, H, n, d), multihead, additive,
 general, cosine} x masks (:data:`attnscore.bench._cases.MASKS`; masked_softmax: lengths
 only) x dtypes x steps {eval forward, forward + backward}, each cell with the targets of
-:func:`targets`. The CPU's full shapes take about 10 minutes on 2 cores; ``--quick`` runs
-the same cells at small shapes, CUDA at larger ones (:data:`SHAPES`).
+:func:`targets`. ``--quick`` runs the same cells at small shapes, CUDA at larger ones
+(:data:`SHAPES`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The ``attnscore`` command tree and its entry point.
+"""The ``attnscore`` command tree (:func:`build_parser`) and its entry point (:func:`main`).
 
-``attnscore demo | run | bench | g2p ...``: each command's module adds its parser through
-``add_parser(subparsers)``, which sets ``handler(args) -> int`` as a default. :func:`main`
-parses and calls the handler under :func:`~attnscore.cli._usage.run_main`, which turns every
-:class:`~attnscore.cli._usage.UsageError` (from parsing or from running) and every missing
-optional extra into one line on stderr and exit code 2, and a closed standard output into
-a quiet exit 141.
+Each command's module adds its parser through ``add_parser(subparsers)``, which sets
+``handler(args) -> int`` as a default; :func:`main` calls it under
+:func:`~attnscore.cli._usage.run_main`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The command line's one usage-error convention and the option types every command shares.
 
-Bad input anywhere in the ``attnscore`` command tree raises :class:`UsageError` (argparse
-errors included, through :class:`ArgumentParser`); :func:`attnscore.cli.main` prints it as
-one line on stderr, ``attnscore: error: <message>``, and returns exit code 2. No
-traceback, no partial output file. Code below the command line raises its own errors
-(``ValueError`` and its subclasses); the commands turn them into :class:`UsageError`.
-
-:func:`run_main` is that convention for every entry point (``attnscore``, ``python -m
-attnscore.g2p``, ``python -m attnscore.bench``): usage errors and missing optional extras
-(:func:`require_extra`) as one line and exit 2, and a closed standard output (``attnscore
-run ... | head -1``) as a quiet exit 141, as after SIGPIPE.
+Bad input anywhere in the command tree raises :class:`UsageError` (argparse errors included,
+through :class:`ArgumentParser`); :func:`run_main`, the convention of every entry point,
+prints it as one line, ``<prog>: error: <message>``, and exits 2: no traceback, no partial
+output file. Code below the command line raises its own errors (``ValueError`` and its
+subclasses); the commands turn them into :class:`UsageError`.
 """
 
 from __future__ import annotations

@@ -42,7 +42,10 @@ the median of per-round ratios (both sides timed back to back in each round).
 A load average above the core count (by half a core), before or during the run,
 gives a warning on stderr and "busy" in the JSON: timings on a busy machine are
 not comparable with an idle one's."""
-
+_PARSER: dict[str, Any] = {
+    "description": DESCRIPTION,
+    "formatter_class": argparse.RawDescriptionHelpFormatter,
+}
 
 _threads = argument_type(int, lambda v: v >= 1, "a positive integer", "--threads")
 _seconds = argument_type(
@@ -50,7 +53,7 @@ _seconds = argument_type(
 )
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_arguments(parser: ArgumentParser) -> ArgumentParser:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: small shapes, no target verdicts"
     )
@@ -90,6 +93,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cases", nargs="+", metavar="ROW", help="run only these rows (e.g. dot multihead)"
     )
     parser.add_argument("--child", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
+    parser.set_defaults(handler=handle)
+    return parser
 
 
 def _check_cases(device: str, cases: Sequence[str] | None) -> None:
@@ -219,15 +224,8 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     >>> parser.parse_args(["bench", "--quick"]).handler.__name__
     'handle'
     """
-    parser = subparsers.add_parser(
-        "bench",
-        help="time attnscore against the textbook code and PyTorch",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
-    parser.set_defaults(handler=handle)
-    return parser
+    summary = "time attnscore against the textbook code and PyTorch"
+    return _add_arguments(subparsers.add_parser("bench", help=summary, **_PARSER))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,12 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["--threads", "0"])
     2
     """
-    parser = ArgumentParser(
-        prog="attnscore bench",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
+    parser = _add_arguments(ArgumentParser(prog="attnscore bench", **_PARSER))
     return run_main(
         "attnscore bench",
         lambda: handle(parser.parse_args(sys.argv[1:] if argv is None else list(argv))),

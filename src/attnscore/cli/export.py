@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ._files import check_output, write_atomic
 from ._usage import ArgumentParser, UsageError, positive_int, require_extra, show_defaults
+from .run import check_num_hiddens, hidden_scorers
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     >>> args.query_size, args.heads, args.overwrite
     (8, None, False)
     """
-    from ..registry import SCORERS, scorer_names
+    from ..registry import scorer_names
 
     export = subparsers.add_parser(
         "export",
@@ -56,10 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument(
-        "--scoring",
-        choices=scorer_names(),
-        required=True,
-        help="registered scoring function",
+        "--scoring", choices=scorer_names(), required=True, help="registered scoring function"
     )
     export.add_argument(
         "--out",
@@ -77,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     export.add_argument(
         "--value-size", type=positive_int, default=None, metavar="V", help="v (default: K)"
     )
-    hidden = ", ".join(n for n in scorer_names() if SCORERS[n].hidden_units) or "none"
+    hidden = hidden_scorers() or "none"
     export.add_argument(
         "--num-hiddens",
         type=positive_int,
@@ -112,21 +110,16 @@ def _module(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, int, int]]:
 
     from ..modules import make_scorer
     from ..multihead import MultiHeadAttention
-    from ..registry import SCORERS, scorer_names
+    from ..registry import SCORERS
 
     name: str = args.scoring
     q: int = args.query_size
     k: int = q if args.key_size is None else args.key_size
     v: int = k if args.value_size is None else args.value_size
     hiddens = _DEFAULT_SIZE if args.num_hiddens is None else args.num_hiddens
-    spec = SCORERS[name]
-    if args.heads is None and args.num_hiddens is not None and not spec.hidden_units:
-        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
-        raise UsageError(
-            f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
-            f"{', '.join(users) or 'no registered scorer'}, or to --heads"
-        )
-    if args.heads is None and spec.same_feature_size and q != k:
+    if args.heads is None:
+        check_num_hiddens(name, args.num_hiddens, ", or to --heads")
+    if args.heads is None and SCORERS[name].same_feature_size and q != k:
         raise UsageError(
             f"--key-size: the {name} scorer needs queries and keys of one size, but got "
             f"--query-size {q} and --key-size {k}"

@@ -56,10 +56,7 @@ Existing files are refused unless --overwrite is given.
 def _scoring_help() -> str:
     from ..registry import SCORERS, scorer_names
 
-    lines = []
-    for name in scorer_names():
-        spec = SCORERS[name]
-        lines.append(f"{name}: {spec.formula} ({spec.source})")
+    lines = [f"{n}: {SCORERS[n].formula} ({SCORERS[n].source})" for n in scorer_names()]
     return "scoring function (default: %(default)s); " + "; ".join(lines)
 
 
@@ -96,8 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
         type=positive_int,
         default=None,
         metavar="H",
-        help=f"hidden units h of scorers with a hidden layer "
-        f"({', '.join(n for n in scorer_names() if SCORERS[n].hidden_units)}; default: "
+        help=f"hidden units h of scorers with a hidden layer ({hidden_scorers()}; default: "
         f"{_DEFAULT_NUM_HIDDENS}); refused with the others",
     )
     run.add_argument(
@@ -137,22 +133,23 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     return run
 
 
-def _warn(message: str) -> None:
-    print(f"attnscore: warning: {message}", file=sys.stderr)
-
-
-def _check_scoring(args: argparse.Namespace) -> str:
-    """The registry name to run, after the --num-hiddens check."""
+def hidden_scorers() -> str:
+    """The registered scorers with a hidden layer, comma-separated ("" if none)."""
     from ..registry import SCORERS, scorer_names
 
-    name: str = args.scoring
-    if args.num_hiddens is not None and not SCORERS[name].hidden_units:
-        users = [n for n in scorer_names() if SCORERS[n].hidden_units]
+    return ", ".join(n for n in scorer_names() if SCORERS[n].hidden_units)
+
+
+def check_num_hiddens(name: str, num_hiddens: int | None, otherwise: str = "") -> None:
+    """Refuse ``--num-hiddens`` for the scorer ``name`` if it has no hidden layer; the
+    message ends with ``otherwise`` (another use of the option)."""
+    from ..registry import SCORERS
+
+    if num_hiddens is not None and not SCORERS[name].hidden_units:
         raise UsageError(
             f"--num-hiddens: the {name} scorer has no hidden layer; --num-hiddens applies to "
-            f"{', '.join(users) or 'no registered scorer'}"
+            f"{hidden_scorers() or 'no registered scorer'}{otherwise}"
         )
-    return name
 
 
 def _nonfinite(t: Tensor) -> str:
@@ -198,7 +195,7 @@ def _warn_nonfinite(output: Tensor, weights: Tensor, arrays: dict[str, Tensor]) 
     if held:
         sources = [label for label in ("queries", "keys", "values") if _nonfinite(arrays[label])]
         hint = f"; --input's {', '.join(sources)} hold NaN or inf" if sources else ""
-        _warn(", ".join(held) + hint)
+        print(f"attnscore: warning: {', '.join(held)}{hint}", file=sys.stderr)
 
 
 def _write_output(path: Path, output: Tensor, weights: Tensor, overwrite: bool) -> None:
@@ -229,7 +226,8 @@ def _run(args: argparse.Namespace) -> int:
         check_output(args.output, "--output", ARRAY_FORMATS, overwrite=args.overwrite)
     if args.heatmap is not None:
         check_output(args.heatmap, "--heatmap", FIGURE_FORMATS, overwrite=args.overwrite)
-    name = _check_scoring(args)
+    name: str = args.scoring
+    check_num_hiddens(name, args.num_hiddens)
     if args.normalizer in _NORMALIZER_PACKAGES:
         require_extra(_NORMALIZER_PACKAGES[args.normalizer], f"--normalizer {args.normalizer}")
     device = torch.device(args.device or default_device())

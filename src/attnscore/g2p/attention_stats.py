@@ -36,17 +36,10 @@ def sample(lexicon: Lexicon, words: int = SAMPLE_WORDS) -> list[tuple[str, tuple
 
 
 def row_stats(scores: Tensor, weights: Tensor, rows: Tensor, keys: Tensor) -> tuple[float, ...]:
-    """``(score_std, entropy, max_weight)`` of the selected rows over their valid keys.
-
-    Args:
-        scores: (B, n, m) float scores.
-        weights: (B, n, m) float attention weights (zeros beyond the valid keys).
-        rows: (B, n) bool, the rows to average over (at least one).
-        keys: (B, m) bool, the valid keys of each example (at least one per example).
-
-    Returns:
-        The three averages, as :mod:`this module <attnscore.g2p.attention_stats>` defines them.
-    """
+    """``(score_std, entropy, max_weight)``, as :mod:`this module
+    <attnscore.g2p.attention_stats>` defines them, of the (B, n, m) float ``scores`` and
+    ``weights`` (zeros beyond the valid keys), averaged over the (B, n) bool ``rows`` (at
+    least one), each over the (B, m) bool valid ``keys`` of its example (at least one)."""
     s, w = scores.double(), weights.double()
     valid = keys[:, None, :].expand_as(s)
     count = valid.sum(-1)
@@ -65,19 +58,10 @@ def attention_stats(
     phones: Vocab,
     step: int,
 ) -> AttentionStats:
-    """Score spread and weight entropy of ``model`` on ``examples``, teacher forced.
-
-    Args:
-        model: the model (put in evaluation mode for the call, its mode restored after).
-        examples: ``(word, pronunciation)`` pairs (see :func:`sample`).
-        letters: the letter vocabulary.
-        phones: the phoneme vocabulary.
-        step: the training step to record.
-
-    Returns:
-        The statistics over every decoder step of every example (the ``</s>`` step
-        included) and each word's letters.
-    """
+    """Score spread and weight entropy of ``model`` (in evaluation mode for the call) on the
+    ``(word, pronunciation)`` pairs ``examples`` (:func:`sample`), teacher forced: the
+    statistics over every decoder step of every example (the ``</s>`` step included) and
+    each word's letters, recorded as of training step ``step``."""
     batch = make_batch(examples, letters, phones)
     device = next(model.parameters()).device
     queries, keys, weights = model.teacher_forced_attention(

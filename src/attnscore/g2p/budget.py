@@ -36,17 +36,9 @@ def steps_for_time_budget(
     the model and times one greedy validation on up to 200 words, then divides the budget
     left after the warm-up by the time of a step plus its share of the periodic validation.
     The random state is restored afterwards, so the training that follows is the one a
-    ``--steps`` run with that count would do. Under DDP, rank 0's count is used everywhere.
-
-    Args:
-        cfg: the run's configuration, with ``time_budget`` set.
-        data: the run's data.
-        rank: this process's index.
-        world_size: the number of processes.
-
-    Returns:
-        The budget: the step count and the measured seconds per step, seconds per
-        validation and the warm-up's own seconds.
+    ``--steps`` run with that count would do. Under DDP (process ``rank`` of
+    ``world_size``), rank 0's count is used everywhere. Returns the step count with the
+    measured seconds per step, per validation and of the warm-up.
 
     Raises:
         ValueError: ``cfg.time_budget`` is None.

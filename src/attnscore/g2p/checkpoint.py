@@ -70,13 +70,10 @@ class Checkpoint:
     averaged: dict[str, torch.Tensor] | None = None
 
     def to_payload(self) -> dict[str, Any]:
-        """The plain-data dict written to the file.
-
-        Returns:
-            ``format``, ``model``, ``optimizer``, ``train_config``, ``letters``, ``phones``,
-            ``state``, ``rng`` and, when there is one, ``averaged``: tensors, numbers,
-            strings, lists and dicts only (what ``weights_only`` loading accepts).
-        """
+        """The plain-data dict written to the file: ``format``, ``model``, ``optimizer``,
+        ``train_config``, ``letters``, ``phones``, ``state``, ``rng`` and, when there is one,
+        ``averaged``; tensors, numbers, strings, lists and dicts only (what ``weights_only``
+        loading accepts)."""
         payload: dict[str, Any] = {
             "format": FORMAT,
             "model": self.model,
@@ -93,13 +90,8 @@ class Checkpoint:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Checkpoint:
-        """Inverse of :meth:`to_payload` (for a payload that :func:`load_checkpoint` checked).
-
-        Args:
-            payload: what :meth:`to_payload` gave (format 2 read too).
-
-        Returns:
-            The checkpoint.
+        """Inverse of :meth:`to_payload` (format 2 read too), for a payload that
+        :func:`load_checkpoint` checked.
 
         Raises:
             ValueError: vocabularies that do not start with the special tokens.
@@ -117,15 +109,8 @@ class Checkpoint:
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path``, atomically.
-
-    The file is written to ``path.tmp`` and renamed, so a process killed while saving leaves
-    the previous checkpoint intact.
-
-    Args:
-        path: the file to write.
-        checkpoint: what to write.
-    """
+    """Write ``checkpoint`` to ``path``, atomically: the file is written to ``path.tmp`` and
+    renamed, so a process killed while saving leaves the previous checkpoint intact."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(checkpoint.to_payload(), tmp)
     os.replace(tmp, path)
@@ -168,15 +153,9 @@ def _read_payload(p: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
-
-    Files of format version 2 (:data:`READABLE_FORMATS`) are read too.
-
-    Args:
-        path: the checkpoint file.
-
-    Returns:
-        The checkpoint.
+    """Read the checkpoint file ``path`` written by :func:`save_checkpoint`
+    (``weights_only=True``); files of format version 2 (:data:`READABLE_FORMATS`) are read
+    too.
 
     Raises:
         CheckpointError: ``path`` is missing, holds anything but plain data (refused, never
@@ -189,16 +168,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or the one a run folder evaluates with.
-
-    In a run folder that is ``best.pt`` (lowest validation WER) when there is one, else
-    ``last.pt``.
-
-    Args:
-        path: a checkpoint file or a run folder.
-
-    Returns:
-        The checkpoint file.
+    """The checkpoint file ``path``, or the one the run folder ``path`` evaluates with:
+    ``best.pt`` (lowest validation WER) when there is one, else ``last.pt``.
 
     Raises:
         CheckpointError: neither a file nor a run folder with a checkpoint.
@@ -215,16 +186,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[G2PModel, Vocab, Vocab, TrainConfig]:
-    """The model of a checkpoint or run folder, ready to decode.
-
-    The model carries the averaged weights when the checkpoint has them.
-
-    Args:
-        path: a checkpoint file or a run folder (:func:`resolve_checkpoint`).
-        device: where to put the model.
-
-    Returns:
-        ``(model in eval mode on device, letters, phones, train config)``.
+    """The model of a checkpoint file or run folder (:func:`resolve_checkpoint`), ready to
+    decode: ``(model in eval mode on device, letters, phones, train config)``. The model
+    carries the averaged weights when the checkpoint has them.
 
     Raises:
         CheckpointError: as :func:`load_checkpoint`, or weights that do not fit the stored

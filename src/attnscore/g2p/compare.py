@@ -37,14 +37,9 @@ _TEST_CACHE = re.compile(r"test-beam\d+-ln[-+.\w]+\.json")
 
 
 def clear_run(run: Path) -> list[str]:
-    """Delete what an earlier run wrote in folder ``run``: :data:`RUN_FILES` and the test
-    score caches of :func:`run_result`. Other files and sub-folders are left alone.
-
-    Args:
-        run: a run folder; one that does not exist holds nothing.
-
-    Returns:
-        The names deleted, sorted.
+    """Delete what an earlier run wrote in folder ``run`` (if it exists): :data:`RUN_FILES`
+    and the test score caches of :func:`run_result`; return the names deleted, sorted.
+    Other files and sub-folders are left alone.
 
     Raises:
         OSError: a file that cannot be deleted.
@@ -62,13 +57,8 @@ def clear_run(run: Path) -> list[str]:
 
 
 def train_in_subprocess(cfg: TrainConfig) -> RunSummary:
-    """Run :func:`~attnscore.g2p.train.train` in a spawned process.
-
-    Args:
-        cfg: the run's configuration.
-
-    Returns:
-        The run's summary.
+    """Run :func:`~attnscore.g2p.train.train` of ``cfg`` in a spawned process; return the
+    run's summary.
 
     Raises:
         RuntimeError: the training process failed.
@@ -173,15 +163,9 @@ def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def run_result(
     run: Path, beam: int, device: str = "cpu", length_norm: float = 0.0
 ) -> dict[str, Any]:
-    """Summary and test scores of one run folder (evaluated once, then read from its JSON).
-
-    The test scores are cached in ``RUN/test-beam{beam}-ln{length_norm}.json``.
-
-    Args:
-        run: a finished run folder.
-        beam: beam width of the second decoding (1: greedy only).
-        device: where to decode.
-        length_norm: the beam search's length-normalisation exponent.
+    """Summary and test scores of the finished run folder ``run``, decoded on ``device``
+    greedily and with beam width ``beam`` (1: greedy only) and length-normalisation exponent
+    ``length_norm``; evaluated once, then read from ``RUN/test-beam{beam}-ln{length_norm}.json``.
 
     Returns:
         One table row: ``run``, ``scoring``, ``lr`` (peak), ``seed``, ``steps``, ``train_seconds``,
@@ -250,15 +234,9 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def validation_curves(
     summaries: Mapping[str, Sequence[RunSummary]],
 ) -> dict[str, dict[int, dict[str, float | None]]]:
-    """Per scorer, its validation WER along training: mean and sample std over its runs at
-    every validation step that all of them reached.
-
-    Args:
-        summaries: scorer -> the summaries of its runs (one per seed).
-
-    Returns:
-        scorer -> step -> ``{"mean", "std"}`` (std None for one run), steps ascending.
-    """
+    """Per scorer of ``summaries`` (scorer -> the summaries of its runs, one per seed), its
+    validation WER along training, at every validation step that all of its runs reached:
+    scorer -> step (ascending) -> ``{"mean", "std"}`` (sample std, None for one run)."""
     curves: dict[str, dict[int, dict[str, float | None]]] = {}
     for scoring, runs in summaries.items():
         by_step: dict[int, list[float]] = {}
@@ -279,11 +257,7 @@ def ranking(scores: dict[str, dict[str, float | None]]) -> list[list[str]]:
     a group the order is that of the means and is not a finding. Without a spread (one
     run) nothing is separated: one group.
 
-    Args:
-        scores: scorer -> ``{"mean", "std"}`` of one metric (lower is better).
-
-    Returns:
-        The groups, best first.
+    ``scores``: scorer -> ``{"mean", "std"}`` of one metric (lower is better).
 
     >>> ranking({"a": {"mean": 0.30, "std": 0.01}, "b": {"mean": 0.31, "std": 0.01},
     ...          "c": {"mean": 0.40, "std": 0.02}})
@@ -383,12 +357,8 @@ def alignment_figures(run_dirs: dict[str, Path], words: list[str]) -> dict[str, 
     The pronunciation is the word's first dictionary entry, or the first model's prediction
     for a word outside the dictionary; words with letters the models never saw are skipped.
 
-    Args:
-        run_dirs: scorer name -> a run folder (or checkpoint) of it.
-        words: the words to draw.
-
-    Returns:
-        Lower-cased word -> its figure, in the order of ``words``.
+    ``run_dirs`` maps a scorer name to a run folder (or checkpoint) of it; the figures come
+    by lower-cased word, in the order of ``words``.
 
     Raises:
         CheckpointError: a checkpoint cannot be read.

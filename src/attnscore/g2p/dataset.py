@@ -29,14 +29,8 @@ class Data:
 
 
 def prepare_data(cfg: TrainConfig, *, report: bool = True) -> Data:
-    """Load, split and index the lexicon of ``cfg``.
-
-    Args:
-        cfg: names the file (``cfg.data``), the stress option and the training subset.
-        report: print the first malformed lines (skipped) on stderr.
-
-    Returns:
-        The run's data.
+    """Load, split and index the lexicon of ``cfg`` (its file ``cfg.data``, stress option and
+    training subset); ``report`` prints the first malformed lines (skipped) on stderr.
 
     Raises:
         ValueError: no valid entry, or an empty training split.

@@ -18,25 +18,16 @@ import torch.multiprocessing
 
 
 def distributed_env() -> tuple[int, int]:
-    """This process's place among torchrun's processes.
-
-    Returns:
-        ``(rank, world_size)`` from torchrun's ``RANK`` and ``WORLD_SIZE`` (``(0, 1)``
-        without them).
-    """
+    """``(rank, world_size)`` of this process from torchrun's ``RANK`` and ``WORLD_SIZE``
+    (``(0, 1)`` without them)."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @contextmanager
 def process_group(rank: int, world_size: int, init_method: str | None = None) -> Iterator[None]:
-    """Join the gloo process group for the ``with`` block when ``world_size > 1``.
-
-    Args:
-        rank: this process's index.
-        world_size: the number of processes (1: nothing to join).
-        init_method: ``torch.distributed`` rendezvous URL (default ``env://``, as torchrun
-            sets).
-    """
+    """Join the gloo process group of ``world_size`` processes as ``rank`` for the ``with``
+    block (nothing to join for 1); ``init_method`` is the rendezvous URL (default
+    ``env://``, as torchrun sets)."""
     distributed = world_size > 1
     if distributed and not dist.is_initialized():
         dist.init_process_group(
@@ -50,15 +41,7 @@ def process_group(rank: int, world_size: int, init_method: str | None = None) ->
 
 
 def broadcast_from_main(value: int, world_size: int) -> int:
-    """Rank 0's ``value`` on every process.
-
-    Args:
-        value: this process's value.
-        world_size: the number of processes (1: no process group needed).
-
-    Returns:
-        Rank 0's value (``value`` itself in a single process).
-    """
+    """Rank 0's ``value`` on every process (``value`` itself when ``world_size`` is 1)."""
     if world_size <= 1:
         return value
     t = torch.tensor([value], dtype=torch.int64)
@@ -67,24 +50,15 @@ def broadcast_from_main(value: int, world_size: int) -> int:
 
 
 def free_port() -> int:
-    """A TCP port for the gloo rendezvous.
-
-    Returns:
-        A port on 127.0.0.1 that is free now.
-    """
+    """A TCP port on 127.0.0.1 that is free now, for the gloo rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def spawn(worker: Callable[..., None], nprocs: int, *args: Any) -> None:
-    """Run ``worker(rank, init_method, *args)`` in ``nprocs`` fresh processes, and wait.
-
-    Args:
-        worker: a module-level function (it is pickled into each process).
-        nprocs: the number of processes.
-        args: more arguments for ``worker`` (picklable).
-    """
+    """Run ``worker(rank, init_method, *args)`` in ``nprocs`` fresh processes, and wait;
+    ``worker`` (a module-level function) and ``args`` are pickled into each process."""
     init_method = f"tcp://127.0.0.1:{free_port()}"
     torch.multiprocessing.spawn(  # type: ignore[attr-defined,no-untyped-call]
         _run_worker, args=(worker, init_method, args), nprocs=nprocs, join=True

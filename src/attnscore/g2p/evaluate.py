@@ -49,10 +49,8 @@ def predict(
     batch_size: int = 256,
     length_norm: float = 0.0,
 ) -> tuple[list[list[str]], list[torch.Tensor]]:
-    """Pronounce ``words`` with batched greedy (``beam == 1``) or beam-search decoding.
-
-    ``length_norm`` is the beam search's length-normalisation exponent (see
-    :meth:`~attnscore.g2p.model.G2PModel.beam_search`).
+    """Pronounce ``words`` with batched greedy (``beam == 1``) or beam-search decoding
+    (``length_norm``: :meth:`~attnscore.g2p.model.G2PModel.beam_search`'s).
 
     Returns:
         Per word the phoneme strings and its attention weights, a (phonemes + 1, letters)

@@ -33,16 +33,9 @@ from .summary import Budget, RunSummary
 def average_into(
     averaged: dict[str, torch.Tensor] | None, model: nn.Module, n: int
 ) -> dict[str, torch.Tensor]:
-    """Fold the weights of ``model`` into the running mean ``averaged`` of ``n - 1`` others.
-
-    Args:
-        averaged: the mean so far (updated in place), or None to start one.
-        model: the weights to fold in.
-        n: the number of weights in the mean once ``model``'s are in.
-
-    Returns:
-        The updated mean (floating-point entries averaged, the others ``model``'s first).
-    """
+    """Fold the weights of ``model`` into the running mean ``averaged`` (updated in place;
+    None starts one) of ``n - 1`` others; return the mean (floating-point entries averaged,
+    the others the first model's)."""
     state = model.state_dict()
     if averaged is None:
         return {k: v.detach().clone() for k, v in state.items()}
@@ -53,16 +46,9 @@ def average_into(
 
 
 class Trainer:
-    """One process's run of ``cfg.steps`` optimizer steps.
-
-    Args:
-        cfg: the run's configuration, ``cfg.steps`` set.
-        data: the run's data.
-        rank: this process's index (0 validates and writes files).
-        world_size: the number of processes.
-        resume_from: the checkpoint to continue from (model, optimizer, state, random
-            state and weight average), or None for a fresh start.
-    """
+    """One process's run of ``cfg.steps`` optimizer steps: process ``rank`` of ``world_size``
+    (rank 0 validates and writes files), from a fresh start or from the checkpoint
+    ``resume_from`` (its model, optimizer, state, random state and weight average)."""
 
     def __init__(
         self,
@@ -166,10 +152,7 @@ class Trainer:
         """Validate the weights to evaluate with (the average once there is one).
 
         The main process records a :class:`~attnscore.g2p.state.Validation`, saves
-        ``best.pt`` on a new lowest WER and reports on ``progress``.
-
-        Args:
-            progress: where the validation line goes.
+        ``best.pt`` on a new lowest WER and writes the validation line on ``progress``.
         """
         state = self.state
         state.last_eval = state.step
@@ -206,11 +189,8 @@ class Trainer:
         self.state.attention.append(stats)
 
     def save(self, path: Path) -> None:
-        """Write the run's checkpoint (main process only).
-
-        Args:
-            path: the checkpoint file (``last.pt`` or ``best.pt`` of the run folder).
-        """
+        """Write the run's checkpoint to ``path`` (``last.pt`` or ``best.pt`` of the run
+        folder), on the main process only."""
         if not self.is_main:
             return
         save_checkpoint(
@@ -228,14 +208,7 @@ class Trainer:
         )
 
     def summary(self, budget: Budget) -> RunSummary:
-        """What the run did, for ``summary.json``.
-
-        Args:
-            budget: the budget it followed.
-
-        Returns:
-            The summary.
-        """
+        """What the run did, following ``budget``, for ``summary.json``."""
         cfg, state = self.cfg, self.state
         steps_per_epoch = len(length_batches(self.data.train_pairs, cfg.batch_size, cfg.seed, 0))
         return RunSummary(

@@ -69,12 +69,8 @@ class G2PModel(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def encode(self, src: Tensor, valid_lens: Tensor) -> Encoded:
-        """Encode letters.
-
-        Args:
-            src: (B, S) int64 letter ids padded with 0.
-            valid_lens: (B,) int64 lengths, all >= 1.
-        """
+        """Encode letters ``src`` (B, S) int64, padded with 0, of lengths ``valid_lens`` (B,)
+        int64, all >= 1."""
         if src.dim() != 2 or valid_lens.shape != src.shape[:1]:
             raise ValueError(
                 f"Expected src (B, S) and valid_lens (B,), but got {tuple(src.shape)} and "
@@ -94,14 +90,8 @@ class G2PModel(nn.Module):
         return torch.tanh(self.combine(torch.cat([dec_out, ctx], dim=-1)))
 
     def forward(self, src: Tensor, valid_lens: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits.
-
-        Args:
-            src: (B, S) int64 letters; valid_lens: (B,) int64; tgt_in: (B, T) int64 ``<s> p1..``.
-
-        Returns:
-            (B, T, n_phones) float logits for ``p1 .. </s>``.
-        """
+        """Teacher-forced logits (B, T, n_phones) float for ``p1 .. </s>``, of letters ``src``
+        (B, S) int64, ``valid_lens`` (B,) int64 and ``tgt_in`` (B, T) int64 ``<s> p1 ..``."""
         enc = self.encode(src, valid_lens)
         y = self.drop(self.tgt_emb(tgt_in))
         if not self.cfg.input_feeding:
@@ -169,17 +159,11 @@ class G2PModel(nn.Module):
     def teacher_forced_attention(
         self, src: Tensor, valid_lens: Tensor, tgt_in: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The attention's inputs and weights over a teacher-forced pass, in evaluation mode
-        (the module's mode is restored after).
-
-        Args:
-            src: (B, S) int64 letters; valid_lens: (B,) int64; tgt_in: (B, T) int64.
-
-        Returns:
-            ``(queries (B, T, H), keys (B, S, H), weights (B, T, S))``: the decoder states,
-            the projected letters and the attention weights of every step (one attention
-            call for all steps, or one per step with input feeding, concatenated).
-        """
+        """The attention's inputs and weights over a teacher-forced pass of :meth:`forward`'s
+        inputs, in evaluation mode (the module's mode is restored after): ``(queries (B, T,
+        H), keys (B, S, H), weights (B, T, S))``, the decoder states, the projected letters
+        and the attention weights of every step (one attention call for all steps, or one
+        per step with input feeding, concatenated)."""
         calls: list[tuple[Tensor, Tensor, Tensor]] = []
 
         def keep(_module: nn.Module, args: tuple[Any, ...], _output: Any) -> None:

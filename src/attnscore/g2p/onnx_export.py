@@ -20,7 +20,7 @@ import json
 import torch
 from torch import Tensor, nn
 
-from ..integrations.export import quiet_onnx_registry
+from ..integrations.export import onnx_export
 from .data import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab
 from .model import Encoded, G2PModel
 
@@ -123,18 +123,14 @@ def export_greedy(model: G2PModel, letters: Vocab, phones: Vocab, max_letters: i
     example_lens = torch.tensor([L, 1])
     example = torch.full((2, L), UNK_ID, dtype=torch.long)  # any ids: only shapes matter
     batch = torch.export.Dim("B")
-    with quiet_onnx_registry(), torch.no_grad():
-        program = torch.onnx.export(
+    with torch.no_grad():
+        program = onnx_export(
             decoder,
             (example, example_lens),
             input_names=["letters", "valid_lens"],
             output_names=["phonemes"],
             dynamic_shapes=({0: batch}, {0: batch}),
-            dynamo=True,
-            external_data=False,
-            verbose=False,
         )
-    assert program is not None
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key = METADATA_KEY

@@ -26,13 +26,9 @@ def words_figure(
     atts: Sequence[torch.Tensor],
     title: str | None = None,
 ) -> Figure:
-    """One figure, one heatmap panel per word: phonemes (and ``</s>``) down, letters across.
-
-    Args:
-        words: the words (letters on the x axis).
-        prons: per word its decoded phonemes.
-        atts: per word its (len(pron) + 1, len(word)) float attention weights.
-        title: figure title (e.g. the scorer's name).
+    """One figure, one heatmap panel per word: its decoded phonemes ``prons`` (and
+    ``</s>``) down, its letters across, coloured by its (len(pron) + 1, len(word)) float
+    attention weights ``atts``; ``title`` above (e.g. the scorer's name).
 
     Raises:
         ValueError: lists of different lengths, or weights of the wrong shape.
@@ -76,12 +72,9 @@ def words_figure(
 def alignments_figure(
     mats: Sequence[torch.Tensor], titles: Sequence[str], word: str, pron: Sequence[str]
 ) -> Figure:
-    """The attention of one word under several models side by side (one panel per title).
-
-    Args:
-        mats: per model the (len(pron) + 1, len(word)) float weights.
-        titles: per model its panel title (the scorer's name).
-    """
+    """The attention of one word under several models side by side: per model its
+    (len(pron) + 1, len(word)) float weights ``mats`` and its panel title ``titles`` (the
+    scorer's name)."""
     return show_heatmaps(
         torch.stack([m.float().cpu() for m in mats])[None],
         xlabel="letters",
@@ -94,12 +87,8 @@ def alignments_figure(
 
 
 def comparison_figure(rows: Sequence[dict[str, Any]]) -> Figure:
-    """Bar chart of test PER and WER (beam search) per scorer: mean with ± std error bars.
-
-    Args:
-        rows: as made by :func:`attnscore.g2p.compare.summarize` (keys ``scoring``,
-            ``per_beam``/``wer_beam`` each with ``mean`` and ``std``).
-    """
+    """Bar chart of test PER and WER (beam search) per scorer, mean with ± std error bars, of
+    the ``rows`` of :func:`attnscore.g2p.compare.summarize`."""
     from matplotlib.figure import Figure
 
     names = [r["scoring"] for r in rows]
@@ -118,11 +107,9 @@ def attention_figure(runs: Mapping[str, Sequence[Sequence[AttentionStats]]]) -> 
     """The attention's score spread, entropy and peak weight along training, per scorer.
 
     One line per scorer: the mean over its runs (seeds) at each recorded step, with the
-    runs' range shaded; the steps are those every run of the scorer recorded.
-
-    Args:
-        runs: scorer label -> one :class:`~attnscore.g2p.state.AttentionStats` list per run
-            (as in ``summary.json``'s ``attention``).
+    runs' range shaded; the steps are those every run of the scorer recorded. ``runs``:
+    scorer label -> one :class:`~attnscore.g2p.state.AttentionStats` list per run (as in
+    ``summary.json``'s ``attention``).
     """
     from matplotlib.figure import Figure
 

@@ -8,18 +8,10 @@ from .config import TrainConfig
 
 
 def lr_at(cfg: TrainConfig, step: int, total: int) -> float:
-    """Learning rate of optimizer step ``step`` (0-based) of ``total``.
+    """Learning rate of optimizer step ``step`` (0-based) of a budget of ``total`` steps.
 
     Linear warm-up over ``cfg.warmup_steps``, then cosine decay from ``cfg.lr`` to
     ``cfg.lr * cfg.lr_min_ratio`` at the last step.
-
-    Args:
-        cfg: the peak rate, the warm-up steps and the floor ratio.
-        step: the step, 0-based.
-        total: the step budget the schedule spans.
-
-    Returns:
-        The learning rate.
 
     >>> cfg = TrainConfig(lr=1.0, lr_min_ratio=0.1, warmup_steps=2)
     >>> [round(lr_at(cfg, s, 5), 3) for s in range(5)]

@@ -74,14 +74,8 @@ class TrainState(Record):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainState:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored.
-
-        Args:
-            d: the fields by name (``history`` and ``attention`` as lists of dicts; a state
-                saved before ``attention`` existed has none).
-
-        Returns:
-            The state.
+        """Inverse of :meth:`to_dict` (``history`` and ``attention`` as lists of dicts; a
+        state saved before ``attention`` existed has none); unknown keys are ignored.
 
         >>> TrainState.from_dict(TrainState(step=3).to_dict()).step
         3

@@ -19,37 +19,25 @@ from .model import G2PModel
 
 
 def build_model(cfg: TrainConfig, data: Data) -> G2PModel:
-    """The model of a run, freshly initialised.
-
-    Args:
-        cfg: the run's configuration (its ``model``).
-        data: the run's data (its vocabulary sizes).
-
-    Returns:
-        The model of ``cfg.model`` for the vocabularies of ``data``, on the CPU.
-    """
+    """The model of ``cfg.model`` for the vocabularies of ``data``, freshly initialised, on
+    the CPU."""
     return G2PModel(cfg.model, len(data.letters), len(data.phones))
 
 
 class Stepper:
     """The model, optimizer and loss of one training process, and the steps it takes.
 
-    Args:
-        cfg: the run's configuration (model, device, precision, label smoothing, clipping).
-        data: the run's data.
-        rank: this process's index.
-        world_size: the number of processes; above 1 the model is wrapped in DDP.
-
-    Attributes:
-        model: the model (unwrapped: what checkpoints store).
-        optimizer: PyTorch's Adam (fused on CPU and CUDA).
+    ``cfg`` gives the model, device, precision, label smoothing and clipping; with a
+    ``world_size`` above 1 the model is wrapped in DDP, ``rank`` being this process's index.
+    ``model`` is the unwrapped model (what checkpoints store), ``optimizer`` PyTorch's Adam
+    (fused on CPU and CUDA).
     """
 
     def __init__(self, cfg: TrainConfig, data: Data, rank: int, world_size: int) -> None:
         self.cfg, self.data, self.rank, self.world_size = cfg, data, rank, world_size
         self.device = torch.device(cfg.device)
         self.model = build_model(cfg, data).to(self.device)
-        # PyTorch's fused Adam: about 5% off a CPU step here (docs/g2p.md, item 4).
+        # PyTorch's fused Adam takes less time per step (docs/g2p.md, item 4).
         fused = self.device.type in ("cpu", "cuda")
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, fused=fused)
         self.wrapped: nn.Module = self.model
@@ -60,16 +48,9 @@ class Stepper:
         )
 
     def step(self, idx: list[int], lr: float) -> tuple[int, float]:
-        """One optimizer step on the global batch ``idx`` at learning rate ``lr``.
-
-        Args:
-            idx: indices into ``data.train_pairs`` (the global batch, all processes).
-            lr: the learning rate of this step.
-
-        Returns:
-            ``(global target tokens, loss)``: the loss is this process's mean token loss
-            (label smoothing included).
-        """
+        """One optimizer step at learning rate ``lr`` on the global batch ``idx`` (indices into
+        ``data.train_pairs``, for all processes); returns ``(global target tokens, loss)``,
+        the loss being this process's mean token loss (label smoothing included)."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         examples = [self.data.train_pairs[i] for i in idx]

@@ -80,13 +80,8 @@ class RunSummary(Record):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored.
-
-        Args:
-            d: what :meth:`to_dict` gave (as read from ``summary.json``).
-
-        Returns:
-            The summary.
+        """Inverse of :meth:`to_dict` (as read from ``summary.json``); unknown keys are
+        ignored.
 
         Raises:
             KeyError: a field is missing.
@@ -102,22 +97,12 @@ class RunSummary(Record):
         )
 
     def write(self, run: Path) -> None:
-        """Write ``run/summary.json``.
-
-        Args:
-            run: the run folder (it exists).
-        """
+        """Write ``run/summary.json`` into the run folder ``run`` (it exists)."""
         (Path(run) / SUMMARY_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def read(cls, run: Path) -> RunSummary:
-        """The summary of a finished run folder.
-
-        Args:
-            run: the run folder.
-
-        Returns:
-            Its ``summary.json``.
+        """The summary of a finished run folder ``run``: its ``summary.json``.
 
         Raises:
             FileNotFoundError: ``run`` has no ``summary.json`` (not a finished run).

@@ -1,12 +1,8 @@
 """Training a G2P model: in this process, under torchrun, or in several spawned processes.
 
 :func:`train` is the entry point (``attnscore g2p train``); :func:`run_training` is one
-process's share. The parts, one job each: :mod:`.dataset` (the data), :mod:`.budget` (a
-time budget turned into steps), :mod:`.stepper` (one optimizer step, DDP sharding),
-:mod:`.schedule` (the learning rate), :mod:`.loop` (the loop, validation, checkpoints,
-weight averaging), :mod:`.distributed` (process group, spawning), :mod:`.summary` (what the
-run reports); glibc keeps freed memory while training
-(:func:`attnscore._memory.keep_freed_memory`).
+process's share (the parts it runs are listed in :mod:`attnscore.g2p`). glibc keeps freed
+memory while training (:func:`attnscore._memory.keep_freed_memory`).
 """
 
 from __future__ import annotations
@@ -34,19 +30,13 @@ def run_training(
     init_method: str | None = None,
     resume: bool = False,
 ) -> RunSummary:
-    """Train (or resume) one process of a run; the summary also written to ``out/summary.json``.
+    """Train (or resume) process ``rank`` of ``world_size`` (above 1: DDP on gloo, joined at
+    ``init_method``, default ``env://``) of a run; return its summary, which the main
+    process also writes to ``out/summary.json``.
 
-    Args:
-        cfg: the run's configuration; ``cfg.steps`` is the budget (or ``cfg.time_budget``
-            minutes, turned into steps once by
-            :func:`~attnscore.g2p.budget.steps_for_time_budget`).
-        rank: this process's index.
-        world_size: the number of processes; above 1 DDP on gloo.
-        init_method: ``torch.distributed`` rendezvous URL (default ``env://`` as torchrun sets).
-        resume: continue from ``out/last.pt`` if it exists (its configuration and budget).
-
-    Returns:
-        The run's summary (written by the main process only).
+    The budget is ``cfg.steps``, or ``cfg.time_budget`` minutes turned into steps once by
+    :func:`~attnscore.g2p.budget.steps_for_time_budget`. ``resume`` continues from
+    ``out/last.pt`` if it exists (with its configuration and budget).
 
     Raises:
         ValueError: no budget, or data that cannot be trained on.
@@ -101,14 +91,9 @@ def _worker(rank: int, init_method: str, cfg: TrainConfig, nprocs: int, resume: 
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> RunSummary | None:
-    """Train as configured: in this process, under torchrun, or in ``cfg.nprocs`` processes.
-
-    Args:
-        cfg: the run's configuration.
-        resume: continue from ``cfg.out/last.pt`` if it exists.
-
-    Returns:
-        The summary on the main process, None on the other torchrun ranks.
+    """Train as configured: in this process, under torchrun, or in ``cfg.nprocs`` processes;
+    ``resume`` continues from ``cfg.out/last.pt`` if it exists. Returns the summary on the
+    main process, None on the other torchrun ranks.
 
     Raises:
         ValueError: as :func:`run_training`.

@@ -143,13 +143,11 @@ def export_program(
     """``torch.export.export`` a model called as ``model(queries, keys, values[,
     valid_lens])``, with dynamic batch, query and key sizes, in eval mode.
 
-    A convenience over the standard route, which works as well on any model that holds
-    attnscore modules (``torch.export.export(model, args, dynamic_shapes=...)``): this adds
-    the dynamic sizes of the attention legend (:func:`dynamic_shapes`), checks of the
-    example, and eval mode. The program computes what ``module.eval()(*example_inputs)``
-    computes, at any B, n and m (``dynamic=True``), in plain PyTorch operators (attnscore's
-    kernels run their plain formulations while exporting), so loading and running it needs
-    torch only. Save it with ``torch.export.save(program, "attention.pt2")``; run
+    Over the standard route (see the module) this adds the dynamic sizes of the legend
+    (:func:`dynamic_shapes`), checks of the example, and eval mode. The program computes
+    what ``module.eval()(*example_inputs)`` computes, at any B, n and m (``dynamic=True``),
+    in plain PyTorch operators, so running it needs torch only. Save it with
+    ``torch.export.save(program, "attention.pt2")``; run
     ``torch.export.load(path).module()(q, k, v, valid_lens)``.
 
     Args:
@@ -197,17 +195,21 @@ def export_program(
         return torch.export.export(module, inputs, dynamic_shapes=shapes)
 
 
-@contextlib.contextmanager
-def quiet_onnx_registry() -> Iterator[None]:
-    """Silence, for the block, the exporter's warning on every export that torchvision's
-    ops have no ONNX translation (errors still show)."""
+def onnx_export(model: Any, args: tuple[Any, ...] = (), **options: Any) -> ONNXProgram:
+    """``torch.onnx.export(model, args, dynamo=True, **options)`` as one in-memory model,
+    without the exporter's warning on every export that torchvision's ops have no ONNX
+    translation (errors still show)."""
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
     registration.setLevel(logging.ERROR)
     try:
-        yield
+        program = torch.onnx.export(
+            model, args, dynamo=True, external_data=False, verbose=False, **options
+        )
     finally:
         registration.setLevel(level)
+    assert program is not None
+    return program
 
 
 def _require_onnx() -> None:
@@ -231,8 +233,6 @@ def export_onnx(
     """Export a model called as ``model(queries, keys, values[, valid_lens])`` to ONNX
     (``torch.onnx.export(..., dynamo=True)``).
 
-    A convenience over the standard route, which works as well on any model that holds
-    attnscore modules (``torch.onnx.export(model, args, dynamic_shapes=..., dynamo=True)``).
     The model is :func:`export_program`'s program in ONNX operators: inputs named
     ``queries``, ``keys``, ``values`` (and ``valid_lens``, int64) with dynamic dimensions
     ``B``, ``n`` and ``m``; output ``output``. ONNX Runtime runs it without torch or
@@ -270,16 +270,7 @@ def export_onnx(
     _require_onnx()
     program = export_program(module, example_inputs, dynamic=dynamic)
     names = list(INPUT_NAMES[: len(program.example_inputs[0])])
-    with quiet_onnx_registry():
-        onnx_program = torch.onnx.export(
-            program,
-            input_names=names,
-            output_names=list(OUTPUT_NAMES),
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
-    assert onnx_program is not None
+    onnx_program = onnx_export(program, input_names=names, output_names=list(OUTPUT_NAMES))
     if dynamic:  # the legend's names, not the tracer's (s23, ...)
         inputs = onnx_program.model.graph.inputs
         q_shape, k_shape = inputs[0].shape, inputs[1].shape
