@@ -56,7 +56,6 @@ __all__ = [
     "WeightsFn",
     "attend",
     "dot_weights_later",
-    "finish",
     "fused_dot_product",
     "owned",
     "owned_mask",
@@ -129,17 +128,7 @@ def prepare(
     check_keywords(masks, MASK_NAMES, "forward")  # the functional forms check theirs first
     q, k, v = check_attention_inputs(queries, keys, values, same_feature_size=same_feature_size)
     *batch, n, _ = q.shape
-    m = k.shape[-2]
-    mask = build_mask(
-        torch.Size(batch),
-        n,
-        m,
-        q.device,
-        valid_lens=valid_lens,
-        query_valid_lens=masks.get("query_valid_lens"),
-        attend_mask=masks.get("attend_mask"),
-        causal=masks.get("causal", False),
-    )
+    mask = build_mask(torch.Size(batch), n, k.shape[-2], q.device, valid_lens=valid_lens, **masks)
     return Prepared(q, k, v, mask)
 
 
@@ -170,9 +159,8 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         assert dense is not None
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
-    # Off the CPU a look would cost a device sync, and small calls zero without looking:
-    # the looks cost more than the copies. Traced code never looks (and compares no sizes,
-    # which would hold an exported program to them).
+    # Traced code never looks (and compares no sizes, which would hold an exported program
+    # to them).
     look = (
         q.device.type == "cpu"
         and not in_transform(q)
@@ -246,14 +234,6 @@ def attend(
     return output, ComputedWeights(weights)
 
 
-def finish(
-    result: tuple[Tensor, WeightsFn], return_weights: bool
-) -> Tensor | tuple[Tensor, Tensor]:
-    """(output) or (output, weights) from :func:`attend`'s result."""
-    output, weights_fn = result
-    return (output, weights_fn()) if return_weights else output
-
-
 def _not_kept() -> Tensor:
     """The weights function of a fused call made with ``weights=False``."""
     raise RuntimeError("this call kept nothing to compute its attention weights from")
@@ -276,11 +256,10 @@ def fused_dot_product(
 
     ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
-    of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
-    than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
-    mask, no dropout); elsewhere they decline. While ``torch.export`` traces, every call is
-    declined (:func:`attnscore.kernels._attention.declines`). In training the padding is
-    made inert once the call is taken (the projections' gradients read it).
+    of those, with ``scale`` 1, where a kernel of the device skips work or is faster than
+    their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean mask,
+    no dropout); elsewhere they decline. In training the padding is made inert once the
+    call is taken (the projections' gradients read it).
 
     ``factor``: a softmax-like normalizer's factor on the scores
     (:func:`attnscore.normalizers.score_factor`), folded into the scale (and the score
@@ -311,8 +290,7 @@ def fused_dot_product(
             if not weights:
                 return out, _not_kept
             bias = None if score_bias is None else owned(score_bias)
-            later = dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
-            return out, later
+            return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             return None
 

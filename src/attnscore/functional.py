@@ -38,7 +38,6 @@ from ._engine import (
     Prepared,
     Scoring,
     attend,
-    finish,
     prepare,
 )
 from ._habits import check_keywords
@@ -279,7 +278,7 @@ def _attend(
     score_bias = options.get("score_bias")
     if score_bias is not None:
         score_bias = check_score_bias(score_bias, prepared.queries, prepared.keys.shape[-2])
-    result = attend(
+    output, weights = attend(
         prepared,
         scoring,
         dropout_p=options.get("dropout_p", 0.0),
@@ -287,7 +286,7 @@ def _attend(
         fused=None if return_weights else fused,
         score_bias=score_bias,
     )
-    return finish(result, return_weights)
+    return (output, weights()) if return_weights else output
 
 
 # Signature alike in shape to dot_product_attention's (`duplicates`): one pooling API, on purpose.
@@ -328,16 +327,7 @@ def additive_attention(
     """
     w_v = w_v.reshape(1, -1) if isinstance(w_v, Tensor) and w_v.ndim == 1 else w_v
     params = {"W_q": W_q, "W_k": W_k, "w_v": w_v}
-    return _pool(
-        _ADDITIVE,
-        queries,
-        keys,
-        values,
-        valid_lens,
-        params,
-        options,
-        bias=bias,
-    )
+    return _pool(_ADDITIVE, queries, keys, values, valid_lens, params, options, bias=bias)
 
 
 @_pooling
@@ -370,15 +360,7 @@ def dot_product_attention(
     >>> w[0, 0, 2:].abs().sum().item()
     0.0
     """
-    return _pool(
-        _dot_product(scale),
-        queries,
-        keys,
-        values,
-        valid_lens,
-        None,
-        options,
-    )
+    return _pool(_dot_product(scale), queries, keys, values, valid_lens, None, options)
 
 
 @_pooling
@@ -409,15 +391,7 @@ def general_attention(
     >>> general_attention(q, k, v, torch.randn(3, 5), torch.tensor([1, 4])).shape
     torch.Size([2, 1, 6])
     """
-    return _pool(
-        _GENERAL,
-        queries,
-        keys,
-        values,
-        valid_lens,
-        {"W_a": W_a},
-        options,
-    )
+    return _pool(_GENERAL, queries, keys, values, valid_lens, {"W_a": W_a}, options)
 
 
 @_pooling

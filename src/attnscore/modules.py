@@ -70,26 +70,6 @@ def _check_size(value: object, name: str, *, optional: bool = False) -> int | No
     return value
 
 
-def _check_features(expected: int, name: str, x: Tensor, size_name: str) -> None:
-    """Name the argument when its feature size disagrees with a parameter built for another."""
-    if x.shape[-1] != expected:
-        raise ValueError(
-            f"Expected `{name}` with last dimension {size_name}={expected}, but got shape "
-            f"{tuple(x.shape)} instead."
-        )
-
-
-def _check_dtype(parameter: Tensor, queries: Tensor) -> None:
-    """Name the inputs' dtype when it is not the module's (outside autocast, where PyTorch
-    would fail inside a matrix product)."""
-    if parameter.dtype != queries.dtype and not torch.is_autocast_enabled(queries.device.type):
-        raise TypeError(
-            f"Expected `queries`, `keys` and `values` of the module's dtype {parameter.dtype} "
-            f"(its parameters'), but got {queries.dtype} instead: convert the module with "
-            f"`.to({queries.dtype})` or the inputs with `.to({parameter.dtype})`."
-        )
-
-
 _INPUT_SIZES = ("query_size", "key_size")  # the sizes the first call's inputs tell
 
 
@@ -102,19 +82,15 @@ class Attention(nn.Module):
     """Attention pooling with any scoring function.
 
     ``forward(queries, keys, values, valid_lens=None, *, return_weights=False, **masks)``
-    returns
-    ``dropout(normalizer(scores, mask)) @ values`` with queries (..., n, q), keys
-    (..., m, k), values (..., m, v) -> output (..., n, v).
-    Dropout acts on the weights in training mode only.
+    returns ``dropout(normalizer(scores, mask)) @ values``: queries (..., n, q), keys
+    (..., m, k), values (..., m, v) -> output (..., n, v); dropout in training mode only.
 
-    After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
-    before dropout (rows sum to 1 over the keys they may attend; rows with no such key are
-    zero). They are detached (for inspection), and on fast paths computed on first access,
-    from copies the call made of what they need (queries and keys, or their projections,
-    and the masks): later in-place changes of the inputs do not reach them, and the module
-    keeps none of the caller's tensors. With several threads calling one module, it is the
-    last call's (the outputs are each call's own: ``forward`` keeps no other state; the
-    functional forms keep none).
+    After each call, :attr:`attention_weights` holds that call's (..., n, m) weights before
+    dropout (rows sum to 1 over the keys they may attend, or are zero without any),
+    detached; fast paths compute them on first access, from copies the call made of what
+    they need, so later in-place changes of the inputs do not reach them and the module
+    keeps none of the caller's tensors. With several threads calling one module, they are
+    the last call's (``forward`` keeps no other state).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function
@@ -154,10 +130,8 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(dropout))
         get_normalizer(normalizer)  # fail at construction, not at the first call
         self.normalizer = normalizer
-        # The last call's weights: a tensor once computed, or the function computing them
-        # (fast paths compute them only when asked, from copies the call owns), or None
-        # before any call. One attribute, replaced whole, so that concurrent calls never mix
-        # two calls' halves.
+        # The last call's weights, or the function computing them (fast paths), or None: one
+        # attribute, replaced whole, so that concurrent calls never mix two calls' halves.
         self._weights: Tensor | WeightsFn | None = None
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
@@ -215,22 +189,19 @@ class Attention(nn.Module):
             ValueError: inconsistent shapes (or feature sizes unlike the parameters'),
                 negative or fractional lengths, masks of the wrong shape or device.
         """
-        # The previous call's weights go first, so that this call's buffers can take their
-        # memory (kept until the next call, they cost a cache's worth of speed otherwise).
+        # The previous call's weights go first, so that this call's buffers can reuse memory.
         self.__dict__["_weights"] = None
+        taken = None
         if valid_lens is not None and not masks and not return_weights:
             # a small call by key lengths may run whole in one step
             taken = self._small(queries, keys, values, valid_lens)
-            if taken is not None:
-                output, self.__dict__["_weights"] = taken
-                return output
         elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
             # so may a call with nothing padded (causal masking alone, or no mask)
             causal = masks.get("causal", False)
             taken = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
-            if taken is not None:
-                output, self.__dict__["_weights"] = taken
-                return output
+        if taken is not None:
+            output, self.__dict__["_weights"] = taken
+            return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
@@ -239,9 +210,9 @@ class Attention(nn.Module):
             weights = weights_fn()
             self.__dict__["_weights"] = weights.detach()
             return output, weights
-        # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call. Weights
-        # the plain path computed are kept detached: their graph holds the caller's tensors
-        # (in a function still: a tensor attribute set while exporting draws a warning).
+        # Straight into __dict__ (nn.Module.__setattr__ is slow). Plain-path weights are kept
+        # detached (their graph holds the caller's tensors), in a function still: a tensor
+        # attribute set while exporting draws a warning.
         if type(weights_fn) is ComputedWeights:
             weights_fn = ComputedWeights(weights_fn.weights.detach())
         self.__dict__["_weights"] = weights_fn
@@ -252,17 +223,13 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """The output and weights (or a weights function over copies the call owns) of a
         small call by key lengths alone, run whole by a fast path that takes the arguments
-        unchecked and declines (None) what it does not take; a scorer without such a path:
-        None."""
+        unchecked; None where it declines (or a scorer has no such path)."""
         return None
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """The output and weights (or a weights function over copies the call owns) of a
-        call with nothing padded (no mask, or causal masking alone), run whole by a fast
-        path that takes the arguments unchecked and declines (None) what it does not take;
-        a scorer without such a path: None."""
+        """As :meth:`_small`, for a call with nothing padded (no mask, or causal alone)."""
         return None
 
     def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
@@ -292,8 +259,7 @@ class Attention(nn.Module):
         return self.__dict__.copy()
 
     def extra_repr(self) -> str:
-        extra = f"normalizer={self.normalizer!r}" if self.normalizer != "softmax" else ""
-        return extra
+        return f"normalizer={self.normalizer!r}" if self.normalizer != "softmax" else ""
 
 
 class ScorerAttention(Attention):
@@ -376,17 +342,17 @@ class ScorerAttention(Attention):
         >>> ScorerAttention("cosine").parameters_by_name()["log_scale"].exp().round()
         tensor(10., grad_fn=<RoundBackward0>)
         """
-        tensors: dict[str, Tensor] = {}
-        for param in self.spec.params:
-            if param.is_matrix:
-                tensors[param.name] = _held(_submodule(self, param.name), "weight")
-            else:
-                tensors[param.name] = _held(self, param.name)
-        return tensors
+        return {
+            p.name: _held(_submodule(self, p.name), "weight")
+            if p.is_matrix
+            else _held(self, p.name)
+            for p in self.spec.params
+        }
 
     def check_features(self, queries: Tensor, keys: Tensor) -> None:
-        """Name the argument whose feature size differs from the parameters' sizes, and
-        materialise matrices whose input size waited for the first call."""
+        """Name the argument whose feature size or dtype differs from the parameters' (where
+        PyTorch would fail inside a matrix product; autocast casts dtypes), and materialise
+        matrices whose input size waited for the first call."""
         inputs = {"query_size": ("queries", queries), "key_size": ("keys", keys)}
         for param in self.spec.params:
             if not param.is_matrix:
@@ -394,10 +360,20 @@ class ScorerAttention(Attention):
             linear = getattr(self, param.name)
             if _is_lazy(linear) and param.shape[1] in inputs:
                 linear(inputs[str(param.shape[1])][1][..., :1, :])  # in: the first call's
-            for size_name, expected in zip(param.shape, linear.weight.shape, strict=True):
-                if size_name in inputs:
-                    _check_features(expected, *inputs[str(size_name)], str(size_name))
-            _check_dtype(linear.weight, queries)
+            weight = linear.weight
+            for size_name, expected in zip(param.shape, weight.shape, strict=True):
+                name, x = inputs.get(str(size_name), ("", None))
+                if x is not None and x.shape[-1] != expected:
+                    raise ValueError(
+                        f"Expected `{name}` with last dimension {size_name}={expected}, but got "
+                        f"shape {tuple(x.shape)} instead."
+                    )
+            if weight.dtype != queries.dtype and not torch.is_autocast_enabled(queries.device.type):
+                raise TypeError(
+                    f"Expected `queries`, `keys` and `values` of the module's dtype {weight.dtype} "
+                    f"(its parameters'), but got {queries.dtype} instead: convert the module with "
+                    f"`.to({queries.dtype})` or the inputs with `.to({weight.dtype})`."
+                )
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)
@@ -455,8 +431,7 @@ class ScorerAttention(Attention):
         if projection is unprojected:
             scale = self._dot_scale()
             return None, default_scale(queries.shape[-1]) if scale is None else scale
-        # One pass over the parameters (this runs on every call of a small lane): each made,
-        # on the queries' device, matrices of their dtype, of the sizes of q and k.
+        # One pass over the parameters: a small lane runs this on every call.
         grad = small and torch.is_grad_enabled()
         sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
         params: dict[str, Tensor] = {}
@@ -655,11 +630,9 @@ class AdditiveAttention(ScorerAttention):
             or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
         ):
             return None
-        hidden = self.w_v.in_features
-        taken = small_additive_attention(
-            queries, keys, values, valid_lens, hidden, self._projections
+        return small_additive_attention(
+            queries, keys, values, valid_lens, self.w_v.in_features, self._projections
         )
-        return taken  # the pass wrote the weights it used
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.
@@ -763,9 +736,8 @@ def _weights_later(
 
 def _held(module: nn.Module, name: str) -> Tensor:
     """``module.<name>``, a tensor it holds (parameter or buffer), read from where
-    ``nn.Module`` keeps it: its attribute lookup costs a microsecond per level, as much as
-    the rest of a mid-size call's checks. Anything else held under that name (a
-    parametrization, a plain attribute) through the lookup."""
+    ``nn.Module`` keeps it, past its attribute lookup (slow for a fast lane's every call);
+    anything else held under that name (a parametrization, ...) through the lookup."""
     held: Tensor | None = module._parameters.get(name)
     if held is None:
         held = module._buffers.get(name)

@@ -56,12 +56,11 @@ class MultiHeadAttention(nn.Module):
         value_size: v (default ``key_size``, as ``vdim``).
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
-    **masks)`` -> (B, n, E); batch-first always (``nn.MultiheadAttention``'s
-    ``batch_first=True``).
-    ``valid_lens`` (B,) or (B, n) applies to every head; ``attend_mask`` (bool, True = may
-    attend) may be (n, m), (B, n, m) or (B, H, n, m). :attr:`attention_weights` is
-    (B, H, n, m), the last call's, before dropout; rows with no valid key are zero.
-    :meth:`from_torch` and :meth:`to_torch` convert from and to ``nn.MultiheadAttention``.
+    **masks)`` -> (B, n, E), batch-first always (``nn.MultiheadAttention``'s
+    ``batch_first=True``); masks apply to every head (see :meth:`forward`).
+    :attr:`attention_weights` is (B, H, n, m), the last call's, before dropout; rows with
+    no valid key are zero. :meth:`from_torch` and :meth:`to_torch` convert from and to
+    ``nn.MultiheadAttention``.
 
     Raises:
         ValueError: ``num_hiddens`` not a multiple of ``num_heads``, sizes that are not
@@ -95,11 +94,9 @@ class MultiHeadAttention(nn.Module):
         value_size: int | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
-            _check_size(value, name)
-        for name, size in (("query_size", query_size), ("key_size", key_size)):
-            _check_size(size, name, optional=True)
-        _check_size(value_size, "value_size", optional=True)
+        inputs = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
+        for name, size in {"num_hiddens": num_hiddens, "num_heads": num_heads, **inputs}.items():
+            _check_size(size, name, optional=name in inputs)
         if num_hiddens % num_heads:
             raise ValueError(
                 f"Expected `num_hiddens` to be a multiple of `num_heads` ({num_heads}), but got "
@@ -234,7 +231,7 @@ class MultiHeadAttention(nn.Module):
         attention = self.attention
         scaled = type(attention) is DotProductAttention and attention.scale in (
             None,
-            default_scale(self._head_size()),
+            default_scale(int(self.W_o.out_features) // self.num_heads),
         )
         if not scaled or attention.normalizer != "softmax":
             raise ValueError(
@@ -288,9 +285,6 @@ class MultiHeadAttention(nn.Module):
                 theirs.in_proj_bias.copy_(torch.cat([linear.bias for linear in linears[:3]]))
                 theirs.out_proj.bias.copy_(self.W_o.bias)
         return theirs.train(self.training)
-
-    def _head_size(self) -> int:
-        return int(self.W_o.out_features) // self.num_heads
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(B, n, E) -> (B, H, n, E/H)."""
