@@ -137,13 +137,11 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     may attend no key) that hold NaN or inf, so that 0 * NaN cannot carry garbage stored
     there into outputs, weights or gradients of the plain pipeline.
 
-    Values always (the weighted sum multiplies them by zero weights); keys and queries only
-    when ``keys_and_queries``: their garbage reaches nothing but gradients (a score at a
-    masked position is never read by the normalizers), so without gradients the copies
-    are saved. On the CPU nothing is copied unless some padding is not finite (finite
-    garbage is harmless: it meets exact zeros); elsewhere, where looking would cost a sync,
-    and in small calls (fewer than ``LOOK_NUMEL`` elements in queries, keys and values
-    together), padding is zeroed unconditionally.
+    Values always; keys and queries only when ``keys_and_queries`` (their garbage reaches
+    gradients only: normalizers never read a masked score). On the CPU nothing is copied
+    unless some padding is not finite (finite garbage meets exact zeros); off the CPU (a
+    look would cost a sync) and in calls of fewer than ``LOOK_NUMEL`` elements (queries,
+    keys and values together), padding is zeroed unconditionally.
     """
     mask = prepared.mask
     if mask.unmasked:
@@ -196,19 +194,13 @@ def attend(
 ) -> tuple[Tensor, WeightsFn]:
     """Run the pipeline on prepared inputs; return the output and a weights function.
 
-    ``score_bias`` (floating, broadcastable to the scores (..., n, m), checked by the
-    caller: :func:`attnscore._checks.check_score_bias`) is added to the scores before the
-    normalizer, as SDPA adds a float ``attn_mask``; the mask then decides which keys may be
-    attended (masked scores are filled whatever the bias holds there).
-
-    The weights function returns the (..., n, m) attention weights taken before dropout:
-    on the plain path the tensor already computed (a :class:`ComputedWeights`), on a fused
-    path a recomputation from copies the call owns (so the weights exist only if someone
-    asks for them; see :func:`dot_weights_later`).
-
-    ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`)
-    and must have been made for the normalizer's factor (``fused_dot_product(...,
-    factor=)``).
+    ``score_bias`` (checked by :func:`attnscore._checks.check_score_bias`) is added to the
+    scores before the normalizer, as SDPA adds a float ``attn_mask``; the mask still decides
+    which keys may be attended. The weights function returns the (..., n, m) weights before
+    dropout: the plain path's tensor (:class:`ComputedWeights`), or a fused path's
+    recomputation from copies the call owns, only if asked (:func:`dot_weights_later`).
+    ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`),
+    made for the normalizer's factor (``fused_dot_product(..., factor=)``).
     """
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
@@ -279,8 +271,7 @@ def fused_dot_product(
     ) -> tuple[Tensor, WeightsFn] | None:
         if _attention.declines(q, k, v):
             return None
-        d = q.shape[-1]
-        scale_ = (default_scale(d) if scale is None else scale) * factor
+        scale_ = (default_scale(q.shape[-1]) if scale is None else scale) * factor
         if score_bias is not None and factor != 1.0:
             score_bias = score_bias * factor
         if project is None:
@@ -314,10 +305,9 @@ def fused_dot_product(
 
 
 class ComputedWeights:
-    """The weights function of a call that computed its weights (the plain path): returns
-    them. A caller keeping the weights past the call (a module's ``attention_weights``) reads
-    :attr:`weights` and keeps them detached: their autograd graph holds the caller's
-    tensors."""
+    """The weights function of the plain path, which computed them. A caller keeping them
+    past the call (``attention_weights``) keeps :attr:`weights` detached: their autograd
+    graph holds the caller's tensors."""
 
     __slots__ = ("weights",)
 
@@ -366,21 +356,18 @@ class KeptProjections:
         self.kept: tuple[Tensor, Tensor] | None = None
 
     def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        projected = self.project(q, k)
-        self.kept = projected
+        self.kept = projected = self.project(q, k)
         return projected
 
     def owned(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The projections the call made from ``queries`` and ``keys`` (the caller's), or
-        them (where the path projected nothing) as the call owns them: detached; copied
-        (:func:`owned`) where they share memory with the caller's (a projection that
-        returns its input, or a view of it). Where the path did not project, the projections
-        of copies of ``queries`` and ``keys``."""
+        """The projections the call made from the caller's ``queries`` and ``keys``, as the
+        call owns them: detached, copied (:func:`owned`) where they share memory with the
+        caller's (a projection returning its input or a view of it); where the path did not
+        project, the projections of copies of ``queries`` and ``keys``."""
         kept, self.kept = self.kept, None
         if kept is None:
             with torch.no_grad():
-                qp, kp = self.project(owned(queries), owned(keys))
-            return qp, kp
+                return self.project(owned(queries), owned(keys))
         qp, kp = kept
         return _owned_unless_new(qp, queries, keys), _owned_unless_new(kp, queries, keys)
 

@@ -345,16 +345,13 @@ def _cosine_projection(queries: Tensor, keys: Tensor, log_scale: Tensor) -> tupl
 
 
 register_scorer(
-    "additive",
-    additive_scores,
+    "additive", additive_scores, formula="w_vᵀ tanh(W_q q + W_k k)",
+    source="Bahdanau et al. 2015, eq. A.1.2",
     params=(  # in the textbook's order, which parameters() and optimizer states keep
-        Param("W_k", ("num_hiddens", "key_size")),
-        Param("W_q", ("num_hiddens", "query_size")),
+        Param("W_k", ("num_hiddens", "key_size")), Param("W_q", ("num_hiddens", "query_size")),
         Param("w_v", (1, "num_hiddens")),
     ),
-    formula="w_vᵀ tanh(W_q q + W_k k)",
-    source="Bahdanau et al. 2015, eq. A.1.2",
-)
+)  # fmt: skip
 register_scorer(
     "dot", partial(dot_product_scores, scale=1.0), projection=unprojected, formula="qᵀk",
     source='Luong et al. 2015, eq. 8 "dot"', same_feature_size=True,
@@ -376,11 +373,7 @@ register_scorer(
     projection=_general_projection, scale=None,
 )  # fmt: skip
 register_scorer(
-    "cosine",
-    _cosine_by_log_scale,
-    projection=_cosine_projection,
-    params=(Param("log_scale", (), init=math.log(10.0)),),
-    formula="s · cos(q, k), s learned",
-    source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
-    same_feature_size=True,
-)
+    "cosine", _cosine_by_log_scale, projection=_cosine_projection,
+    params=(Param("log_scale", (), init=math.log(10.0)),), formula="s · cos(q, k), s learned",
+    source="Liu et al. 2022 (Swin Transformer V2), eq. 2", same_feature_size=True,
+)  # fmt: skip
