@@ -39,9 +39,7 @@ except ImportError:  # pragma: no cover - a torch without it
 
 
 LOOK_NUMEL: int = value("look_numel")
-"""Tensors of at least this many elements (together) have their padding looked at (one
-read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally (a few
-``masked_fill`` calls cost less than the looking)."""
+"""The threshold ``look_numel`` (:data:`attnscore._thresholds.THRESHOLDS` says why)."""
 
 
 def in_functorch(tensor: Tensor) -> bool:
@@ -59,8 +57,7 @@ def in_transform(*tensors: Tensor) -> bool:
     tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
     if torch.compiler.is_compiling() or tracing:
         return True
-    # Plain tensors (the common case) are told apart by their exact type, without the
-    # isinstance walk: a call of a small attention costs a few microseconds per check.
+    # Plain tensors (the common case) are told apart by their exact type: no isinstance walk.
     for t in tensors:
         if (type(t) is not Tensor and isinstance(t, fake_tensor_type())) or _is_wrapped(t):
             return True
@@ -77,8 +74,7 @@ def fake_tensor_type() -> type:
 
 
 SMALL_VALUES: int = value("small_values")
-"""Integer tensors up to this many values are read into Python at once by
-:func:`value_range` (cheaper than a reduction op and its ``.item()``)."""
+"""The threshold ``small_values``, for :func:`value_range`."""
 
 
 def value_range(t: Tensor) -> tuple[int, int]:
@@ -251,10 +247,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def all_finite(t: Tensor) -> bool:
-    """Whether every value of a CPU tensor ``t`` is finite, in one reduction: its sum
-    carries any NaN or infinity (a sum of huge values that overflows says no too, which
-    only sends the caller on to :func:`bad_rows`). The common case of clean data costs
-    one pass and no mask."""
+    """Whether every value of a CPU tensor ``t`` is finite, in one reduction: its sum carries
+    any NaN or infinity (an overflowing sum of huge values says no too, which only sends the
+    caller on to :func:`bad_rows`)."""
     return math.isfinite(float(t.detach().sum()))
 
 
@@ -266,12 +261,8 @@ def garbage_in(t: Tensor, rows: Tensor) -> bool:
 
 
 def bad_rows(t: Tensor) -> Tensor:
-    """Bool (...): the rows of ``t`` (..., d) that hold a NaN or an infinity.
-
-    One read of ``t`` and an allocation of one value per row (the row sums; a sum that
-    overflows to infinity flags a row of huge values too, which is harmless: such rows are
-    then zeroed as well). What padding must be checked for: finite garbage there changes
-    nothing (multiplied by an exact zero weight or an exact zero gradient it gives 0), only
-    0 * NaN and 0 * inf are NaN.
-    """
+    """Bool (...): the rows of ``t`` (..., d) that hold a NaN or an infinity, from the row
+    sums (an overflowing sum flags a row of huge values too: harmlessly zeroed as well).
+    Finite garbage in padding changes nothing (it meets exact zeros); 0 * NaN and 0 * inf
+    are NaN."""
     return ~torch.isfinite(t.sum(dim=-1))

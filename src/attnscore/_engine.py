@@ -36,14 +36,7 @@ from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .kernels._dispatch import Projection
 from .masking import build_mask
-from .normalizers import (
-    NORMALIZERS,
-    Normalizer,
-    Softmax,
-    get_normalizer,
-    score_factor,
-    softmax,
-)
+from .normalizers import NORMALIZERS, Normalizer, Softmax, get_normalizer, score_factor, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [

@@ -437,17 +437,8 @@ def markdown() -> str:
         "|---|---|---|---|---|---|",
     ]
     for t in THRESHOLDS:
-        if t.justified_by is None:
-            justified = f"no bench row. {t.note}"
-        else:
-            justified = f"{t.justified_by}. {t.note}".strip()
-        cells = (
-            f"`{t.name}`",
-            _shown(t.value),
-            t.decides,
-            t.why,
-            t.machine or "not recorded",
-            justified,
-        )
+        justified = f"{t.justified_by or 'no bench row'}. {t.note}".strip()
+        machine = t.machine or "not recorded"
+        cells = (f"`{t.name}`", _shown(t.value), t.decides, t.why, machine, justified)
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"

@@ -31,15 +31,7 @@ from torch import Tensor
 from typing_extensions import Unpack
 
 from ._checks import check_score_bias, check_tensor
-from ._engine import (
-    MASK_NAMES,
-    FusedPath,
-    MaskOptions,
-    Prepared,
-    Scoring,
-    attend,
-    prepare,
-)
+from ._engine import MASK_NAMES, FusedPath, MaskOptions, Prepared, Scoring, attend, prepare
 from ._habits import check_keywords
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import ProjectionFunction, ScorerSpec, get_scorer, unprojected

@@ -45,11 +45,7 @@ from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import Param, ScorerSpec, get_scorer, unprojected
-from .scoring import (
-    additive_scores_from_projections,
-    default_scale,
-    dot_product_scores,
-)
+from .scoring import additive_scores_from_projections, default_scale, dot_product_scores
 
 __all__ = [
     "AdditiveAttention",
@@ -265,14 +261,13 @@ class Attention(nn.Module):
 class ScorerAttention(Attention):
     """Attention with a registered scorer: its parameters, built from the scorer's spec.
 
-    The module for every name of :func:`attnscore.scorer_names` (:func:`make_scorer` builds
-    it; the textbook's named classes below are this module for their scorer, with the
-    textbook's arguments). Each parameter of the spec (:class:`attnscore.registry.Param`)
-    becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
-    bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
-    call or by ``load_state_dict`` of a trained checkpoint), any other an
-    ``nn.Parameter``. Scores are ``spec.score(queries, keys, **parameters)``; where the
-    spec declares a projection, the fast paths of dot-product attention run it.
+    The module of every name of :func:`attnscore.scorer_names` (:func:`make_scorer` builds
+    it; the named classes below are it with the textbook's arguments). Each parameter of the
+    spec (:class:`attnscore.registry.Param`) becomes an attribute of its name: a matrix
+    (out, in) an ``nn.Linear(in, out, bias=False)`` (an ``nn.LazyLinear`` while ``in`` is
+    None, until the first call or ``load_state_dict``), any other an ``nn.Parameter``.
+    Scores are ``spec.score(queries, keys, **parameters)``; a projection the spec declares
+    runs on the fast paths of dot-product attention.
 
     Args:
         scoring: a registered scorer's name or its :class:`~attnscore.registry.ScorerSpec`.
@@ -420,11 +415,10 @@ class ScorerAttention(Attention):
     def _lane(
         self, queries: Tensor, keys: Tensor, *, small: bool
     ) -> tuple[Projection | None, float] | None:
-        """(projection, scale) the lanes run for a call (:meth:`_offered`) by the spec's
-        projection: (None, scale) for the queries and keys themselves, else (its
-        :meth:`~attnscore.registry.ScorerSpec.projector`, 1); None unless the parameters are
-        made, on the queries' device, matrices of their dtype and sizes, and (``small``)
-        not being trained."""
+        """(projection, scale) the lanes run for a call (:meth:`_offered`): (None, scale) for
+        unprojected scorers, else (:meth:`~attnscore.registry.ScorerSpec.projector`, 1); None
+        unless the parameters are made, on the queries' device, matrices of their dtype and
+        sizes, and (``small``) not being trained."""
         projection = self.spec.projection
         if projection is None or not self._offered(queries, keys, small=small):
             return None
@@ -637,12 +631,10 @@ class AdditiveAttention(ScorerAttention):
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.
 
-        Without gradients (decoding under ``torch.no_grad``), the projection of the last
-        keys tensor is kept and reused while the same tensor comes back unchanged (same
-        object, same version: no in-place change since) and ``W_k`` is unchanged. With
-        gradients nothing is kept: a kept projection would tie steps of autograd graphs.
-        Inference-mode tensors keep no version counter, so they are never reused; nor is
-        anything while tracing or compiling (a graph must hold the projection).
+        Without gradients, the last keys' projection is reused while the same tensor comes
+        back unchanged (same object and version) and so does ``W_k``. Nothing is kept with
+        gradients (it would tie steps' autograd graphs), for inference-mode tensors (no
+        version counter) or while tracing or compiling (a graph must hold the projection).
         """
         weight = self.W_k.weight
         # in_transform first: tracers (torch.compile) cannot evaluate is_inference().
@@ -721,9 +713,8 @@ def _weights_later(
     causal: bool = False,
 ) -> WeightsFn:
     """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
-    (..., m', d), which the call owns, by key lengths ``valid_lens`` (copied here) or
-    causal masking: computed when asked (:func:`attnscore._engine.dot_weights_later`).
-    ``m``: the number of keys (causal masking may have cut off the m - m' no query sees)."""
+    (..., m', d), owned by the call, by key lengths (copied here) or causal masking, computed
+    when asked (:func:`attnscore._engine.dot_weights_later`); ``m``: the number of keys."""
     lengths = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
@@ -760,8 +751,7 @@ def _dropout_p(module: Attention) -> float:
 
 
 def _checked(module: ScorerAttention, project: Projection) -> Projection:
-    """``project`` after ``module`` checks the feature sizes against its parameters: the
-    fused path's check (the plain path's is in :meth:`ScorerAttention.score`)."""
+    """``project`` after ``module``'s check of the feature sizes (the fused path's)."""
 
     def checked(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         module.check_features(queries, keys)

@@ -30,11 +30,9 @@ class MultiHeadAttention(nn.Module):
 
     ``head_i = attention(W_q q, W_k k, W_v v)`` restricted to the i-th slice of size
     num_hiddens / num_heads, and ``output = W_o concat(head_1, ..., head_H)``. The
-    projections are named as in the textbook (``W_q``, ``W_k``, ``W_v``, ``W_o``): with
-    ``query_size`` given they are ``nn.Linear`` and exist from construction; without, they
-    are ``nn.LazyLinear`` (input sizes inferred on the first call, as the textbook's), which
-    ``load_state_dict`` of a trained checkpoint sizes as that call would. Both forms have
-    the same ``state_dict`` keys.
+    projections, named as in the textbook, are ``nn.Linear`` with ``query_size`` given, else
+    ``nn.LazyLinear`` sized by the first call (as the textbook's) or by ``load_state_dict``
+    of a trained checkpoint; both forms have the same ``state_dict`` keys.
 
     Args:
         num_hiddens: model size E (of the projections and the output), a multiple of
@@ -190,13 +188,10 @@ class MultiHeadAttention(nn.Module):
             key_size=module.kdim,
             value_size=module.vdim,
         ).to(device=w_q.device, dtype=w_q.dtype)
+        linears = (ours.W_q, ours.W_k, ours.W_v, ours.W_o)
+        weights = (w_q, w_k, w_v, module.out_proj.weight)
         with torch.no_grad():
-            for linear, weight, b in zip(
-                (ours.W_q, ours.W_k, ours.W_v, ours.W_o),
-                (w_q, w_k, w_v, module.out_proj.weight),
-                biases,
-                strict=True,
-            ):
+            for linear, weight, b in zip(linears, weights, biases, strict=True):
                 linear.weight.copy_(weight)
                 if b is not None:
                     linear.bias.copy_(b)
@@ -274,11 +269,8 @@ class MultiHeadAttention(nn.Module):
             if theirs.in_proj_weight is not None:
                 theirs.in_proj_weight.copy_(torch.cat(weights))
             else:
-                for mine, w in zip(
-                    (theirs.q_proj_weight, theirs.k_proj_weight, theirs.v_proj_weight),
-                    weights,
-                    strict=True,
-                ):
+                separate = (theirs.q_proj_weight, theirs.k_proj_weight, theirs.v_proj_weight)
+                for mine, w in zip(separate, weights, strict=True):
                     mine.copy_(w)
             theirs.out_proj.weight.copy_(self.W_o.weight)
             if biased:
@@ -364,8 +356,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Keys and values with the rows no query of any head attends zeroed where some row
         may hold NaN or inf (:func:`~attnscore.kernels._attention.may_hold_garbage`): the
-        projections' weight gradients sum over every row, and 0 x NaN is NaN. The attention
-        itself makes its own padding inert."""
+        projections' weight gradients sum over every row, and 0 x NaN is NaN."""
         if not may_hold_garbage(keys, values):
             return keys, values
         B, n, m = queries.shape[0], queries.shape[1], keys.shape[1]

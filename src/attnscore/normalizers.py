@@ -62,9 +62,8 @@ class Softmax:
     dtype and device; rows with no allowed key are zeros (zero gradients).
 
     A temperature above 1 flattens the weights, below 1 sharpens them; 1 is
-    :func:`softmax`. Softmax-like: it declares :attr:`score_factor` (1 / temperature), so
-    the fused paths of the dot-product family (dot, scaled dot, general, cosine and scorers
-    that declare a projection) run it, with their scale multiplied by the factor.
+    :func:`softmax`. Softmax-like (:attr:`score_factor` is 1 / temperature): the fused paths
+    of the dot-product family run it, their scale multiplied by the factor.
 
     Args:
         temperature: a positive finite number.
