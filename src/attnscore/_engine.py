@@ -15,8 +15,7 @@ bring a fused path for the whole pipeline (:func:`fused_dot_product`); it is use
 result is the same and the weights are not needed at once. The public forms are in
 :mod:`attnscore.functional`, the modules in :mod:`attnscore.modules`.
 
-Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
-units; ``...`` is (B,) or (B, H) for H heads.
+Shapes as in the legend of :mod:`attnscore.functional`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The canonical attention mask (a leaf module: the masking layer builds it, the kernels and
 normalizers read it).
 
-Shape legend: n queries, m keys; ``...`` are the leading batch dimensions of the scores
-(B, or B and heads H).
+Shapes as in the legend of :mod:`attnscore.masking`.
 """
 
 from __future__ import annotations

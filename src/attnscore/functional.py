@@ -63,12 +63,11 @@ class PoolingOptions(MaskOptions, total=False):
         return_weights: also return the weights (..., n, m), taken before dropout
             (default False); they carry gradients: the output is computed from them.
         score_bias: a floating tensor broadcastable to the scores (..., n, m), on the
-            queries' device, added to the scores before the normalizer (cast to the
-            scores' dtype; it may require grad): what SDPA does with a float
-            ``attn_mask``. An additive mask (0 where allowed, -inf or the dtype's lowest
-            value where not), ALiBi's or T5's relative position bias. It masks nothing by
-            itself (a row that is all -inf gives NaN, as in SDPA); the masks above still
-            decide which keys may be attended, whatever the bias holds at the others.
+            queries' device (it may require grad), added to the scores in their dtype
+            before the normalizer, as SDPA adds a float ``attn_mask``: an additive mask (0
+            where allowed, -inf or the dtype's lowest value where not), ALiBi's or T5's
+            position bias. It masks nothing itself (a row all -inf gives NaN, as in SDPA);
+            the masks above decide which keys may be attended, whatever the bias holds.
 
     >>> options: PoolingOptions = {"causal": True, "return_weights": True}
     >>> q = torch.randn(1, 3, 4)
@@ -209,10 +208,8 @@ def _spec_tensors(
             f"Expected `params` with the tensors {names} of scorer {spec.name!r}, but got "
             f"{sorted(given)} instead."
         )
-    sizes: dict[str, int | None] = {
-        "query_size": prepared.queries.shape[-1],
-        "key_size": prepared.keys.shape[-1],
-    }
+    q, k = prepared.queries, prepared.keys
+    sizes: dict[str, int | None] = {"query_size": q.shape[-1], "key_size": k.shape[-1]}
     for param in spec.params:
         tensor = check_tensor(given[param.name], param.name)
         if tensor.ndim == len(param.shape):

@@ -6,8 +6,7 @@ callable; :class:`ScorerAttention` builds a registered scorer's parameters from 
 (:mod:`attnscore.registry`), and the textbook's named classes are that module for their
 scorer with the textbook's arguments. :func:`make_scorer` builds the module of any name.
 
-Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
-units; ``...`` is (B,) or (B, H).
+Shapes as in the legend of :mod:`attnscore.functional`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from ._engine import (
     FusedPath,
     KeptProjections,
     MaskOptions,
-    Prepared,
     WeightsFn,
     attend,
     dot_weights_later,
@@ -201,7 +199,14 @@ class Attention(nn.Module):
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
-        output, weights_fn = self._attend(prepared, fused=not return_weights)
+        lengths = prepared.mask.lengths
+        output, weights_fn = attend(
+            prepared,
+            lambda q, k: self.score(q, k, lengths),
+            dropout_p=self.dropout.p if self.training else 0.0,
+            normalizer=self.normalizer,
+            fused=None if return_weights else self.fused_path(),
+        )
         if return_weights:
             weights = weights_fn()
             self.__dict__["_weights"] = weights.detach()
@@ -227,16 +232,6 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """As :meth:`_small`, for a call with nothing padded (no mask, or causal alone)."""
         return None
-
-    def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
-        lengths = prepared.mask.lengths
-        return attend(
-            prepared,
-            lambda q, k: self.score(q, k, lengths),
-            dropout_p=self.dropout.p if self.training else 0.0,
-            normalizer=self.normalizer,
-            fused=self.fused_path() if fused else None,
-        )
 
     @property
     def attention_weights(self) -> Tensor | None:
@@ -560,10 +555,12 @@ class AdditiveAttention(ScorerAttention):
             [[10., 11., 12., 13.]]])
     """
 
-    # Made from the spec's params (typed here for readers and type checkers).
+    # Made from the spec's params (typed here for readers and type checkers); b, g below.
     W_k: nn.Linear
     W_q: nn.Linear
     w_v: nn.Linear
+    b: nn.Parameter | None
+    g: nn.Parameter | None
 
     def __init__(
         self,
@@ -582,14 +579,10 @@ class AdditiveAttention(ScorerAttention):
         h = self.w_v.in_features
         self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
         self.normalize = bool(normalize)
-        if normalize or bias:
-            self.b = nn.Parameter(torch.zeros(h))
-        else:
-            self.register_parameter("b", None)
-        if normalize:
-            self.g = nn.Parameter(torch.tensor(1.0 / math.sqrt(h)))
-        else:
-            self.register_parameter("g", None)
+        b = nn.Parameter(torch.zeros(h)) if normalize or bias else None
+        g = nn.Parameter(torch.tensor(1.0 / math.sqrt(h))) if normalize else None
+        self.register_parameter("b", b)
+        self.register_parameter("g", g)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)

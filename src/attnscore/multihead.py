@@ -101,17 +101,12 @@ class MultiHeadAttention(nn.Module):
                 f"{num_hiddens} instead."
             )
         self.num_heads = num_heads
-        head_size = num_hiddens // num_heads
+        size = num_hiddens // num_heads  # every size of a scorer built by name
         if isinstance(scoring, Attention):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in scorer_names():
             self.attention = make_scorer(
-                scoring,
-                head_size,
-                head_size,
-                num_hiddens=head_size,
-                dropout=dropout,
-                normalizer=normalizer,
+                scoring, size, size, num_hiddens=size, dropout=dropout, normalizer=normalizer
             )
         else:
             raise ValueError(

@@ -112,9 +112,7 @@ class AdditiveAttention(nn.Module):
         """Attention pooling of ``values`` with additive scores.
 
         Args:
-            queries: (B, n, q), float.
-            keys: (B, m, k), same dtype and device.
-            values: (B, m, v).
+            queries: (B, n, q) float; keys (B, m, k), values (B, m, v) of its dtype and device.
             valid_lens: None, (B,) or (B, n), as :func:`masked_softmax`.
 
         Returns:
@@ -154,9 +152,7 @@ class DotProductAttention(nn.Module):
         """Attention pooling of ``values`` with scores ``q·k/√d``.
 
         Args:
-            queries: (B, n, d), float.
-            keys: (B, m, d), same dtype and device.
-            values: (B, m, v).
+            queries: (B, n, d) float; keys (B, m, d), values (B, m, v) of its dtype and device.
             valid_lens: None, (B,) or (B, n), as :func:`masked_softmax`.
 
         Returns:
