@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped  # torch.func's test
 
 from ._thresholds import value
 
@@ -29,13 +30,6 @@ __all__ = [
     "in_transform",
     "value_range",
 ]
-
-try:  # private, but the only way to tell that a tensor is inside a torch.func transform
-    from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped
-except ImportError:  # pragma: no cover - a torch without it
-
-    def _is_wrapped(tensor: Tensor) -> bool:
-        return False
 
 
 LOOK_NUMEL: int = value("look_numel")
@@ -120,24 +114,8 @@ def check_dropout(p: object, name: str = "dropout") -> float:
     return float(p)
 
 
-def _autocast(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v cast to the autocast dtype of their device where their dtypes differ and
-    autocast is on there; else as they are."""
-    if q.dtype == k.dtype == v.dtype or not (q.device == k.device == v.device):
-        return q, k, v
-    device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return q, k, v
-    dtype = torch.get_autocast_dtype(device_type)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
 def check_attention_inputs(
-    queries: object,
-    keys: object,
-    values: object,
-    *,
-    same_feature_size: bool = False,
+    queries: object, keys: object, values: object, *, same_feature_size: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Check queries (..., n, q), keys (..., m, k) and values (..., m, v) against each other.
 
@@ -151,7 +129,11 @@ def check_attention_inputs(
     q = check_floating(queries, "queries", min_ndim=3)
     k = check_floating(keys, "keys", min_ndim=3)
     v = check_floating(values, "values", min_ndim=3)
-    q, k, v = _autocast(q, k, v)
+    if not (q.dtype == k.dtype == v.dtype) and q.device == k.device == v.device:
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     for name, t in (("keys", k), ("values", v)):
         if t.dtype != q.dtype:
             raise TypeError(

@@ -327,14 +327,9 @@ def owned(t: Tensor) -> Tensor:
 def owned_mask(mask: AttentionMask) -> AttentionMask:
     """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), in copies
     the call owns (:func:`owned`): the caller's lengths and boolean mask are not kept."""
-    lengths, attend = mask.lengths, mask.attend
-    return AttentionMask(
-        n=mask.n,
-        m=mask.m,
-        lengths=None if lengths is None else owned(lengths),
-        attend=None if attend is None else owned(attend),
-        causal=mask.causal,
-    )
+    lengths = None if mask.lengths is None else owned(mask.lengths)
+    attend = None if mask.attend is None else owned(mask.attend)
+    return AttentionMask(mask.n, mask.m, lengths, attend, causal=mask.causal)
 
 
 class KeptProjections:

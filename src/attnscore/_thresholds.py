@@ -1,16 +1,11 @@
 """Every size and work threshold that decides which implementation runs, as data.
 
-One table (:data:`THRESHOLDS`): each entry has its value, what it decides, why, the machine
-it was measured on and the ``attnscore bench`` row (with its docs/benchmarks.md section)
-that justifies it, or, where no bench row does, ``justified_by=None`` and a note saying
-what the value rests on instead. The modules that use a threshold bind its value once, at
-import, to a module-level constant (``bound_as``): the hot paths read a global as before.
-
-:func:`thresholds` (public as :func:`attnscore.kernels.thresholds`) sets other values for
-the duration of a ``with`` block, so that tests steer which implementation runs through
-one public, checked door instead of patching private names.
-
-A leaf module (it imports torch only): :mod:`attnscore._checks` reads it as well as the
+One table (:data:`THRESHOLDS`, fields described by :class:`Threshold`). The modules that
+use a threshold bind its value once, at import, to a module-level constant (``bound_as``):
+the hot paths read a global. :func:`thresholds` (public as
+:func:`attnscore.kernels.thresholds`) sets other values for a ``with`` block, so that tests
+steer which implementation runs through one checked door instead of patching private
+names. A leaf module (it imports torch only), read by :mod:`attnscore._checks` and the
 kernels package.
 
 :func:`markdown` renders the table that docs/architecture.md shows (a test keeps the two
@@ -397,8 +392,7 @@ def thresholds(**overrides: Any) -> Iterator[Mapping[str, Any]]:
 
     Raises:
         TypeError: an unknown name (the error lists the known ones), or a value of another
-            kind than the threshold's (int; set of torch dtypes; mapping (dtype, training)
-            -> int).
+            kind than the threshold's (int; set of dtypes; mapping (dtype, training) -> int).
         ValueError: an int below the threshold's smallest value (e.g. 1 for
             ``min_work_per_thread``).
 

@@ -221,8 +221,6 @@ def build_mask(
 def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
     """Replace the entries of ``X`` at or beyond each row's valid length by ``value``.
 
-    Returns a new tensor; unlike the textbook version it never writes into ``X``.
-
     Args:
         X: tensor (..., m) of any dtype.
         valid_len: int (or whole-number float) lengths broadcastable to ``X.shape[:-1]``,
@@ -230,7 +228,7 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
         value: what padded entries become.
 
     Returns:
-        Tensor of ``X``'s shape and dtype.
+        A new tensor of ``X``'s shape and dtype (the textbook's version writes into ``X``).
 
     Raises:
         TypeError, ValueError: as :func:`build_mask` for bad lengths, or when ``valid_len``

@@ -7,9 +7,8 @@ optional ``entmax`` package (``pip install attnscore[entmax]``); ``hardmax`` put
 weight on the best allowed key.
 
 A normalizer may be an object with parameters, such as :class:`Softmax` with a
-temperature. A *softmax-like* normalizer, the softmax of its scores times a factor,
-declares that factor (``score_factor``): the fused paths of the dot-product family then
-run it as well, their scale multiplied by the factor (:func:`score_factor`).
+temperature. A *softmax-like* normalizer (the softmax of its scores times a factor) that
+declares its factor runs on the fused paths of the dot-product family (:func:`score_factor`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The scorer registry: one spec per scoring name, the single source of every front door.
 
-A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
-its parameters and their shapes, its formula and source, and, where its scores are dot
-products of projections of the queries and keys, those projections and their scale (what
-gives it every fast path). Everything else comes from the spec: the module
-(:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
-(:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
+A :class:`ScorerSpec` says what a scorer is: its score function, its parameters and their
+shapes, its formula and source, and, where its scores are dot products of projections of
+the queries and keys, those projections and their scale (what gives it every fast path).
+Everything else comes from the spec: the module (:func:`attnscore.make_scorer`), the
+functional form (:func:`attnscore.attention` with ``scoring="name"``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
 benchmark and the test path registry.
 

@@ -7,10 +7,9 @@ it, limits included (each docstring names them: ``-1e6`` fills, in-place masking
 
 Names, constructor arguments and ``state_dict`` keys (``W_q``, ``W_k``, ``w_v``) are the
 book's, so a checkpoint of the book's ``AdditiveAttention`` loads here and into
-:class:`attnscore.AdditiveAttention` with ``strict=True``. For the library's own
-versions (zero rows for empty sequences, any batch shape, fused kernels) use
-:func:`attnscore.masked_softmax`, :class:`attnscore.AdditiveAttention` and
-:class:`attnscore.DotProductAttention`.
+:class:`attnscore.AdditiveAttention` with ``strict=True``: the library's own version (zero
+rows for empty sequences, any batch shape, fused kernels), as are
+:func:`attnscore.masked_softmax` and :class:`attnscore.DotProductAttention`.
 
 >>> import torch
 >>> masked_softmax(torch.zeros(1, 2, 4), torch.tensor([3]))
