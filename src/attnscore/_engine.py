@@ -13,9 +13,8 @@ whatever it holds (even NaN or inf): the plain pipeline zeroes it before any ari
 (:func:`zero_padding`), and fused paths never read it or zero it themselves. A scorer may
 bring a fused path for the whole pipeline (:func:`fused_dot_product`); it is used when the
 result is the same and the weights are not needed at once. The public forms are in
-:mod:`attnscore.functional`, the modules in :mod:`attnscore.modules`.
-
-Shapes as in the legend of :mod:`attnscore.functional`.
+:mod:`attnscore.functional` (its legend gives the shapes), the modules in
+:mod:`attnscore.modules`.
 """
 
 from __future__ import annotations
@@ -69,8 +68,7 @@ class MaskOptions(TypedDict, total=False):
     """Masks beyond ``valid_lens``, accepted by every attention function and module.
 
     Attributes:
-        query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero
-            output.
+        query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero output.
         attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as
             ``scaled_dot_product_attention``'s bool ``attn_mask``; ``nn.MultiheadAttention``'s
             ``key_padding_mask`` and bool ``attn_mask`` mean the opposite: True = ignore,
@@ -139,8 +137,6 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     if mask.unmasked:
         return prepared
     q, k, v = prepared.queries, prepared.keys, prepared.values
-    padded_keys: Tensor | None
-    idle: Tensor | None
     if mask.attend is None:  # idle queries matter to the keys-and-queries zeroing only
         padded_keys = mask.padded_keys()
         idle = mask.idle_queries() if keys_and_queries else None

@@ -539,8 +539,7 @@ class AdditiveAttention(ScorerAttention):
             ``BahdanauAttention(normalize=True)``; Salimans & Kingma 2016).
         normalizer: as :class:`Attention`.
 
-    Shapes: ``forward(queries (..., n, q), keys (..., m, k), values (..., m, v),
-    valid_lens=None)`` -> (..., n, v); see :class:`Attention` for masks and weights.
+    Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
 
     Raises:
         ValueError: sizes that are not positive ints.

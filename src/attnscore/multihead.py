@@ -303,16 +303,14 @@ class MultiHeadAttention(nn.Module):
                 (B, n, m) or (B, H, n, m); ``causal``: query i attends keys j <= i only.
 
         Returns:
-            (B, n, E) with E = ``num_hiddens``, in the inputs' dtype. Queries with no valid
-            key get zero attention output, so their result is ``W_o``'s bias (0 without
-            bias). :attr:`attention_weights` then holds (B, H, n, m). With
-            ``return_weights=True``, ``(output, weights)``: the per-head weights
-            (B, H, n, m) with their gradients (``nn.MultiheadAttention``'s
-            ``need_weights=True, average_attn_weights=False``).
+            (B, n, E) with E = ``num_hiddens``, in the inputs' dtype; queries with no valid
+            key get zero attention output (their result is ``W_o``'s bias, 0 without bias).
+            With ``return_weights=True``, ``(output, weights)``: the per-head weights
+            (B, H, n, m) with gradients (``nn.MultiheadAttention``'s ``need_weights=True,
+            average_attn_weights=False``); :attr:`attention_weights` holds them either way.
 
         Raises:
-            TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not
-            3-D.
+            TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not 3-D.
         """
         if masks:
             check_keywords(masks, MASK_NAMES, "multihead forward")

@@ -137,9 +137,8 @@ class ScorerSpec:
     :func:`attnscore._engine.attend`): one given, or :func:`unprojected`'s; or None."""
     projection: ProjectionFunction | None = field(default=None, compare=False)
     """``(queries, keys, **params) -> (q' (..., n, d'), k' (..., m, d'))`` whose dot
-    products times :attr:`scale` are the scores (:attr:`score` stays the formula), or None.
-    Every form then runs the scorer as dot-product attention of the projections where a
-    kernel takes it, the plain pipeline elsewhere."""
+    products times :attr:`scale` are the scores, or None: every form then runs as
+    dot-product attention of the projections where a kernel takes it."""
     scale: float | None = 1.0
     """The factor on the projections' dot products; None: 1/√d' (Vaswani's scaling)."""
     takes_lengths: bool = field(init=False, compare=False)
@@ -147,8 +146,7 @@ class ScorerSpec:
     param_shapes: tuple[tuple[str, bool, tuple[int | str, ...]], ...] = field(
         init=False, compare=False, repr=False
     )
-    """(name, whether a matrix, shape) of each parameter, read once (the fast lanes check
-    the module's parameters against them on every call)."""
+    """(name, whether a matrix, shape) per parameter, read once for the fast lanes' checks."""
     _fused_unkept: FusedPath | None = field(init=False, compare=False, repr=False, default=None)
     # The default fused path of an unprojected scorer, made for callers that never ask for
     # the weights (fused_path(weights=False)); None where the fused path is a user's.
@@ -250,10 +248,8 @@ def register_scorer(
 ) -> ScorerSpec:
     """Register a scorer under ``name`` and return its :class:`ScorerSpec`.
 
-    The name then works everywhere a scorer is taken by name: :func:`attnscore.make_scorer`
-    (a module holding the parameters), :func:`attnscore.attention` (the functional form,
-    parameters given as tensors), ``MultiHeadAttention(scoring=...)`` and ``attnscore run
-    --scoring``.
+    The name then works everywhere a scorer is taken by name: :func:`attnscore.make_scorer`,
+    :func:`attnscore.attention`, ``MultiHeadAttention(scoring=...)``, ``attnscore run``.
 
     Args:
         name: a word (letters, digits, underscores).

@@ -139,9 +139,8 @@ def additive_scores_from_projections(
     holds the (..., n, m, h) tensor of the textbook formulation.
 
     Args:
-        qh: projected queries (..., n, h) (``W_q q``, plus any bias).
-        kh: projected keys (..., m, h) (``W_k k``).
-        w_v: (h,) or (1, h).
+        qh: projected queries (..., n, h) (``W_q q``, plus any bias). kh: projected keys
+            (..., m, h) (``W_k k``). w_v: (h,) or (1, h).
         lengths: optional int64 (..., n): scores at j >= lengths[..., i] are masked later,
             so they are skipped (returned as 0).
 

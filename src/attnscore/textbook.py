@@ -60,9 +60,8 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None) -> Tensor:
 
     Returns:
         Weights (B, n, m), same dtype and device. Masked scores become ``-1e6`` before the
-        softmax, so padded entries get weight ~0 and a row of length 0 is *uniform*
-        (1/m each) rather than zero; in float16 ``-1e6`` overflows to ``-inf`` and such a
-        row is NaN.
+        softmax: padded entries get weight ~0, a row of length 0 is *uniform* (1/m each)
+        rather than zero, and NaN in float16 (where ``-1e6`` overflows to ``-inf``).
 
     Source: D2L "Attention Scoring Functions", ``masked_softmax``.
     """
@@ -81,8 +80,7 @@ class AdditiveAttention(nn.Module):
     """Additive (Bahdanau) attention, ``a(q, k) = w_vᵀ tanh(W_q q + W_k k)``, as in the book.
 
     Args:
-        key_size: k, the keys' feature size.
-        query_size: q, the queries' feature size.
+        key_size, query_size: k and q, the keys' and the queries' feature sizes.
         num_hiddens: h, the hidden units of the one-layer MLP.
         dropout: dropout on the attention weights (training mode only).
 
