@@ -120,11 +120,10 @@ def check_attention_inputs(
     """Check queries (..., n, q), keys (..., m, k) and values (..., m, v) against each other.
 
     All three must be floating tensors of one dtype and device with at least 3 dimensions,
-    equal leading (batch) dimensions, and as many keys as values. With
-    ``same_feature_size`` the query and key feature sizes must agree (dot-product scores).
-    Under ``torch.autocast`` for their device, inputs of different dtypes are first cast
-    to the autocast dtype, as PyTorch's own ops are (an RNN's output and a ``Linear``'s
-    may come out in different 16-bit dtypes there).
+    equal leading (batch) dimensions, and as many keys as values; with ``same_feature_size``
+    q == k (dot-product scores). Under ``torch.autocast`` for their device, inputs of
+    different dtypes are first cast to its dtype, as PyTorch's own ops are (an RNN's and a
+    ``Linear``'s outputs may differ there).
     """
     q = check_floating(queries, "queries", min_ndim=3)
     k = check_floating(keys, "keys", min_ndim=3)

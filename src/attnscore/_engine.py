@@ -8,11 +8,11 @@ Every attention in the library runs the same steps (D2L eq. "attn-pooling")::
     output   = dropout(weights) @ values              (..., n, v)
 
 Masks are checked once, in :func:`prepare`. Padding (keys no query may attend, their
-values, queries that may attend nothing) never changes outputs, weights or gradients,
-whatever it holds (even NaN or inf): the plain pipeline zeroes it before any arithmetic
-(:func:`zero_padding`), and fused paths never read it or zero it themselves. A scorer may
-bring a fused path for the whole pipeline (:func:`fused_dot_product`); it is used when the
-result is the same and the weights are not needed at once. The public forms are in
+values, queries that may attend nothing) never changes outputs, weights or gradients, even
+NaN or inf: the plain pipeline zeroes it first (:func:`zero_padding`), fused paths never
+read it or zero it themselves. A scorer's fused path for the whole pipeline
+(:func:`fused_dot_product`) runs where the result is the same and the weights are not
+needed at once. The public forms are in
 :mod:`attnscore.functional` (its legend gives the shapes), the modules in
 :mod:`attnscore.modules`.
 """

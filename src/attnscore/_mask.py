@@ -17,9 +17,8 @@ __all__ = ["AttentionMask", "compact"]
 
 
 def compact(t: Tensor) -> Tensor:
-    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
-    tensor that broadcasts back to it. A mask's lengths arrive expanded over heads and
-    queries."""
+    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0), as a mask's lengths
+    arrive over heads and queries: the smallest tensor that broadcasts back to it."""
     strides = t.stride()
     sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
     if sizes == list(t.shape):

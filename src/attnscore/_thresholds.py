@@ -1,12 +1,10 @@
 """Every size and work threshold that decides which implementation runs, as data.
 
-One table (:data:`THRESHOLDS`, fields described by :class:`Threshold`). The modules that
-use a threshold bind its value once, at import, to a module-level constant (``bound_as``):
-the hot paths read a global. :func:`thresholds` (public as
-:func:`attnscore.kernels.thresholds`) sets other values for a ``with`` block, so that tests
-steer which implementation runs through one checked door instead of patching private
-names. A leaf module (it imports torch only), read by :mod:`attnscore._checks` and the
-kernels package.
+One table (:data:`THRESHOLDS` of :class:`Threshold`); the modules that use a threshold bind
+its value at import to a module-level constant (``bound_as``), a global for the hot paths.
+:func:`thresholds` (:func:`attnscore.kernels.thresholds`) sets other values for a ``with``
+block: tests steer which implementation runs through it, not by patching private names.
+A leaf module (it imports torch only), read by :mod:`attnscore._checks` and the kernels.
 
 :func:`markdown` renders the table that docs/architecture.md shows (a test keeps the two
 equal): ``python -c "from attnscore._thresholds import markdown; print(markdown(), end='')"``.

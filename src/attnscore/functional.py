@@ -12,9 +12,8 @@ with its parameters as tensors: the form comes from the scorer's spec
 with the textbook's arguments (:func:`additive_attention`, :func:`dot_product_attention`,
 :func:`general_attention`, :func:`cosine_attention`); all run the same path.
 
-Each returns ``output`` or, with ``return_weights=True``, ``(output, weights)``; the
-return type follows ``return_weights`` for type checkers (one shared overload,
-:class:`PoolingFunction`).
+Each returns ``output``, or ``(output, weights)`` with ``return_weights=True`` (typed so
+for type checkers by one shared overload, :class:`PoolingFunction`).
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
 units; ``...`` is (B,) or (B, H) for H heads.

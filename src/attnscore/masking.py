@@ -92,9 +92,8 @@ def _canonical_lengths(
     """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m
     (``clamp=False``: for a consumer that clamps itself, such as the masked softmax op).
 
-    Accepted shapes, with ``batch_shape`` = (B, ...): (B,) one length per example;
-    (B, n) one per query, shared across the other batch dimensions (e.g. heads);
-    ``batch_shape + (n,)`` one per query and batch entry.
+    Accepted shapes, ``batch_shape`` being (B, ...): (B,) one length per example; (B, n) one
+    per query, shared across the other batch dimensions (heads); ``batch_shape + (n,)``.
     """
     t, high = _check_lengths(valid_lens, "valid_lens", device)
     full = (*batch_shape, n)

@@ -163,10 +163,8 @@ class Attention(nn.Module):
                 scorers need q == k.
             valid_lens: key lengths (B,) (one per example), (B, n) (one per query) or
                 (..., n); int or whole-number float; lengths above m mean all keys.
-            **masks: ``query_valid_lens`` (B,) or (...): queries at or beyond them attend
-                nothing; ``attend_mask``: bool broadcastable to (..., n, m), **True = may
-                attend**; ``causal``: query i attends keys j <= i only (top-left aligned).
-                See :class:`attnscore.functional.MaskOptions`.
+            **masks: ``query_valid_lens``, ``attend_mask`` (bool, **True = may attend**),
+                ``causal``: see :class:`attnscore.functional.MaskOptions`.
             return_weights: also return the weights (..., n, m), before dropout, as a
                 tensor that carries gradients (for attention regularisation or supervision
                 losses); the call then takes the plain path, which computes them anyway.
@@ -532,12 +530,11 @@ class AdditiveAttention(ScorerAttention):
             newer edition do, via ``nn.LazyLinear``).
         query_size: q; None infers it on the first call.
         num_hiddens: h, the hidden units of the scoring MLP (required).
-        dropout: dropout on the attention weights (training mode only).
         bias: add a learned bias ``b`` (h,) inside the tanh (Bahdanau's original form).
         normalize: weight-normalise ``w_v`` as ``g · w_v / ‖w_v‖`` with a learned scalar
             gain ``g`` (init 1/sqrt(h)); implies ``bias`` (TensorFlow Addons'
             ``BahdanauAttention(normalize=True)``; Salimans & Kingma 2016).
-        normalizer: as :class:`Attention`.
+        dropout, normalizer: as :class:`Attention`.
 
     Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
 
@@ -654,9 +651,8 @@ class DotProductAttention(ScorerAttention):
     (``scale=None``) and ``"dot"`` (``scale=1.0``), and any other fixed scale.
 
     Args:
-        dropout: dropout on the attention weights (training mode only).
+        dropout, normalizer: as :class:`Attention`.
         scale: None for 1/sqrt(d) (scaled dot product); 1.0 for Luong et al. 2015's "dot".
-        normalizer: as :class:`Attention`.
 
     Shapes: queries (..., n, d), keys (..., m, d), values (..., m, v) -> (..., n, v).
 
@@ -852,9 +848,7 @@ def make_scorer(
         query_size: q, the queries' feature size.
         key_size: k, the keys' feature size (default: ``query_size``).
         num_hiddens: h for scorers with hidden units (additive; default: ``query_size``).
-        dropout: dropout on the attention weights.
-        normalizer: the probability function (:func:`attnscore.normalizers.normalizer_names`
-            or a callable ``(scores, mask) -> weights``).
+        dropout, normalizer: as :class:`Attention`.
 
     Returns:
         A module taking queries (..., n, q) and keys (..., m, k).

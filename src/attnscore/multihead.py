@@ -35,8 +35,7 @@ class MultiHeadAttention(nn.Module):
     of a trained checkpoint; both forms have the same ``state_dict`` keys.
 
     Args:
-        num_hiddens: model size E (of the projections and the output), a multiple of
-            ``num_heads``.
+        num_hiddens: E, the size of the projections and the output, a multiple of ``num_heads``.
         num_heads: H.
         dropout: dropout on the attention weights (training mode only).
         bias: biases in the four projections (``nn.MultiheadAttention``'s default is True).
@@ -135,16 +134,14 @@ class MultiHeadAttention(nn.Module):
         ``need_weights=True, average_attn_weights=False`` is ``return_weights=True``.
 
         Args:
-            module: a ``torch.nn.MultiheadAttention`` without ``add_bias_kv`` and
-                ``add_zero_attn``.
+            module: a ``torch.nn.MultiheadAttention`` without ``add_bias_kv`` and ``add_zero_attn``.
 
         Returns:
             A new :class:`MultiHeadAttention`; ``module`` is unchanged.
 
         Raises:
             TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-            ValueError: ``module`` has ``add_bias_kv`` or ``add_zero_attn`` (no
-                equivalent here).
+            ValueError: ``module`` has ``add_bias_kv`` or ``add_zero_attn`` (no equivalent here).
 
         >>> theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
         >>> ours = MultiHeadAttention.from_torch(theirs)

@@ -6,9 +6,9 @@ with no allowed key. ``softmax`` is the default; ``sparsemax`` and ``entmax15`` 
 optional ``entmax`` package (``pip install attnscore[entmax]``); ``hardmax`` puts all
 weight on the best allowed key.
 
-A normalizer may be an object with parameters, such as :class:`Softmax` with a
-temperature. A *softmax-like* normalizer (the softmax of its scores times a factor) that
-declares its factor runs on the fused paths of the dot-product family (:func:`score_factor`).
+A normalizer may be an object with parameters (:class:`Softmax` with a temperature); a
+*softmax-like* one, the softmax of its scores times a factor it declares, runs on the fused
+paths of the dot-product family (:func:`score_factor`).
 """
 
 from __future__ import annotations
@@ -71,9 +71,8 @@ class Softmax:
         TypeError: ``temperature`` is not a real number.
         ValueError: ``temperature`` is not positive and finite.
 
-    Source: Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network"
-    (2015), the softmax with a temperature; D2L "Attention Scoring Functions" (masked
-    softmax).
+    Source: Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network" (2015);
+    D2L "Attention Scoring Functions" (masked softmax).
 
     >>> from attnscore.masking import AttentionMask
     >>> mask = AttentionMask(n=1, m=3, lengths=torch.tensor([[2]]))

@@ -1,10 +1,9 @@
 """Scoring functions: (queries, keys) -> scores.
 
-A scoring function maps queries (..., n, q) and keys (..., m, k) to scores (..., n, m). It
-is the only part that differs between additive, dot-product, general and cosine attention;
-masking, softmax, dropout and the weighted sum are shared (see :mod:`attnscore.functional`).
-These functions take parameters as tensors; the modules in :mod:`attnscore.modules` hold
-them as ``nn.Parameter``.
+A scoring function maps queries (..., n, q) and keys (..., m, k) to scores (..., n, m): the
+only part that differs between additive, dot-product, general and cosine attention (the
+rest is shared, see :mod:`attnscore.functional`). These functions take parameters as
+tensors; the modules of :mod:`attnscore.modules` hold them as ``nn.Parameter``.
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, h hidden units.
 """
