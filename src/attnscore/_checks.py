@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped  # torch.func's test
 
 from ._thresholds import value
 
@@ -30,18 +31,9 @@ __all__ = [
     "value_range",
 ]
 
-try:  # private, but the only way to tell that a tensor is inside a torch.func transform
-    from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped
-except ImportError:  # pragma: no cover - a torch without it
-
-    def _is_wrapped(tensor: Tensor) -> bool:
-        return False
-
 
 LOOK_NUMEL: int = value("look_numel")
-"""Tensors of at least this many elements (together) have their padding looked at (one
-read, one sync) before it is zeroed; smaller ones have it zeroed unconditionally (a few
-``masked_fill`` calls cost less than the looking)."""
+"""The threshold ``look_numel`` (:data:`attnscore._thresholds.THRESHOLDS` says why)."""
 
 
 def in_functorch(tensor: Tensor) -> bool:
@@ -59,8 +51,7 @@ def in_transform(*tensors: Tensor) -> bool:
     tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
     if torch.compiler.is_compiling() or tracing:
         return True
-    # Plain tensors (the common case) are told apart by their exact type, without the
-    # isinstance walk: a call of a small attention costs a few microseconds per check.
+    # Plain tensors (the common case) are told apart by their exact type: no isinstance walk.
     for t in tensors:
         if (type(t) is not Tensor and isinstance(t, fake_tensor_type())) or _is_wrapped(t):
             return True
@@ -77,8 +68,7 @@ def fake_tensor_type() -> type:
 
 
 SMALL_VALUES: int = value("small_values")
-"""Integer tensors up to this many values are read into Python at once by
-:func:`value_range` (cheaper than a reduction op and its ``.item()``)."""
+"""The threshold ``small_values``, for :func:`value_range`."""
 
 
 def value_range(t: Tensor) -> tuple[int, int]:
@@ -124,38 +114,25 @@ def check_dropout(p: object, name: str = "dropout") -> float:
     return float(p)
 
 
-def _autocast(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v cast to the autocast dtype of their device where their dtypes differ and
-    autocast is on there; else as they are."""
-    if q.dtype == k.dtype == v.dtype or not (q.device == k.device == v.device):
-        return q, k, v
-    device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return q, k, v
-    dtype = torch.get_autocast_dtype(device_type)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
 def check_attention_inputs(
-    queries: object,
-    keys: object,
-    values: object,
-    *,
-    same_feature_size: bool = False,
+    queries: object, keys: object, values: object, *, same_feature_size: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Check queries (..., n, q), keys (..., m, k) and values (..., m, v) against each other.
 
     All three must be floating tensors of one dtype and device with at least 3 dimensions,
-    equal leading (batch) dimensions, and as many keys as values. With
-    ``same_feature_size`` the query and key feature sizes must agree (dot-product scores).
-    Under ``torch.autocast`` for their device, inputs of different dtypes are first cast
-    to the autocast dtype, as PyTorch's own ops are (an RNN's output and a ``Linear``'s
-    may come out in different 16-bit dtypes there).
+    equal leading (batch) dimensions, and as many keys as values; with ``same_feature_size``
+    q == k (dot-product scores). Under ``torch.autocast`` for their device, inputs of
+    different dtypes are first cast to its dtype, as PyTorch's own ops are (an RNN's and a
+    ``Linear``'s outputs may differ there).
     """
     q = check_floating(queries, "queries", min_ndim=3)
     k = check_floating(keys, "keys", min_ndim=3)
     v = check_floating(values, "values", min_ndim=3)
-    q, k, v = _autocast(q, k, v)
+    if not (q.dtype == k.dtype == v.dtype) and q.device == k.device == v.device:
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     for name, t in (("keys", k), ("values", v)):
         if t.dtype != q.dtype:
             raise TypeError(
@@ -251,10 +228,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def all_finite(t: Tensor) -> bool:
-    """Whether every value of a CPU tensor ``t`` is finite, in one reduction: its sum
-    carries any NaN or infinity (a sum of huge values that overflows says no too, which
-    only sends the caller on to :func:`bad_rows`). The common case of clean data costs
-    one pass and no mask."""
+    """Whether every value of a CPU tensor ``t`` is finite, in one reduction: its sum carries
+    any NaN or infinity (an overflowing sum of huge values says no too, which only sends the
+    caller on to :func:`bad_rows`)."""
     return math.isfinite(float(t.detach().sum()))
 
 
@@ -266,12 +242,8 @@ def garbage_in(t: Tensor, rows: Tensor) -> bool:
 
 
 def bad_rows(t: Tensor) -> Tensor:
-    """Bool (...): the rows of ``t`` (..., d) that hold a NaN or an infinity.
-
-    One read of ``t`` and an allocation of one value per row (the row sums; a sum that
-    overflows to infinity flags a row of huge values too, which is harmless: such rows are
-    then zeroed as well). What padding must be checked for: finite garbage there changes
-    nothing (multiplied by an exact zero weight or an exact zero gradient it gives 0), only
-    0 * NaN and 0 * inf are NaN.
-    """
+    """Bool (...): the rows of ``t`` (..., d) that hold a NaN or an infinity, from the row
+    sums (an overflowing sum flags a row of huge values too: harmlessly zeroed as well).
+    Finite garbage in padding changes nothing (it meets exact zeros); 0 * NaN and 0 * inf
+    are NaN."""
     return ~torch.isfinite(t.sum(dim=-1))

@@ -8,15 +8,13 @@ Every attention in the library runs the same steps (D2L eq. "attn-pooling")::
     output   = dropout(weights) @ values              (..., n, v)
 
 Masks are checked once, in :func:`prepare`. Padding (keys no query may attend, their
-values, queries that may attend nothing) never changes outputs, weights or gradients,
-whatever it holds (even NaN or inf): the plain pipeline zeroes it before any arithmetic
-(:func:`zero_padding`), and fused paths never read it or zero it themselves. A scorer may
-bring a fused path for the whole pipeline (:func:`fused_dot_product`); it is used when the
-result is the same and the weights are not needed at once. The public forms are in
-:mod:`attnscore.functional`, the modules in :mod:`attnscore.modules`.
-
-Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
-units; ``...`` is (B,) or (B, H) for H heads.
+values, queries that may attend nothing) never changes outputs, weights or gradients, even
+NaN or inf: the plain pipeline zeroes it first (:func:`zero_padding`), fused paths never
+read it or zero it themselves. A scorer's fused path for the whole pipeline
+(:func:`fused_dot_product`) runs where the result is the same and the weights are not
+needed at once. The public forms are in
+:mod:`attnscore.functional` (its legend gives the shapes), the modules in
+:mod:`attnscore.modules`.
 """
 
 from __future__ import annotations
@@ -36,14 +34,7 @@ from ._mask import AttentionMask
 from .kernels import _attention, _ops
 from .kernels._dispatch import Projection
 from .masking import build_mask
-from .normalizers import (
-    NORMALIZERS,
-    Normalizer,
-    Softmax,
-    get_normalizer,
-    score_factor,
-    softmax,
-)
+from .normalizers import NORMALIZERS, Normalizer, Softmax, get_normalizer, score_factor, softmax
 from .scoring import default_scale, dot_product_scores
 
 __all__ = [
@@ -56,7 +47,6 @@ __all__ = [
     "WeightsFn",
     "attend",
     "dot_weights_later",
-    "finish",
     "fused_dot_product",
     "owned",
     "owned_mask",
@@ -78,8 +68,7 @@ class MaskOptions(TypedDict, total=False):
     """Masks beyond ``valid_lens``, accepted by every attention function and module.
 
     Attributes:
-        query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero
-            output.
+        query_valid_lens: (B,) or (B, ...) lengths; queries at or beyond them get zero output.
         attend_mask: bool broadcastable to (..., n, m); **True = may attend** (as
             ``scaled_dot_product_attention``'s bool ``attn_mask``; ``nn.MultiheadAttention``'s
             ``key_padding_mask`` and bool ``attn_mask`` mean the opposite: True = ignore,
@@ -129,17 +118,7 @@ def prepare(
     check_keywords(masks, MASK_NAMES, "forward")  # the functional forms check theirs first
     q, k, v = check_attention_inputs(queries, keys, values, same_feature_size=same_feature_size)
     *batch, n, _ = q.shape
-    m = k.shape[-2]
-    mask = build_mask(
-        torch.Size(batch),
-        n,
-        m,
-        q.device,
-        valid_lens=valid_lens,
-        query_valid_lens=masks.get("query_valid_lens"),
-        attend_mask=masks.get("attend_mask"),
-        causal=masks.get("causal", False),
-    )
+    mask = build_mask(torch.Size(batch), n, k.shape[-2], q.device, valid_lens=valid_lens, **masks)
     return Prepared(q, k, v, mask)
 
 
@@ -148,20 +127,16 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
     may attend no key) that hold NaN or inf, so that 0 * NaN cannot carry garbage stored
     there into outputs, weights or gradients of the plain pipeline.
 
-    Values always (the weighted sum multiplies them by zero weights); keys and queries only
-    when ``keys_and_queries``: their garbage reaches nothing but gradients (a score at a
-    masked position is never read by the normalizers), so without gradients the copies
-    are saved. On the CPU nothing is copied unless some padding is not finite (finite
-    garbage is harmless: it meets exact zeros); elsewhere, where looking would cost a sync,
-    and in small calls (fewer than ``LOOK_NUMEL`` elements in queries, keys and values
-    together), padding is zeroed unconditionally.
+    Values always; keys and queries only when ``keys_and_queries`` (their garbage reaches
+    gradients only: normalizers never read a masked score). On the CPU nothing is copied
+    unless some padding is not finite (finite garbage meets exact zeros); off the CPU (a
+    look would cost a sync) and in calls of fewer than ``LOOK_NUMEL`` elements (queries,
+    keys and values together), padding is zeroed unconditionally.
     """
     mask = prepared.mask
     if mask.unmasked:
         return prepared
     q, k, v = prepared.queries, prepared.keys, prepared.values
-    padded_keys: Tensor | None
-    idle: Tensor | None
     if mask.attend is None:  # idle queries matter to the keys-and-queries zeroing only
         padded_keys = mask.padded_keys()
         idle = mask.idle_queries() if keys_and_queries else None
@@ -170,9 +145,8 @@ def zero_padding(prepared: Prepared, *, keys_and_queries: bool = True) -> Prepar
         assert dense is not None
         _, row_any, col_any = _ops.mask_summary(dense if dense.ndim > 1 else dense[None], None)
         padded_keys, idle = ~col_any, ~row_any
-    # Off the CPU a look would cost a device sync, and small calls zero without looking:
-    # the looks cost more than the copies. Traced code never looks (and compares no sizes,
-    # which would hold an exported program to them).
+    # Traced code never looks (and compares no sizes, which would hold an exported program
+    # to them).
     look = (
         q.device.type == "cpu"
         and not in_transform(q)
@@ -208,19 +182,13 @@ def attend(
 ) -> tuple[Tensor, WeightsFn]:
     """Run the pipeline on prepared inputs; return the output and a weights function.
 
-    ``score_bias`` (floating, broadcastable to the scores (..., n, m), checked by the
-    caller: :func:`attnscore._checks.check_score_bias`) is added to the scores before the
-    normalizer, as SDPA adds a float ``attn_mask``; the mask then decides which keys may be
-    attended (masked scores are filled whatever the bias holds there).
-
-    The weights function returns the (..., n, m) attention weights taken before dropout:
-    on the plain path the tensor already computed (a :class:`ComputedWeights`), on a fused
-    path a recomputation from copies the call owns (so the weights exist only if someone
-    asks for them; see :func:`dot_weights_later`).
-
-    ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`)
-    and must have been made for the normalizer's factor (``fused_dot_product(...,
-    factor=)``).
+    ``score_bias`` (checked by :func:`attnscore._checks.check_score_bias`) is added to the
+    scores before the normalizer, as SDPA adds a float ``attn_mask``; the mask still decides
+    which keys may be attended. The weights function returns the (..., n, m) weights before
+    dropout: the plain path's tensor (:class:`ComputedWeights`), or a fused path's
+    recomputation from copies the call owns, only if asked (:func:`dot_weights_later`).
+    ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`),
+    made for the normalizer's factor (``fused_dot_product(..., factor=)``).
     """
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
@@ -246,14 +214,6 @@ def attend(
     return output, ComputedWeights(weights)
 
 
-def finish(
-    result: tuple[Tensor, WeightsFn], return_weights: bool
-) -> Tensor | tuple[Tensor, Tensor]:
-    """(output) or (output, weights) from :func:`attend`'s result."""
-    output, weights_fn = result
-    return (output, weights_fn()) if return_weights else output
-
-
 def _not_kept() -> Tensor:
     """The weights function of a fused call made with ``weights=False``."""
     raise RuntimeError("this call kept nothing to compute its attention weights from")
@@ -276,11 +236,10 @@ def fused_dot_product(
 
     ``project`` (q, k) -> (q', k'): scorers whose scores are dot products of other vectors
     (general: q W_a; cosine: unit rows, the queries' times s) run as dot-product attention
-    of those, with ``scale`` 1, where a kernel of the device skips work or measured faster
-    than their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean
-    mask, no dropout); elsewhere they decline. While ``torch.export`` traces, every call is
-    declined (:func:`attnscore.kernels._attention.declines`). In training the padding is
-    made inert once the call is taken (the projections' gradients read it).
+    of those, with ``scale`` 1, where a kernel of the device skips work or is faster than
+    their plain pipeline (:func:`attnscore.kernels._attention.projected`: no boolean mask,
+    no dropout); elsewhere they decline. In training the padding is made inert once the
+    call is taken (the projections' gradients read it).
 
     ``factor``: a softmax-like normalizer's factor on the scores
     (:func:`attnscore.normalizers.score_factor`), folded into the scale (and the score
@@ -300,8 +259,7 @@ def fused_dot_product(
     ) -> tuple[Tensor, WeightsFn] | None:
         if _attention.declines(q, k, v):
             return None
-        d = q.shape[-1]
-        scale_ = (default_scale(d) if scale is None else scale) * factor
+        scale_ = (default_scale(q.shape[-1]) if scale is None else scale) * factor
         if score_bias is not None and factor != 1.0:
             score_bias = score_bias * factor
         if project is None:
@@ -311,8 +269,7 @@ def fused_dot_product(
             if not weights:
                 return out, _not_kept
             bias = None if score_bias is None else owned(score_bias)
-            later = dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
-            return out, later
+            return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             return None
 
@@ -336,10 +293,9 @@ def fused_dot_product(
 
 
 class ComputedWeights:
-    """The weights function of a call that computed its weights (the plain path): returns
-    them. A caller keeping the weights past the call (a module's ``attention_weights``) reads
-    :attr:`weights` and keeps them detached: their autograd graph holds the caller's
-    tensors."""
+    """The weights function of the plain path, which computed them. A caller keeping them
+    past the call (``attention_weights``) keeps :attr:`weights` detached: their autograd
+    graph holds the caller's tensors."""
 
     __slots__ = ("weights",)
 
@@ -367,14 +323,9 @@ def owned(t: Tensor) -> Tensor:
 def owned_mask(mask: AttentionMask) -> AttentionMask:
     """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), in copies
     the call owns (:func:`owned`): the caller's lengths and boolean mask are not kept."""
-    lengths, attend = mask.lengths, mask.attend
-    return AttentionMask(
-        n=mask.n,
-        m=mask.m,
-        lengths=None if lengths is None else owned(lengths),
-        attend=None if attend is None else owned(attend),
-        causal=mask.causal,
-    )
+    lengths = None if mask.lengths is None else owned(mask.lengths)
+    attend = None if mask.attend is None else owned(mask.attend)
+    return AttentionMask(mask.n, mask.m, lengths, attend, causal=mask.causal)
 
 
 class KeptProjections:
@@ -388,21 +339,18 @@ class KeptProjections:
         self.kept: tuple[Tensor, Tensor] | None = None
 
     def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        projected = self.project(q, k)
-        self.kept = projected
+        self.kept = projected = self.project(q, k)
         return projected
 
     def owned(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The projections the call made from ``queries`` and ``keys`` (the caller's), or
-        them (where the path projected nothing) as the call owns them: detached; copied
-        (:func:`owned`) where they share memory with the caller's (a projection that
-        returns its input, or a view of it). Where the path did not project, the projections
-        of copies of ``queries`` and ``keys``."""
+        """The projections the call made from the caller's ``queries`` and ``keys``, as the
+        call owns them: detached, copied (:func:`owned`) where they share memory with the
+        caller's (a projection returning its input or a view of it); where the path did not
+        project, the projections of copies of ``queries`` and ``keys``."""
         kept, self.kept = self.kept, None
         if kept is None:
             with torch.no_grad():
-                qp, kp = self.project(owned(queries), owned(keys))
-            return qp, kp
+                return self.project(owned(queries), owned(keys))
         qp, kp = kept
         return _owned_unless_new(qp, queries, keys), _owned_unless_new(kp, queries, keys)
 

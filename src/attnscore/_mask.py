@@ -1,8 +1,7 @@
 """The canonical attention mask (a leaf module: the masking layer builds it, the kernels and
 normalizers read it).
 
-Shape legend: n queries, m keys; ``...`` are the leading batch dimensions of the scores
-(B, or B and heads H).
+Shapes as in the legend of :mod:`attnscore.masking`.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ __all__ = ["AttentionMask", "compact"]
 
 
 def compact(t: Tensor) -> Tensor:
-    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0): the smallest
-    tensor that broadcasts back to it. A mask's lengths arrive expanded over heads and
-    queries."""
+    """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0), as a mask's lengths
+    arrive over heads and queries: the smallest tensor that broadcasts back to it."""
     strides = t.stride()
     sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
     if sizes == list(t.shape):

@@ -1,17 +1,10 @@
 """Every size and work threshold that decides which implementation runs, as data.
 
-One table (:data:`THRESHOLDS`): each entry has its value, what it decides, why, the machine
-it was measured on and the ``attnscore bench`` row (with its docs/benchmarks.md section)
-that justifies it, or, where no bench row does, ``justified_by=None`` and a note saying
-what the value rests on instead. The modules that use a threshold bind its value once, at
-import, to a module-level constant (``bound_as``): the hot paths read a global as before.
-
-:func:`thresholds` (public as :func:`attnscore.kernels.thresholds`) sets other values for
-the duration of a ``with`` block, so that tests steer which implementation runs through
-one public, checked door instead of patching private names.
-
-A leaf module (it imports torch only): :mod:`attnscore._checks` reads it as well as the
-kernels package.
+One table (:data:`THRESHOLDS` of :class:`Threshold`); the modules that use a threshold bind
+its value at import to a module-level constant (``bound_as``), a global for the hot paths.
+:func:`thresholds` (:func:`attnscore.kernels.thresholds`) sets other values for a ``with``
+block: tests steer which implementation runs through it, not by patching private names.
+A leaf module (it imports torch only), read by :mod:`attnscore._checks` and the kernels.
 
 :func:`markdown` renders the table that docs/architecture.md shows (a test keeps the two
 equal): ``python -c "from attnscore._thresholds import markdown; print(markdown(), end='')"``.
@@ -397,8 +390,7 @@ def thresholds(**overrides: Any) -> Iterator[Mapping[str, Any]]:
 
     Raises:
         TypeError: an unknown name (the error lists the known ones), or a value of another
-            kind than the threshold's (int; set of torch dtypes; mapping (dtype, training)
-            -> int).
+            kind than the threshold's (int; set of dtypes; mapping (dtype, training) -> int).
         ValueError: an int below the threshold's smallest value (e.g. 1 for
             ``min_work_per_thread``).
 
@@ -437,17 +429,8 @@ def markdown() -> str:
         "|---|---|---|---|---|---|",
     ]
     for t in THRESHOLDS:
-        if t.justified_by is None:
-            justified = f"no bench row. {t.note}"
-        else:
-            justified = f"{t.justified_by}. {t.note}".strip()
-        cells = (
-            f"`{t.name}`",
-            _shown(t.value),
-            t.decides,
-            t.why,
-            t.machine or "not recorded",
-            justified,
-        )
+        justified = f"{t.justified_by or 'no bench row'}. {t.note}".strip()
+        machine = t.machine or "not recorded"
+        cells = (f"`{t.name}`", _shown(t.value), t.decides, t.why, machine, justified)
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"

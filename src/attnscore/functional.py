@@ -12,9 +12,8 @@ with its parameters as tensors: the form comes from the scorer's spec
 with the textbook's arguments (:func:`additive_attention`, :func:`dot_product_attention`,
 :func:`general_attention`, :func:`cosine_attention`); all run the same path.
 
-Each returns ``output`` or, with ``return_weights=True``, ``(output, weights)``; the
-return type follows ``return_weights`` for type checkers (one shared overload,
-:class:`PoolingFunction`).
+Each returns ``output``, or ``(output, weights)`` with ``return_weights=True`` (typed so
+for type checkers by one shared overload, :class:`PoolingFunction`).
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
 units; ``...`` is (B,) or (B, H) for H heads.
@@ -31,16 +30,7 @@ from torch import Tensor
 from typing_extensions import Unpack
 
 from ._checks import check_score_bias, check_tensor
-from ._engine import (
-    MASK_NAMES,
-    FusedPath,
-    MaskOptions,
-    Prepared,
-    Scoring,
-    attend,
-    finish,
-    prepare,
-)
+from ._engine import MASK_NAMES, FusedPath, MaskOptions, Prepared, Scoring, attend, prepare
 from ._habits import check_keywords
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import ProjectionFunction, ScorerSpec, get_scorer, unprojected
@@ -72,12 +62,11 @@ class PoolingOptions(MaskOptions, total=False):
         return_weights: also return the weights (..., n, m), taken before dropout
             (default False); they carry gradients: the output is computed from them.
         score_bias: a floating tensor broadcastable to the scores (..., n, m), on the
-            queries' device, added to the scores before the normalizer (cast to the
-            scores' dtype; it may require grad): what SDPA does with a float
-            ``attn_mask``. An additive mask (0 where allowed, -inf or the dtype's lowest
-            value where not), ALiBi's or T5's relative position bias. It masks nothing by
-            itself (a row that is all -inf gives NaN, as in SDPA); the masks above still
-            decide which keys may be attended, whatever the bias holds at the others.
+            queries' device (it may require grad), added to the scores in their dtype
+            before the normalizer, as SDPA adds a float ``attn_mask``: an additive mask (0
+            where allowed, -inf or the dtype's lowest value where not), ALiBi's or T5's
+            position bias. It masks nothing itself (a row all -inf gives NaN, as in SDPA);
+            the masks above decide which keys may be attended, whatever the bias holds.
 
     >>> options: PoolingOptions = {"causal": True, "return_weights": True}
     >>> q = torch.randn(1, 3, 4)
@@ -218,10 +207,8 @@ def _spec_tensors(
             f"Expected `params` with the tensors {names} of scorer {spec.name!r}, but got "
             f"{sorted(given)} instead."
         )
-    sizes: dict[str, int | None] = {
-        "query_size": prepared.queries.shape[-1],
-        "key_size": prepared.keys.shape[-1],
-    }
+    q, k = prepared.queries, prepared.keys
+    sizes: dict[str, int | None] = {"query_size": q.shape[-1], "key_size": k.shape[-1]}
     for param in spec.params:
         tensor = check_tensor(given[param.name], param.name)
         if tensor.ndim == len(param.shape):
@@ -279,7 +266,7 @@ def _attend(
     score_bias = options.get("score_bias")
     if score_bias is not None:
         score_bias = check_score_bias(score_bias, prepared.queries, prepared.keys.shape[-2])
-    result = attend(
+    output, weights = attend(
         prepared,
         scoring,
         dropout_p=options.get("dropout_p", 0.0),
@@ -287,7 +274,7 @@ def _attend(
         fused=None if return_weights else fused,
         score_bias=score_bias,
     )
-    return finish(result, return_weights)
+    return (output, weights()) if return_weights else output
 
 
 # Signature alike in shape to dot_product_attention's (`duplicates`): one pooling API, on purpose.
@@ -328,16 +315,7 @@ def additive_attention(
     """
     w_v = w_v.reshape(1, -1) if isinstance(w_v, Tensor) and w_v.ndim == 1 else w_v
     params = {"W_q": W_q, "W_k": W_k, "w_v": w_v}
-    return _pool(
-        _ADDITIVE,
-        queries,
-        keys,
-        values,
-        valid_lens,
-        params,
-        options,
-        bias=bias,
-    )
+    return _pool(_ADDITIVE, queries, keys, values, valid_lens, params, options, bias=bias)
 
 
 @_pooling
@@ -370,15 +348,7 @@ def dot_product_attention(
     >>> w[0, 0, 2:].abs().sum().item()
     0.0
     """
-    return _pool(
-        _dot_product(scale),
-        queries,
-        keys,
-        values,
-        valid_lens,
-        None,
-        options,
-    )
+    return _pool(_dot_product(scale), queries, keys, values, valid_lens, None, options)
 
 
 @_pooling
@@ -409,15 +379,7 @@ def general_attention(
     >>> general_attention(q, k, v, torch.randn(3, 5), torch.tensor([1, 4])).shape
     torch.Size([2, 1, 6])
     """
-    return _pool(
-        _GENERAL,
-        queries,
-        keys,
-        values,
-        valid_lens,
-        {"W_a": W_a},
-        options,
-    )
+    return _pool(_GENERAL, queries, keys, values, valid_lens, {"W_a": W_a}, options)
 
 
 @_pooling

@@ -21,22 +21,18 @@ __all__ = ["AttentionMask", "build_mask", "masked_softmax", "sequence_mask"]
 
 
 def _check_values(t: Tensor, name: str) -> int | None:
-    """Check that ``t`` holds non-negative whole numbers, without a device sync and without
-    data-dependent Python where Python cannot run; return the largest value where it was
-    read on the way (CPU integer tensors in eager code), else None.
+    """Check that ``t`` holds non-negative whole numbers without a device sync; return the
+    largest value where it was read on the way (CPU integer tensors in eager code), else None.
 
-    CPU tensors in eager code: a ValueError naming the first bad value. CUDA (and other
-    device) tensors and ``torch.compile``: an on-device / in-graph assertion
-    (``torch._assert_async``: no sync, no graph break; a bad value raises RuntimeError with
-    the same wording). Under ``torch.func`` transforms (vmap, grad) values cannot steer
-    Python, so only shapes, dtypes and devices are checked there.
-    """
+    Eager CPU tensors: a ValueError naming the first bad value. Other devices and
+    ``torch.compile``: ``torch._assert_async`` (no sync, no graph break; a RuntimeError of
+    the same wording). Under ``torch.func`` transforms values cannot steer Python: only
+    shapes, dtypes and devices are checked there."""
     compiling = torch.compiler.is_compiling()
     if not compiling and in_functorch(t):
         return None
     floating = t.is_floating_point()
-    numel = t.numel()
-    if numel == 0:
+    if t.numel() == 0:
         return None
     if not floating and not compiling and t.device.type == "cpu":
         low, high = value_range(t)
@@ -96,9 +92,8 @@ def _canonical_lengths(
     """Key lengths per query, int64 of shape (..., n) (an expanded view), clamped to m
     (``clamp=False``: for a consumer that clamps itself, such as the masked softmax op).
 
-    Accepted shapes, with ``batch_shape`` = (B, ...): (B,) one length per example;
-    (B, n) one per query, shared across the other batch dimensions (e.g. heads);
-    ``batch_shape + (n,)`` one per query and batch entry.
+    Accepted shapes, ``batch_shape`` being (B, ...): (B,) one length per example; (B, n) one
+    per query, shared across the other batch dimensions (heads); ``batch_shape + (n,)``.
     """
     t, high = _check_lengths(valid_lens, "valid_lens", device)
     full = (*batch_shape, n)
@@ -148,12 +143,10 @@ def build_mask(
         query_valid_lens: query lengths, shape (B,) or ``batch_shape``; queries at or beyond
             it attend nothing (their weights and outputs are zero).
         attend_mask: bool, broadcastable to ``batch_shape + (n, m)``; **True = may attend**
-            (as ``scaled_dot_product_attention``'s bool ``attn_mask``; the opposite of
-            ``nn.MultiheadAttention``'s ``key_padding_mask`` and bool ``attn_mask``, where
-            True = ignore, True = not allowed: pass ``~mask``).
-        causal: query i may attend keys j <= i only (top-left alignment, as
-            ``scaled_dot_product_attention(is_causal=True)``; when n > m the last queries
-            see every key, when n < m the last m - n keys are seen by no query).
+            (see :class:`~attnscore.functional.MaskOptions` for PyTorch's masks).
+        causal: query i may attend keys j <= i only (top-left alignment, as SDPA's
+            ``is_causal``: when n > m the last queries see every key, when n < m the last
+            m - n keys are seen by no query).
 
     Returns:
         The :class:`AttentionMask`: the folded per-query ``lengths`` and the parts they
@@ -221,21 +214,11 @@ def build_mask(
                 f"Expected `attend_mask` broadcastable to {(*batch_shape, n, m)}, but got shape "
                 f"{tuple(attend.shape)} instead."
             )
-    return AttentionMask(
-        n=n,
-        m=m,
-        lengths=lengths,
-        attend=attend,
-        key_lengths=key_lengths,
-        query_lengths=query_lengths,
-        causal=causal,
-    )
+    return AttentionMask(n, m, lengths, attend, key_lengths, query_lengths, causal)
 
 
 def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
     """Replace the entries of ``X`` at or beyond each row's valid length by ``value``.
-
-    Returns a new tensor; unlike the textbook version it never writes into ``X``.
 
     Args:
         X: tensor (..., m) of any dtype.
@@ -244,7 +227,7 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
         value: what padded entries become.
 
     Returns:
-        Tensor of ``X``'s shape and dtype.
+        A new tensor of ``X``'s shape and dtype (the textbook's version writes into ``X``).
 
     Raises:
         TypeError, ValueError: as :func:`build_mask` for bad lengths, or when ``valid_len``

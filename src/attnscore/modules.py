@@ -6,8 +6,7 @@ callable; :class:`ScorerAttention` builds a registered scorer's parameters from 
 (:mod:`attnscore.registry`), and the textbook's named classes are that module for their
 scorer with the textbook's arguments. :func:`make_scorer` builds the module of any name.
 
-Shape legend: B batch, n queries, m keys, q / k / d feature sizes, v value size, h hidden
-units; ``...`` is (B,) or (B, H).
+Shapes as in the legend of :mod:`attnscore.functional`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from ._engine import (
     FusedPath,
     KeptProjections,
     MaskOptions,
-    Prepared,
     WeightsFn,
     attend,
     dot_weights_later,
@@ -45,11 +43,7 @@ from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import Param, ScorerSpec, get_scorer, unprojected
-from .scoring import (
-    additive_scores_from_projections,
-    default_scale,
-    dot_product_scores,
-)
+from .scoring import additive_scores_from_projections, default_scale, dot_product_scores
 
 __all__ = [
     "AdditiveAttention",
@@ -70,26 +64,6 @@ def _check_size(value: object, name: str, *, optional: bool = False) -> int | No
     return value
 
 
-def _check_features(expected: int, name: str, x: Tensor, size_name: str) -> None:
-    """Name the argument when its feature size disagrees with a parameter built for another."""
-    if x.shape[-1] != expected:
-        raise ValueError(
-            f"Expected `{name}` with last dimension {size_name}={expected}, but got shape "
-            f"{tuple(x.shape)} instead."
-        )
-
-
-def _check_dtype(parameter: Tensor, queries: Tensor) -> None:
-    """Name the inputs' dtype when it is not the module's (outside autocast, where PyTorch
-    would fail inside a matrix product)."""
-    if parameter.dtype != queries.dtype and not torch.is_autocast_enabled(queries.device.type):
-        raise TypeError(
-            f"Expected `queries`, `keys` and `values` of the module's dtype {parameter.dtype} "
-            f"(its parameters'), but got {queries.dtype} instead: convert the module with "
-            f"`.to({queries.dtype})` or the inputs with `.to({parameter.dtype})`."
-        )
-
-
 _INPUT_SIZES = ("query_size", "key_size")  # the sizes the first call's inputs tell
 
 
@@ -102,19 +76,15 @@ class Attention(nn.Module):
     """Attention pooling with any scoring function.
 
     ``forward(queries, keys, values, valid_lens=None, *, return_weights=False, **masks)``
-    returns
-    ``dropout(normalizer(scores, mask)) @ values`` with queries (..., n, q), keys
-    (..., m, k), values (..., m, v) -> output (..., n, v).
-    Dropout acts on the weights in training mode only.
+    returns ``dropout(normalizer(scores, mask)) @ values``: queries (..., n, q), keys
+    (..., m, k), values (..., m, v) -> output (..., n, v); dropout in training mode only.
 
-    After each call, :attr:`attention_weights` holds that call's (..., n, m) weights, taken
-    before dropout (rows sum to 1 over the keys they may attend; rows with no such key are
-    zero). They are detached (for inspection), and on fast paths computed on first access,
-    from copies the call made of what they need (queries and keys, or their projections,
-    and the masks): later in-place changes of the inputs do not reach them, and the module
-    keeps none of the caller's tensors. With several threads calling one module, it is the
-    last call's (the outputs are each call's own: ``forward`` keeps no other state; the
-    functional forms keep none).
+    After each call, :attr:`attention_weights` holds that call's (..., n, m) weights before
+    dropout (rows sum to 1 over the keys they may attend, or are zero without any),
+    detached; fast paths compute them on first access, from copies the call made of what
+    they need, so later in-place changes of the inputs do not reach them and the module
+    keeps none of the caller's tensors. With several threads calling one module, they are
+    the last call's (``forward`` keeps no other state).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function
@@ -154,10 +124,8 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(dropout))
         get_normalizer(normalizer)  # fail at construction, not at the first call
         self.normalizer = normalizer
-        # The last call's weights: a tensor once computed, or the function computing them
-        # (fast paths compute them only when asked, from copies the call owns), or None
-        # before any call. One attribute, replaced whole, so that concurrent calls never mix
-        # two calls' halves.
+        # The last call's weights, or the function computing them (fast paths), or None: one
+        # attribute, replaced whole, so that concurrent calls never mix two calls' halves.
         self._weights: Tensor | WeightsFn | None = None
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
@@ -195,10 +163,8 @@ class Attention(nn.Module):
                 scorers need q == k.
             valid_lens: key lengths (B,) (one per example), (B, n) (one per query) or
                 (..., n); int or whole-number float; lengths above m mean all keys.
-            **masks: ``query_valid_lens`` (B,) or (...): queries at or beyond them attend
-                nothing; ``attend_mask``: bool broadcastable to (..., n, m), **True = may
-                attend**; ``causal``: query i attends keys j <= i only (top-left aligned).
-                See :class:`attnscore.functional.MaskOptions`.
+            **masks: ``query_valid_lens``, ``attend_mask`` (bool, **True = may attend**),
+                ``causal``: see :class:`attnscore.functional.MaskOptions`.
             return_weights: also return the weights (..., n, m), before dropout, as a
                 tensor that carries gradients (for attention regularisation or supervision
                 losses); the call then takes the plain path, which computes them anyway.
@@ -215,33 +181,37 @@ class Attention(nn.Module):
             ValueError: inconsistent shapes (or feature sizes unlike the parameters'),
                 negative or fractional lengths, masks of the wrong shape or device.
         """
-        # The previous call's weights go first, so that this call's buffers can take their
-        # memory (kept until the next call, they cost a cache's worth of speed otherwise).
+        # The previous call's weights go first, so that this call's buffers can reuse memory.
         self.__dict__["_weights"] = None
+        taken = None
         if valid_lens is not None and not masks and not return_weights:
             # a small call by key lengths may run whole in one step
             taken = self._small(queries, keys, values, valid_lens)
-            if taken is not None:
-                output, self.__dict__["_weights"] = taken
-                return output
         elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
             # so may a call with nothing padded (causal masking alone, or no mask)
             causal = masks.get("causal", False)
             taken = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
-            if taken is not None:
-                output, self.__dict__["_weights"] = taken
-                return output
+        if taken is not None:
+            output, self.__dict__["_weights"] = taken
+            return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
         )
-        output, weights_fn = self._attend(prepared, fused=not return_weights)
+        lengths = prepared.mask.lengths
+        output, weights_fn = attend(
+            prepared,
+            lambda q, k: self.score(q, k, lengths),
+            dropout_p=self.dropout.p if self.training else 0.0,
+            normalizer=self.normalizer,
+            fused=None if return_weights else self.fused_path(),
+        )
         if return_weights:
             weights = weights_fn()
             self.__dict__["_weights"] = weights.detach()
             return output, weights
-        # Straight into __dict__: nn.Module.__setattr__ costs microseconds per call. Weights
-        # the plain path computed are kept detached: their graph holds the caller's tensors
-        # (in a function still: a tensor attribute set while exporting draws a warning).
+        # Straight into __dict__ (nn.Module.__setattr__ is slow). Plain-path weights are kept
+        # detached (their graph holds the caller's tensors), in a function still: a tensor
+        # attribute set while exporting draws a warning.
         if type(weights_fn) is ComputedWeights:
             weights_fn = ComputedWeights(weights_fn.weights.detach())
         self.__dict__["_weights"] = weights_fn
@@ -252,28 +222,14 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """The output and weights (or a weights function over copies the call owns) of a
         small call by key lengths alone, run whole by a fast path that takes the arguments
-        unchecked and declines (None) what it does not take; a scorer without such a path:
-        None."""
+        unchecked; None where it declines (or a scorer has no such path)."""
         return None
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
-        """The output and weights (or a weights function over copies the call owns) of a
-        call with nothing padded (no mask, or causal masking alone), run whole by a fast
-        path that takes the arguments unchecked and declines (None) what it does not take;
-        a scorer without such a path: None."""
+        """As :meth:`_small`, for a call with nothing padded (no mask, or causal alone)."""
         return None
-
-    def _attend(self, prepared: Prepared, *, fused: bool) -> tuple[Tensor, WeightsFn]:
-        lengths = prepared.mask.lengths
-        return attend(
-            prepared,
-            lambda q, k: self.score(q, k, lengths),
-            dropout_p=self.dropout.p if self.training else 0.0,
-            normalizer=self.normalizer,
-            fused=self.fused_path() if fused else None,
-        )
 
     @property
     def attention_weights(self) -> Tensor | None:
@@ -292,21 +248,19 @@ class Attention(nn.Module):
         return self.__dict__.copy()
 
     def extra_repr(self) -> str:
-        extra = f"normalizer={self.normalizer!r}" if self.normalizer != "softmax" else ""
-        return extra
+        return f"normalizer={self.normalizer!r}" if self.normalizer != "softmax" else ""
 
 
 class ScorerAttention(Attention):
     """Attention with a registered scorer: its parameters, built from the scorer's spec.
 
-    The module for every name of :func:`attnscore.scorer_names` (:func:`make_scorer` builds
-    it; the textbook's named classes below are this module for their scorer, with the
-    textbook's arguments). Each parameter of the spec (:class:`attnscore.registry.Param`)
-    becomes an attribute of its name: a matrix (out, in) an ``nn.Linear(in, out,
-    bias=False)`` (an ``nn.LazyLinear`` while ``in`` is None, materialised by the first
-    call or by ``load_state_dict`` of a trained checkpoint), any other an
-    ``nn.Parameter``. Scores are ``spec.score(queries, keys, **parameters)``; where the
-    spec declares a projection, the fast paths of dot-product attention run it.
+    The module of every name of :func:`attnscore.scorer_names` (:func:`make_scorer` builds
+    it; the named classes below are it with the textbook's arguments). Each parameter of the
+    spec (:class:`attnscore.registry.Param`) becomes an attribute of its name: a matrix
+    (out, in) an ``nn.Linear(in, out, bias=False)`` (an ``nn.LazyLinear`` while ``in`` is
+    None, until the first call or ``load_state_dict``), any other an ``nn.Parameter``.
+    Scores are ``spec.score(queries, keys, **parameters)``; a projection the spec declares
+    runs on the fast paths of dot-product attention.
 
     Args:
         scoring: a registered scorer's name or its :class:`~attnscore.registry.ScorerSpec`.
@@ -376,17 +330,17 @@ class ScorerAttention(Attention):
         >>> ScorerAttention("cosine").parameters_by_name()["log_scale"].exp().round()
         tensor(10., grad_fn=<RoundBackward0>)
         """
-        tensors: dict[str, Tensor] = {}
-        for param in self.spec.params:
-            if param.is_matrix:
-                tensors[param.name] = _held(_submodule(self, param.name), "weight")
-            else:
-                tensors[param.name] = _held(self, param.name)
-        return tensors
+        return {
+            p.name: _held(_submodule(self, p.name), "weight")
+            if p.is_matrix
+            else _held(self, p.name)
+            for p in self.spec.params
+        }
 
     def check_features(self, queries: Tensor, keys: Tensor) -> None:
-        """Name the argument whose feature size differs from the parameters' sizes, and
-        materialise matrices whose input size waited for the first call."""
+        """Name the argument whose feature size or dtype differs from the parameters' (where
+        PyTorch would fail inside a matrix product; autocast casts dtypes), and materialise
+        matrices whose input size waited for the first call."""
         inputs = {"query_size": ("queries", queries), "key_size": ("keys", keys)}
         for param in self.spec.params:
             if not param.is_matrix:
@@ -394,10 +348,20 @@ class ScorerAttention(Attention):
             linear = getattr(self, param.name)
             if _is_lazy(linear) and param.shape[1] in inputs:
                 linear(inputs[str(param.shape[1])][1][..., :1, :])  # in: the first call's
-            for size_name, expected in zip(param.shape, linear.weight.shape, strict=True):
-                if size_name in inputs:
-                    _check_features(expected, *inputs[str(size_name)], str(size_name))
-            _check_dtype(linear.weight, queries)
+            weight = linear.weight
+            for size_name, expected in zip(param.shape, weight.shape, strict=True):
+                name, x = inputs.get(str(size_name), ("", None))
+                if x is not None and x.shape[-1] != expected:
+                    raise ValueError(
+                        f"Expected `{name}` with last dimension {size_name}={expected}, but got "
+                        f"shape {tuple(x.shape)} instead."
+                    )
+            if weight.dtype != queries.dtype and not torch.is_autocast_enabled(queries.device.type):
+                raise TypeError(
+                    f"Expected `queries`, `keys` and `values` of the module's dtype {weight.dtype} "
+                    f"(its parameters'), but got {queries.dtype} instead: convert the module with "
+                    f"`.to({queries.dtype})` or the inputs with `.to({weight.dtype})`."
+                )
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)
@@ -444,19 +408,17 @@ class ScorerAttention(Attention):
     def _lane(
         self, queries: Tensor, keys: Tensor, *, small: bool
     ) -> tuple[Projection | None, float] | None:
-        """(projection, scale) the lanes run for a call (:meth:`_offered`) by the spec's
-        projection: (None, scale) for the queries and keys themselves, else (its
-        :meth:`~attnscore.registry.ScorerSpec.projector`, 1); None unless the parameters are
-        made, on the queries' device, matrices of their dtype and sizes, and (``small``)
-        not being trained."""
+        """(projection, scale) the lanes run for a call (:meth:`_offered`): (None, scale) for
+        unprojected scorers, else (:meth:`~attnscore.registry.ScorerSpec.projector`, 1); None
+        unless the parameters are made, on the queries' device, matrices of their dtype and
+        sizes, and (``small``) not being trained."""
         projection = self.spec.projection
         if projection is None or not self._offered(queries, keys, small=small):
             return None
         if projection is unprojected:
             scale = self._dot_scale()
             return None, default_scale(queries.shape[-1]) if scale is None else scale
-        # One pass over the parameters (this runs on every call of a small lane): each made,
-        # on the queries' device, matrices of their dtype, of the sizes of q and k.
+        # One pass over the parameters: a small lane runs this on every call.
         grad = small and torch.is_grad_enabled()
         sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
         params: dict[str, Tensor] = {}
@@ -568,15 +530,13 @@ class AdditiveAttention(ScorerAttention):
             newer edition do, via ``nn.LazyLinear``).
         query_size: q; None infers it on the first call.
         num_hiddens: h, the hidden units of the scoring MLP (required).
-        dropout: dropout on the attention weights (training mode only).
         bias: add a learned bias ``b`` (h,) inside the tanh (Bahdanau's original form).
         normalize: weight-normalise ``w_v`` as ``g · w_v / ‖w_v‖`` with a learned scalar
             gain ``g`` (init 1/sqrt(h)); implies ``bias`` (TensorFlow Addons'
             ``BahdanauAttention(normalize=True)``; Salimans & Kingma 2016).
-        normalizer: as :class:`Attention`.
+        dropout, normalizer: as :class:`Attention`.
 
-    Shapes: ``forward(queries (..., n, q), keys (..., m, k), values (..., m, v),
-    valid_lens=None)`` -> (..., n, v); see :class:`Attention` for masks and weights.
+    Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
 
     Raises:
         ValueError: sizes that are not positive ints.
@@ -591,10 +551,12 @@ class AdditiveAttention(ScorerAttention):
             [[10., 11., 12., 13.]]])
     """
 
-    # Made from the spec's params (typed here for readers and type checkers).
+    # Made from the spec's params (typed here for readers and type checkers); b, g below.
     W_k: nn.Linear
     W_q: nn.Linear
     w_v: nn.Linear
+    b: nn.Parameter | None
+    g: nn.Parameter | None
 
     def __init__(
         self,
@@ -613,14 +575,10 @@ class AdditiveAttention(ScorerAttention):
         h = self.w_v.in_features
         self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
         self.normalize = bool(normalize)
-        if normalize or bias:
-            self.b = nn.Parameter(torch.zeros(h))
-        else:
-            self.register_parameter("b", None)
-        if normalize:
-            self.g = nn.Parameter(torch.tensor(1.0 / math.sqrt(h)))
-        else:
-            self.register_parameter("g", None)
+        b = nn.Parameter(torch.zeros(h)) if normalize or bias else None
+        g = nn.Parameter(torch.tensor(1.0 / math.sqrt(h))) if normalize else None
+        self.register_parameter("b", b)
+        self.register_parameter("g", g)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
         self.check_features(queries, keys)
@@ -655,21 +613,17 @@ class AdditiveAttention(ScorerAttention):
             or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
         ):
             return None
-        hidden = self.w_v.in_features
-        taken = small_additive_attention(
-            queries, keys, values, valid_lens, hidden, self._projections
+        return small_additive_attention(
+            queries, keys, values, valid_lens, self.w_v.in_features, self._projections
         )
-        return taken  # the pass wrote the weights it used
 
     def _projected_keys(self, keys: Tensor) -> Tensor:
         """``W_k keys``, computed once for the keys a decoder passes at every step.
 
-        Without gradients (decoding under ``torch.no_grad``), the projection of the last
-        keys tensor is kept and reused while the same tensor comes back unchanged (same
-        object, same version: no in-place change since) and ``W_k`` is unchanged. With
-        gradients nothing is kept: a kept projection would tie steps of autograd graphs.
-        Inference-mode tensors keep no version counter, so they are never reused; nor is
-        anything while tracing or compiling (a graph must hold the projection).
+        Without gradients, the last keys' projection is reused while the same tensor comes
+        back unchanged (same object and version) and so does ``W_k``. Nothing is kept with
+        gradients (it would tie steps' autograd graphs), for inference-mode tensors (no
+        version counter) or while tracing or compiling (a graph must hold the projection).
         """
         weight = self.W_k.weight
         # in_transform first: tracers (torch.compile) cannot evaluate is_inference().
@@ -697,9 +651,8 @@ class DotProductAttention(ScorerAttention):
     (``scale=None``) and ``"dot"`` (``scale=1.0``), and any other fixed scale.
 
     Args:
-        dropout: dropout on the attention weights (training mode only).
+        dropout, normalizer: as :class:`Attention`.
         scale: None for 1/sqrt(d) (scaled dot product); 1.0 for Luong et al. 2015's "dot".
-        normalizer: as :class:`Attention`.
 
     Shapes: queries (..., n, d), keys (..., m, d), values (..., m, v) -> (..., n, v).
 
@@ -748,9 +701,8 @@ def _weights_later(
     causal: bool = False,
 ) -> WeightsFn:
     """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
-    (..., m', d), which the call owns, by key lengths ``valid_lens`` (copied here) or
-    causal masking: computed when asked (:func:`attnscore._engine.dot_weights_later`).
-    ``m``: the number of keys (causal masking may have cut off the m - m' no query sees)."""
+    (..., m', d), owned by the call, by key lengths (copied here) or causal masking, computed
+    when asked (:func:`attnscore._engine.dot_weights_later`); ``m``: the number of keys."""
     lengths = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
@@ -763,9 +715,8 @@ def _weights_later(
 
 def _held(module: nn.Module, name: str) -> Tensor:
     """``module.<name>``, a tensor it holds (parameter or buffer), read from where
-    ``nn.Module`` keeps it: its attribute lookup costs a microsecond per level, as much as
-    the rest of a mid-size call's checks. Anything else held under that name (a
-    parametrization, a plain attribute) through the lookup."""
+    ``nn.Module`` keeps it, past its attribute lookup (slow for a fast lane's every call);
+    anything else held under that name (a parametrization, ...) through the lookup."""
     held: Tensor | None = module._parameters.get(name)
     if held is None:
         held = module._buffers.get(name)
@@ -788,8 +739,7 @@ def _dropout_p(module: Attention) -> float:
 
 
 def _checked(module: ScorerAttention, project: Projection) -> Projection:
-    """``project`` after ``module`` checks the feature sizes against its parameters: the
-    fused path's check (the plain path's is in :meth:`ScorerAttention.score`)."""
+    """``project`` after ``module``'s check of the feature sizes (the fused path's)."""
 
     def checked(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         module.check_features(queries, keys)
@@ -898,9 +848,7 @@ def make_scorer(
         query_size: q, the queries' feature size.
         key_size: k, the keys' feature size (default: ``query_size``).
         num_hiddens: h for scorers with hidden units (additive; default: ``query_size``).
-        dropout: dropout on the attention weights.
-        normalizer: the probability function (:func:`attnscore.normalizers.normalizer_names`
-            or a callable ``(scores, mask) -> weights``).
+        dropout, normalizer: as :class:`Attention`.
 
     Returns:
         A module taking queries (..., n, q) and keys (..., m, k).

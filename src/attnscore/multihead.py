@@ -30,15 +30,12 @@ class MultiHeadAttention(nn.Module):
 
     ``head_i = attention(W_q q, W_k k, W_v v)`` restricted to the i-th slice of size
     num_hiddens / num_heads, and ``output = W_o concat(head_1, ..., head_H)``. The
-    projections are named as in the textbook (``W_q``, ``W_k``, ``W_v``, ``W_o``): with
-    ``query_size`` given they are ``nn.Linear`` and exist from construction; without, they
-    are ``nn.LazyLinear`` (input sizes inferred on the first call, as the textbook's), which
-    ``load_state_dict`` of a trained checkpoint sizes as that call would. Both forms have
-    the same ``state_dict`` keys.
+    projections, named as in the textbook, are ``nn.Linear`` with ``query_size`` given, else
+    ``nn.LazyLinear`` sized by the first call (as the textbook's) or by ``load_state_dict``
+    of a trained checkpoint; both forms have the same ``state_dict`` keys.
 
     Args:
-        num_hiddens: model size E (of the projections and the output), a multiple of
-            ``num_heads``.
+        num_hiddens: E, the size of the projections and the output, a multiple of ``num_heads``.
         num_heads: H.
         dropout: dropout on the attention weights (training mode only).
         bias: biases in the four projections (``nn.MultiheadAttention``'s default is True).
@@ -56,12 +53,11 @@ class MultiHeadAttention(nn.Module):
         value_size: v (default ``key_size``, as ``vdim``).
 
     Shapes: ``forward(queries (B, n, q), keys (B, m, k), values (B, m, v), valid_lens=None,
-    **masks)`` -> (B, n, E); batch-first always (``nn.MultiheadAttention``'s
-    ``batch_first=True``).
-    ``valid_lens`` (B,) or (B, n) applies to every head; ``attend_mask`` (bool, True = may
-    attend) may be (n, m), (B, n, m) or (B, H, n, m). :attr:`attention_weights` is
-    (B, H, n, m), the last call's, before dropout; rows with no valid key are zero.
-    :meth:`from_torch` and :meth:`to_torch` convert from and to ``nn.MultiheadAttention``.
+    **masks)`` -> (B, n, E), batch-first always (``nn.MultiheadAttention``'s
+    ``batch_first=True``); masks apply to every head (see :meth:`forward`).
+    :attr:`attention_weights` is (B, H, n, m), the last call's, before dropout; rows with
+    no valid key are zero. :meth:`from_torch` and :meth:`to_torch` convert from and to
+    ``nn.MultiheadAttention``.
 
     Raises:
         ValueError: ``num_hiddens`` not a multiple of ``num_heads``, sizes that are not
@@ -95,28 +91,21 @@ class MultiHeadAttention(nn.Module):
         value_size: int | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
-            _check_size(value, name)
-        for name, size in (("query_size", query_size), ("key_size", key_size)):
-            _check_size(size, name, optional=True)
-        _check_size(value_size, "value_size", optional=True)
+        inputs = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
+        for name, size in {"num_hiddens": num_hiddens, "num_heads": num_heads, **inputs}.items():
+            _check_size(size, name, optional=name in inputs)
         if num_hiddens % num_heads:
             raise ValueError(
                 f"Expected `num_hiddens` to be a multiple of `num_heads` ({num_heads}), but got "
                 f"{num_hiddens} instead."
             )
         self.num_heads = num_heads
-        head_size = num_hiddens // num_heads
+        size = num_hiddens // num_heads  # every size of a scorer built by name
         if isinstance(scoring, Attention):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in scorer_names():
             self.attention = make_scorer(
-                scoring,
-                head_size,
-                head_size,
-                num_hiddens=head_size,
-                dropout=dropout,
-                normalizer=normalizer,
+                scoring, size, size, num_hiddens=size, dropout=dropout, normalizer=normalizer
             )
         else:
             raise ValueError(
@@ -145,16 +134,14 @@ class MultiHeadAttention(nn.Module):
         ``need_weights=True, average_attn_weights=False`` is ``return_weights=True``.
 
         Args:
-            module: a ``torch.nn.MultiheadAttention`` without ``add_bias_kv`` and
-                ``add_zero_attn``.
+            module: a ``torch.nn.MultiheadAttention`` without ``add_bias_kv`` and ``add_zero_attn``.
 
         Returns:
             A new :class:`MultiHeadAttention`; ``module`` is unchanged.
 
         Raises:
             TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-            ValueError: ``module`` has ``add_bias_kv`` or ``add_zero_attn`` (no
-                equivalent here).
+            ValueError: ``module`` has ``add_bias_kv`` or ``add_zero_attn`` (no equivalent here).
 
         >>> theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
         >>> ours = MultiHeadAttention.from_torch(theirs)
@@ -193,13 +180,10 @@ class MultiHeadAttention(nn.Module):
             key_size=module.kdim,
             value_size=module.vdim,
         ).to(device=w_q.device, dtype=w_q.dtype)
+        linears = (ours.W_q, ours.W_k, ours.W_v, ours.W_o)
+        weights = (w_q, w_k, w_v, module.out_proj.weight)
         with torch.no_grad():
-            for linear, weight, b in zip(
-                (ours.W_q, ours.W_k, ours.W_v, ours.W_o),
-                (w_q, w_k, w_v, module.out_proj.weight),
-                biases,
-                strict=True,
-            ):
+            for linear, weight, b in zip(linears, weights, biases, strict=True):
                 linear.weight.copy_(weight)
                 if b is not None:
                     linear.bias.copy_(b)
@@ -234,7 +218,7 @@ class MultiHeadAttention(nn.Module):
         attention = self.attention
         scaled = type(attention) is DotProductAttention and attention.scale in (
             None,
-            default_scale(self._head_size()),
+            default_scale(int(self.W_o.out_features) // self.num_heads),
         )
         if not scaled or attention.normalizer != "softmax":
             raise ValueError(
@@ -277,20 +261,14 @@ class MultiHeadAttention(nn.Module):
             if theirs.in_proj_weight is not None:
                 theirs.in_proj_weight.copy_(torch.cat(weights))
             else:
-                for mine, w in zip(
-                    (theirs.q_proj_weight, theirs.k_proj_weight, theirs.v_proj_weight),
-                    weights,
-                    strict=True,
-                ):
+                separate = (theirs.q_proj_weight, theirs.k_proj_weight, theirs.v_proj_weight)
+                for mine, w in zip(separate, weights, strict=True):
                     mine.copy_(w)
             theirs.out_proj.weight.copy_(self.W_o.weight)
             if biased:
                 theirs.in_proj_bias.copy_(torch.cat([linear.bias for linear in linears[:3]]))
                 theirs.out_proj.bias.copy_(self.W_o.bias)
         return theirs.train(self.training)
-
-    def _head_size(self) -> int:
-        return int(self.W_o.out_features) // self.num_heads
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(B, n, E) -> (B, H, n, E/H)."""
@@ -322,16 +300,14 @@ class MultiHeadAttention(nn.Module):
                 (B, n, m) or (B, H, n, m); ``causal``: query i attends keys j <= i only.
 
         Returns:
-            (B, n, E) with E = ``num_hiddens``, in the inputs' dtype. Queries with no valid
-            key get zero attention output, so their result is ``W_o``'s bias (0 without
-            bias). :attr:`attention_weights` then holds (B, H, n, m). With
-            ``return_weights=True``, ``(output, weights)``: the per-head weights
-            (B, H, n, m) with their gradients (``nn.MultiheadAttention``'s
-            ``need_weights=True, average_attn_weights=False``).
+            (B, n, E) with E = ``num_hiddens``, in the inputs' dtype; queries with no valid
+            key get zero attention output (their result is ``W_o``'s bias, 0 without bias).
+            With ``return_weights=True``, ``(output, weights)``: the per-head weights
+            (B, H, n, m) with gradients (``nn.MultiheadAttention``'s ``need_weights=True,
+            average_attn_weights=False``); :attr:`attention_weights` holds them either way.
 
         Raises:
-            TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not
-            3-D.
+            TypeError, ValueError: as :func:`attnscore.attention`; also queries that are not 3-D.
         """
         if masks:
             check_keywords(masks, MASK_NAMES, "multihead forward")
@@ -370,8 +346,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Keys and values with the rows no query of any head attends zeroed where some row
         may hold NaN or inf (:func:`~attnscore.kernels._attention.may_hold_garbage`): the
-        projections' weight gradients sum over every row, and 0 x NaN is NaN. The attention
-        itself makes its own padding inert."""
+        projections' weight gradients sum over every row, and 0 x NaN is NaN."""
         if not may_hold_garbage(keys, values):
             return keys, values
         B, n, m = queries.shape[0], queries.shape[1], keys.shape[1]

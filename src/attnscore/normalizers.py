@@ -6,10 +6,9 @@ with no allowed key. ``softmax`` is the default; ``sparsemax`` and ``entmax15`` 
 optional ``entmax`` package (``pip install attnscore[entmax]``); ``hardmax`` puts all
 weight on the best allowed key.
 
-A normalizer may be an object with parameters, such as :class:`Softmax` with a
-temperature. A *softmax-like* normalizer, the softmax of its scores times a factor,
-declares that factor (``score_factor``): the fused paths of the dot-product family then
-run it as well, their scale multiplied by the factor (:func:`score_factor`).
+A normalizer may be an object with parameters (:class:`Softmax` with a temperature); a
+*softmax-like* one, the softmax of its scores times a factor it declares, runs on the fused
+paths of the dot-product family (:func:`score_factor`).
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ class Softmax:
     dtype and device; rows with no allowed key are zeros (zero gradients).
 
     A temperature above 1 flattens the weights, below 1 sharpens them; 1 is
-    :func:`softmax`. Softmax-like: it declares :attr:`score_factor` (1 / temperature), so
-    the fused paths of the dot-product family (dot, scaled dot, general, cosine and scorers
-    that declare a projection) run it, with their scale multiplied by the factor.
+    :func:`softmax`. Softmax-like (:attr:`score_factor` is 1 / temperature): the fused paths
+    of the dot-product family run it, their scale multiplied by the factor.
 
     Args:
         temperature: a positive finite number.
@@ -73,9 +71,8 @@ class Softmax:
         TypeError: ``temperature`` is not a real number.
         ValueError: ``temperature`` is not positive and finite.
 
-    Source: Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network"
-    (2015), the softmax with a temperature; D2L "Attention Scoring Functions" (masked
-    softmax).
+    Source: Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network" (2015);
+    D2L "Attention Scoring Functions" (masked softmax).
 
     >>> from attnscore.masking import AttentionMask
     >>> mask = AttentionMask(n=1, m=3, lengths=torch.tensor([[2]]))

@@ -1,11 +1,10 @@
 """The scorer registry: one spec per scoring name, the single source of every front door.
 
-A :class:`ScorerSpec` says what a scorer is: its score function (tensors in, scores out),
-its parameters and their shapes, its formula and source, and, where its scores are dot
-products of projections of the queries and keys, those projections and their scale (what
-gives it every fast path). Everything else comes from the spec: the module
-(:func:`attnscore.make_scorer`, :class:`attnscore.ScorerAttention`), the functional form
-(:func:`attnscore.attention` with ``scoring="name"`` and ``params``),
+A :class:`ScorerSpec` says what a scorer is: its score function, its parameters and their
+shapes, its formula and source, and, where its scores are dot products of projections of
+the queries and keys, those projections and their scale (what gives it every fast path).
+Everything else comes from the spec: the module (:func:`attnscore.make_scorer`), the
+functional form (:func:`attnscore.attention` with ``scoring="name"``),
 ``MultiHeadAttention(scoring=...)``, ``attnscore run --scoring``, the G2P model, the
 benchmark and the test path registry.
 
@@ -138,9 +137,8 @@ class ScorerSpec:
     :func:`attnscore._engine.attend`): one given, or :func:`unprojected`'s; or None."""
     projection: ProjectionFunction | None = field(default=None, compare=False)
     """``(queries, keys, **params) -> (q' (..., n, d'), k' (..., m, d'))`` whose dot
-    products times :attr:`scale` are the scores (:attr:`score` stays the formula), or None.
-    Every form then runs the scorer as dot-product attention of the projections where a
-    kernel takes it, the plain pipeline elsewhere."""
+    products times :attr:`scale` are the scores, or None: every form then runs as
+    dot-product attention of the projections where a kernel takes it."""
     scale: float | None = 1.0
     """The factor on the projections' dot products; None: 1/√d' (Vaswani's scaling)."""
     takes_lengths: bool = field(init=False, compare=False)
@@ -148,8 +146,7 @@ class ScorerSpec:
     param_shapes: tuple[tuple[str, bool, tuple[int | str, ...]], ...] = field(
         init=False, compare=False, repr=False
     )
-    """(name, whether a matrix, shape) of each parameter, read once (the fast lanes check
-    the module's parameters against them on every call)."""
+    """(name, whether a matrix, shape) per parameter, read once for the fast lanes' checks."""
     _fused_unkept: FusedPath | None = field(init=False, compare=False, repr=False, default=None)
     # The default fused path of an unprojected scorer, made for callers that never ask for
     # the weights (fused_path(weights=False)); None where the fused path is a user's.
@@ -251,10 +248,8 @@ def register_scorer(
 ) -> ScorerSpec:
     """Register a scorer under ``name`` and return its :class:`ScorerSpec`.
 
-    The name then works everywhere a scorer is taken by name: :func:`attnscore.make_scorer`
-    (a module holding the parameters), :func:`attnscore.attention` (the functional form,
-    parameters given as tensors), ``MultiHeadAttention(scoring=...)`` and ``attnscore run
-    --scoring``.
+    The name then works everywhere a scorer is taken by name: :func:`attnscore.make_scorer`,
+    :func:`attnscore.attention`, ``MultiHeadAttention(scoring=...)``, ``attnscore run``.
 
     Args:
         name: a word (letters, digits, underscores).
@@ -345,16 +340,13 @@ def _cosine_projection(queries: Tensor, keys: Tensor, log_scale: Tensor) -> tupl
 
 
 register_scorer(
-    "additive",
-    additive_scores,
+    "additive", additive_scores, formula="w_vᵀ tanh(W_q q + W_k k)",
+    source="Bahdanau et al. 2015, eq. A.1.2",
     params=(  # in the textbook's order, which parameters() and optimizer states keep
-        Param("W_k", ("num_hiddens", "key_size")),
-        Param("W_q", ("num_hiddens", "query_size")),
+        Param("W_k", ("num_hiddens", "key_size")), Param("W_q", ("num_hiddens", "query_size")),
         Param("w_v", (1, "num_hiddens")),
     ),
-    formula="w_vᵀ tanh(W_q q + W_k k)",
-    source="Bahdanau et al. 2015, eq. A.1.2",
-)
+)  # fmt: skip
 register_scorer(
     "dot", partial(dot_product_scores, scale=1.0), projection=unprojected, formula="qᵀk",
     source='Luong et al. 2015, eq. 8 "dot"', same_feature_size=True,
@@ -376,11 +368,7 @@ register_scorer(
     projection=_general_projection, scale=None,
 )  # fmt: skip
 register_scorer(
-    "cosine",
-    _cosine_by_log_scale,
-    projection=_cosine_projection,
-    params=(Param("log_scale", (), init=math.log(10.0)),),
-    formula="s · cos(q, k), s learned",
-    source="Liu et al. 2022 (Swin Transformer V2), eq. 2",
-    same_feature_size=True,
-)
+    "cosine", _cosine_by_log_scale, projection=_cosine_projection,
+    params=(Param("log_scale", (), init=math.log(10.0)),), formula="s · cos(q, k), s learned",
+    source="Liu et al. 2022 (Swin Transformer V2), eq. 2", same_feature_size=True,
+)  # fmt: skip

@@ -1,10 +1,9 @@
 """Scoring functions: (queries, keys) -> scores.
 
-A scoring function maps queries (..., n, q) and keys (..., m, k) to scores (..., n, m). It
-is the only part that differs between additive, dot-product, general and cosine attention;
-masking, softmax, dropout and the weighted sum are shared (see :mod:`attnscore.functional`).
-These functions take parameters as tensors; the modules in :mod:`attnscore.modules` hold
-them as ``nn.Parameter``.
+A scoring function maps queries (..., n, q) and keys (..., m, k) to scores (..., n, m): the
+only part that differs between additive, dot-product, general and cosine attention (the
+rest is shared, see :mod:`attnscore.functional`). These functions take parameters as
+tensors; the modules of :mod:`attnscore.modules` hold them as ``nn.Parameter``.
 
 Shape legend: B batch, n queries, m keys, q / k / d feature sizes, h hidden units.
 """
@@ -51,7 +50,7 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     Returns:
         scores (..., n, m) in the inputs' dtype, as every scoring function here (matrix
         products accumulate in float32 for 16-bit inputs, as PyTorch's do; float16 ones on
-        the CPU run in the library's C kernel, 10-30x faster than PyTorch's there).
+        the CPU run in the library's C kernel).
 
     >>> dot_product_scores(torch.ones(1, 2, 4), torch.ones(1, 3, 4)).shape
     torch.Size([1, 2, 3])
@@ -59,12 +58,11 @@ def dot_product_scores(queries: Tensor, keys: Tensor, scale: float | None = None
     if scale is None:
         # d = 0: every score is the empty sum 0, so any finite scale gives the same result.
         scale = default_scale(queries.shape[-1])
-    # 16-bit inputs scale the scores: a scaled operand is rounded before the products, and
-    # where q·k cancels (large terms, a small sum) that rounding moves near-tied scores by
-    # far more than one rounding of the score does (hypothesis found a float16 output 5x
-    # the plain formula's error). Elsewhere scaling the smaller operand costs less than
-    # scaling the (n, m) scores (not while exporting: a branch on n <= m would hold the
-    # exported program to that case).
+    # 16-bit inputs scale the scores: where q·k cancels (large terms, a small sum), rounding
+    # a scaled operand before the products moves near-tied scores far more than one rounding
+    # of the score does. Elsewhere scaling the smaller operand costs less than scaling the
+    # (n, m) scores (not while exporting: a branch on n <= m would hold the exported
+    # program to that case).
     if queries.dtype.itemsize <= 2:
         return _ops.matmul(queries, keys.transpose(-1, -2)) * scale
     if torch.compiler.is_exporting() or queries.shape[-2] <= keys.shape[-2]:
@@ -140,9 +138,8 @@ def additive_scores_from_projections(
     holds the (..., n, m, h) tensor of the textbook formulation.
 
     Args:
-        qh: projected queries (..., n, h) (``W_q q``, plus any bias).
-        kh: projected keys (..., m, h) (``W_k k``).
-        w_v: (h,) or (1, h).
+        qh: projected queries (..., n, h) (``W_q q``, plus any bias). kh: projected keys
+            (..., m, h) (``W_k k``). w_v: (h,) or (1, h).
         lengths: optional int64 (..., n): scores at j >= lengths[..., i] are masked later,
             so they are skipped (returned as 0).
 

@@ -7,10 +7,9 @@ it, limits included (each docstring names them: ``-1e6`` fills, in-place masking
 
 Names, constructor arguments and ``state_dict`` keys (``W_q``, ``W_k``, ``w_v``) are the
 book's, so a checkpoint of the book's ``AdditiveAttention`` loads here and into
-:class:`attnscore.AdditiveAttention` with ``strict=True``. For the library's own
-versions (zero rows for empty sequences, any batch shape, fused kernels) use
-:func:`attnscore.masked_softmax`, :class:`attnscore.AdditiveAttention` and
-:class:`attnscore.DotProductAttention`.
+:class:`attnscore.AdditiveAttention` with ``strict=True``: the library's own version (zero
+rows for empty sequences, any batch shape, fused kernels), as are
+:func:`attnscore.masked_softmax` and :class:`attnscore.DotProductAttention`.
 
 >>> import torch
 >>> masked_softmax(torch.zeros(1, 2, 4), torch.tensor([3]))
@@ -61,9 +60,8 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None) -> Tensor:
 
     Returns:
         Weights (B, n, m), same dtype and device. Masked scores become ``-1e6`` before the
-        softmax, so padded entries get weight ~0 and a row of length 0 is *uniform*
-        (1/m each) rather than zero; in float16 ``-1e6`` overflows to ``-inf`` and such a
-        row is NaN.
+        softmax: padded entries get weight ~0, a row of length 0 is *uniform* (1/m each)
+        rather than zero, and NaN in float16 (where ``-1e6`` overflows to ``-inf``).
 
     Source: D2L "Attention Scoring Functions", ``masked_softmax``.
     """
@@ -82,8 +80,7 @@ class AdditiveAttention(nn.Module):
     """Additive (Bahdanau) attention, ``a(q, k) = w_vᵀ tanh(W_q q + W_k k)``, as in the book.
 
     Args:
-        key_size: k, the keys' feature size.
-        query_size: q, the queries' feature size.
+        key_size, query_size: k and q, the keys' and the queries' feature sizes.
         num_hiddens: h, the hidden units of the one-layer MLP.
         dropout: dropout on the attention weights (training mode only).
 
@@ -112,9 +109,7 @@ class AdditiveAttention(nn.Module):
         """Attention pooling of ``values`` with additive scores.
 
         Args:
-            queries: (B, n, q), float.
-            keys: (B, m, k), same dtype and device.
-            values: (B, m, v).
+            queries: (B, n, q) float; keys (B, m, k), values (B, m, v) of its dtype and device.
             valid_lens: None, (B,) or (B, n), as :func:`masked_softmax`.
 
         Returns:
@@ -154,9 +149,7 @@ class DotProductAttention(nn.Module):
         """Attention pooling of ``values`` with scores ``q·k/√d``.
 
         Args:
-            queries: (B, n, d), float.
-            keys: (B, m, d), same dtype and device.
-            values: (B, m, v).
+            queries: (B, n, d) float; keys (B, m, d), values (B, m, v) of its dtype and device.
             valid_lens: None, (B,) or (B, n), as :func:`masked_softmax`.
 
         Returns:
