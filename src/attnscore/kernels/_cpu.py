@@ -124,19 +124,13 @@ def _lengths_split(shared: Tensor, div: int, R: int, m: int, threads: int) -> li
     form: the exps cost per valid entry, writing zeros a little per padded one. Rows that
     share a length are cut together (no per-row tensor), unless there are too few groups
     to give every thread some. One length for every row: ranges of equal count."""
+    pad = m // 8
+    bound = R * (m + pad)
     if shared.numel() == 1:
-        return _even(R, threads, R * (m + m // 8))
+        return _even(R, threads, bound)
     if shared.numel() < threads:
-        return _split(
-            R, lambda: _row_lengths(shared, div).clamp(0, m) + m // 8, threads, R * (m + m // 8)
-        )
-    return _split(
-        R,
-        lambda: (shared.reshape(-1).clamp(0, m) + m // 8) * div,
-        threads,
-        R * (m + m // 8),
-        div,
-    )
+        return _split(R, lambda: _row_lengths(shared, div).clamp(0, m) + pad, threads, bound)
+    return _split(R, lambda: (shared.reshape(-1).clamp(0, m) + pad) * div, threads, bound, div)
 
 
 Args = tuple[Sequence[Any], Sequence[Any]]
@@ -175,11 +169,9 @@ def _run(
         fn(*head, *ranges[0], *tail)
         return
     if parallel_in_c():
-        op, suffix = kernel.rsplit("_", 1)
         cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
         head, tail = args(0)
-        driver = _function(lib, f"{op}_par_{suffix}")
-        driver(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
+        _function(lib, _driver(kernel))(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
         return
     _run_threads(fn, ranges, args)
 
@@ -229,19 +221,16 @@ def _row_lengths(shared: Tensor, div: int) -> Tensor:
     return shared.reshape(-1).repeat_interleave(div) if div > 1 else shared.reshape(-1)
 
 
-_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+#: The C functions' name suffix of each dtype (float16's arithmetic needs _Float16).
+_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the C masked softmax runs in: the input's own, or float32 where no kernel
     of that dtype exists (float16 without a compiler that has _Float16)."""
-    if dtype in _SUFFIX or (dtype == torch.float16 and has_float16()):
+    if dtype in _SUFFIX and (dtype != torch.float16 or has_float16()):
         return dtype
     return torch.float32
-
-
-def _suffix(dtype: torch.dtype) -> str:
-    return "f16" if dtype == torch.float16 else _SUFFIX[dtype]
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
@@ -257,10 +246,9 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     R = lengths.numel()
     if R and m:
         shared, div = _shared_lengths(lengths)
-        # exps cost per valid entry, writing zeros a little per padded one
         ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
-        _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
+        _run(lib, f"masked_softmax_{_SUFFIX[dtype]}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
@@ -319,7 +307,7 @@ def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
         return None
     div, _ = read
     y = torch.empty_like(x)
-    _function(lib, f"masked_softmax_{_suffix(x.dtype)}")(
+    _function(lib, f"masked_softmax_{_SUFFIX[x.dtype]}")(
         x.data_ptr(), valid_lens.data_ptr(), y.data_ptr(), 0, rows, m, div
     )
     return y
@@ -343,7 +331,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
         shared, div = _shared_lengths(lengths)
         ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (yc.data_ptr(), g.data_ptr(), shared.data_ptr(), dx.data_ptr())
-        kernel = f"masked_softmax_backward_{_suffix(dtype)}"
+        kernel = f"masked_softmax_backward_{_SUFFIX[dtype]}"
         _run(lib, kernel, ranges, lambda _i: (head, (m, div, 0 if one_row else m)))
     return dx if y.dtype == dtype else dx.to(y.dtype)
 
@@ -389,7 +377,7 @@ def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
         offsets = _row_offsets(mask, x.shape)
         ranges = _even(rows, torch.get_num_threads(), rows * m)
         head = (xc.data_ptr(), mask.data_ptr(), offsets.data_ptr(), y.data_ptr())
-        _run(lib, f"masked_softmax_dense_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+        _run(lib, f"masked_softmax_dense_{_SUFFIX[dtype]}", ranges, lambda _i: (head, (m,)))
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
@@ -398,7 +386,7 @@ def mask_summary(
 ) -> tuple[Tensor | None, Tensor, Tensor]:
     """Backend contract (C kernel): one read of the mask."""
     lib = load_library()
-    suffix = _SUFFIX.get(dtype or torch.float32, "f16" if dtype == torch.float16 else None)
+    suffix = _SUFFIX.get(dtype or torch.float32)
     if lib is None or suffix is None or allowed.ndim < 2:
         return _plain.mask_summary(allowed, dtype)
     *lead, r, m = allowed.shape
@@ -419,7 +407,7 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
     """Backend contract (C kernel): the additive mask (..., m) of lengths (...), written
     straight from the lengths (one pass, no boolean mask in between)."""
     lib = load_library()
-    suffix = _SUFFIX.get(dtype, "f16" if dtype == torch.float16 else None)
+    suffix = _SUFFIX.get(dtype)
     if lib is None or suffix is None:
         return _plain.lengths_mask(lengths, m, dtype)
     rows_ = lengths.reshape(-1).contiguous()
@@ -484,7 +472,7 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
             B * n * (m * h + m),
         )
         head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
-        _run(lib, f"additive_scores_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
+        _run(lib, f"additive_scores_{_SUFFIX[cdt]}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
 
 
@@ -517,15 +505,13 @@ def additive_scores_backward(
         def args(i: int) -> Args:
             return (*inputs, dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr()), (n, m, h)
 
-        _run(lib, f"additive_scores_backward_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
+        _run(lib, f"additive_scores_backward_{_SUFFIX[cdt]}", ranges, args, driver_tail=(B,))
     dk = dks[0] if len(ranges) == 1 else dks.sum(0)
     dw = dws[0] if len(ranges) == 1 else dws.sum(0)
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 
 # ---- inputs ---------------------------------------------------------------------------------
-
-_NONFINITE_SUFFIX = {**_SUFFIX, torch.float16: "f16"}
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -543,7 +529,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     read: set[tuple[int, int]] = set()
     for t in tensors:
         n = t.numel()
-        suffix = _NONFINITE_SUFFIX.get(t.dtype)
+        suffix = _SUFFIX.get(t.dtype)
         if not n or (t.data_ptr(), n) in read:
             continue
         read.add((t.data_ptr(), n))
@@ -584,7 +570,7 @@ def _count3_for(
         return None
     count = _COUNT3.get(q.dtype)
     if count is None:
-        suffix = _NONFINITE_SUFFIX.get(q.dtype)
+        suffix = _SUFFIX.get(q.dtype)
         if suffix is None:
             return None
         count = _COUNT3[q.dtype] = cast(
@@ -805,13 +791,12 @@ _FlashCall = tuple[Tensor, Tensor, Tensor, Tensor | None, bool]
 
 @dataclass(frozen=True)
 class _Cut:
-    """A piece of the loop: queries [start, stop) of example ``b`` over its first ``keys``
-    keys, with ``is_causal`` or, inside the piece, per-row lengths ``rows`` (1, H or 1,
-    stop - start, 1) that make a mask (``idle``: some of them are 0)."""
+    """The loop's piece of example ``b``: its first ``queries`` queries over its first
+    ``keys`` keys, with ``is_causal`` or, inside the piece, per-row lengths ``rows`` (1, H or
+    1, queries, 1) that make a mask (``idle``: some of them are 0)."""
 
     b: int
-    start: int
-    stop: int
+    queries: int
     keys: int
     causal: bool = False
     rows: Tensor | None = None
@@ -821,40 +806,30 @@ class _Cut:
         """Bool (1, H or 1, queries, keys) inside the piece, True = may attend; None: all."""
         return None if self.rows is None else torch.arange(self.keys) < self.rows
 
-    @property
-    def queries(self) -> slice:
-        """Which queries of the example."""
-        return slice(self.start, self.stop)
-
-    @property
-    def size(self) -> int:
-        """How many queries."""
-        return self.stop - self.start
-
-    def inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The piece of q, k, v (views), rows with nothing to attend zeroed in q."""
-        b = self.b
-        qb = q[b : b + 1, :, self.queries]
-        if self.idle:
-            assert self.rows is not None
-            qb = qb.masked_fill(self.rows == 0, 0.0)
-        return qb, k[b : b + 1, :, : self.keys], v[b : b + 1, :, : self.keys]
+    def zero_idle(self, t: Tensor) -> Tensor:
+        """``t`` (1, H, queries, ·) with the rows that attend nothing zeroed."""
+        return t.masked_fill(self.rows == 0, 0.0) if self.idle else t  # type: ignore[operator]
 
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
-        """The flash op's arguments for this piece."""
-        return (*self.inputs(q, k, v), _additive_mask(self, q.dtype), self.causal)
+        """The flash op's arguments for this piece: views of q, k, v (rows that attend
+        nothing zeroed in q), the additive form of the mask inside, ``is_causal``."""
+        b, keys, rows = self.b, self.keys, self.rows
+        mask = None if rows is None else lengths_mask(rows[..., 0], keys, q.dtype)
+        qb = self.zero_idle(q[b : b + 1, :, : self.queries])
+        return qb, k[b : b + 1, :, :keys], v[b : b + 1, :, :keys], mask, self.causal
 
     def put(self, out: Tensor, value: Tensor) -> None:
         """Write the piece's output (1, H, queries, dv) into ``out``."""
-        out[self.b : self.b + 1, :, self.queries] = value
+        out[self.b : self.b + 1, :, : self.queries] = value
 
 
 def _flash_forward(
     pieces: Sequence[_Cut | _Group], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
-    the backward). One call's output, mask and gathered inputs live at a time."""
-    flash, _ = _flash_ops()
+    the backward), from PyTorch's CPU flash op (which keeps them: torch >= 2.2). One call's
+    output, mask and gathered inputs live at a time."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     saved = []
     for piece in pieces:
         qp, kp, vp, mask, causal = piece.call(q, k, v)
@@ -870,30 +845,12 @@ def _flash_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The flash backward of one piece's ``call`` (its :func:`_flash_forward` arguments),
     given the piece's upstream gradient, output and logsumexp: (dq, dk, dv) of the piece."""
-    _, backward = _flash_ops()
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     qp, kp, vp, mask, causal = call
     grads: tuple[Tensor, Tensor, Tensor] = backward(
         grad, qp, kp, vp, out, lse, 0.0, causal, attn_mask=mask, scale=scale
     )
     return grads
-
-
-def _flash_ops() -> tuple[Any, Any]:
-    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept; torch >= 2.2)."""
-    aten = torch.ops.aten
-    return (
-        aten._scaled_dot_product_flash_attention_for_cpu,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    )
-
-
-def _additive_mask(cut: _Cut, dtype: torch.dtype) -> Tensor | None:
-    """The flash op takes masks as additive scores in the query's dtype: 0 or -inf."""
-    allowed = cut.allowed()
-    if allowed is None:
-        return None
-    zero = torch.zeros((), dtype=dtype)
-    return torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype))
 
 
 class _CutAttention(torch.autograd.Function):
@@ -906,15 +863,13 @@ class _CutAttention(torch.autograd.Function):
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float
     ) -> Tensor:
         B, H, n, _ = q.shape
+        dv = v.shape[-1]
         heads_inner = H > 1 and q.stride(1) < q.stride(2)  # (B, n, H, d) in memory (MHA)
-        if heads_inner:
-            out = q.new_empty(B, n, H, v.shape[-1]).transpose(1, 2)
-        else:
-            out = q.new_empty(B, H, n, v.shape[-1])
+        out = q.new_empty(B, n, H, dv).transpose(1, 2) if heads_inner else q.new_empty(B, H, n, dv)
         saved = _flash_forward(cuts, q, k, v, out, scale)
-        covered = [0] * B  # queries of each example the pieces cover (the rest is zero)
+        covered = [0] * B  # queries of each example its piece covers (the rest is zero)
         for cut in cuts:
-            covered[cut.b] = max(covered[cut.b], cut.stop)
+            covered[cut.b] = cut.queries
         for b, stop in enumerate(covered):
             if stop < n:
                 out[b, :, stop:].zero_()
@@ -927,17 +882,10 @@ class _CutAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        by_example: dict[int, list[tuple[_Cut, Tensor]]] = {}
-        for cut, lse in zip(ctx.cuts, lses, strict=True):
-            by_example.setdefault(cut.b, []).append((cut, lse))
 
-        def example(pieces: list[tuple[_Cut, Tensor]]) -> None:
+        def example(cut: _Cut, lse: Tensor) -> None:  # writes its example's slices only
+            b, rows, keys = cut.b, slice(0, cut.queries), slice(0, cut.keys)
             with torch.no_grad():  # grad mode is per thread: pool threads have it on
-                _example(pieces)
-
-        def _example(pieces: list[tuple[_Cut, Tensor]]) -> None:
-            for cut, lse in pieces:  # one example's pieces add to its dk, dv: one thread
-                b, rows, keys = cut.b, cut.queries, slice(0, cut.keys)
                 gq, gk, gv = _flash_backward(
                     cut.call(q, k, v),
                     grad[b : b + 1, :, rows].contiguous(),
@@ -945,10 +893,7 @@ class _CutAttention(torch.autograd.Function):
                     lse,
                     ctx.scale,
                 )
-                if cut.idle:
-                    assert cut.rows is not None
-                    gq = gq.masked_fill(cut.rows == 0, 0.0)
-                dq[b : b + 1, :, rows] = gq
+                dq[b : b + 1, :, rows] = cut.zero_idle(gq)
                 dk[b : b + 1, :, keys] += gk
                 dv[b : b + 1, :, keys] += gv
 
@@ -958,12 +903,12 @@ class _CutAttention(torch.autograd.Function):
         # end with the backward: a live thread that has run a PyTorch op slows every later
         # small op of the main thread, so a pool kept for the next call would tax the program.
         threads = torch.get_num_threads()
-        if q.shape[1] < threads and len(by_example) > 1:
+        if q.shape[1] < threads and len(lses) > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="attnscore-bwd") as pool:
-                list(pool.map(example, by_example.values()))
+                list(pool.map(example, ctx.cuts, lses))
         else:
-            for pieces in by_example.values():
-                example(pieces)
+            for cut, lse in zip(ctx.cuts, lses, strict=True):
+                example(cut, lse)
         return dq, dk, dv, None, None
 
 
@@ -975,33 +920,24 @@ def _cut_attention_autograd(
     of the inputs per piece (one stack per input in the backward), one concatenation."""
     B, H, n, _ = q.shape
     heads_inner = H > 1 and q.stride(1) < q.stride(2)
-    qs, ks, vs = q.unbind(0), k.unbind(0), v.unbind(0)
-    pieces: dict[int, list[Tensor]] = {b: [] for b in range(B)}
-    for cut in cuts:
-        b = cut.b
-        qb = qs[b][None, :, cut.start : cut.stop]
-        if cut.idle:
-            assert cut.rows is not None
-            qb = qb.masked_fill(cut.rows == 0, 0.0)
-        pieces[b].append(
-            F.scaled_dot_product_attention(
-                qb,
-                ks[b][None, :, : cut.keys],
-                vs[b][None, :, : cut.keys],
+    by_example = {cut.b: cut for cut in cuts}
+    outs = []
+    for b, (qb, kb, vb) in enumerate(zip(q.unbind(0), k.unbind(0), v.unbind(0), strict=True)):
+        cut = by_example.get(b)
+        if cut is None:  # nothing to attend
+            out = _Zeros.apply(qb, kb, vb)  # type: ignore[no-untyped-call]
+        else:
+            out = F.scaled_dot_product_attention(
+                cut.zero_idle(qb[None, :, : cut.queries]),
+                kb[None, :, : cut.keys],
+                vb[None, :, : cut.keys],
                 attn_mask=cut.allowed(),
                 dropout_p=dropout_p,
                 is_causal=cut.causal,
                 scale=scale,
             )
-        )
-    outs = []
-    for b in range(B):
-        if not pieces[b]:
-            out = _Zeros.apply(qs[b], ks[b], vs[b])  # type: ignore[no-untyped-call]
-        else:
-            out = torch.cat(pieces[b], dim=2) if len(pieces[b]) > 1 else pieces[b][0]
-            if out.shape[2] < n:
-                out = F.pad(out, (0, 0, 0, n - out.shape[2]))
+            if cut.queries < n:
+                out = F.pad(out, (0, 0, 0, n - cut.queries))
         outs.append(out.transpose(1, 2) if heads_inner else out)
     result = torch.cat(outs, 0) if B > 1 else outs[0]
     return result.transpose(1, 2) if heads_inner else result
@@ -1433,7 +1369,7 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
         if not per_example:  # a mask inside the piece, from its rows' lengths
             rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
             rows = rows[None]
-        cuts.append(_Cut(b, 0, Lq, Lk, causal, rows, has_idle[b]))
+        cuts.append(_Cut(b, Lq, Lk, causal, rows, has_idle[b]))
     return cuts
 
 
@@ -1584,7 +1520,7 @@ def _cut(call: AttentionCall) -> str | _Plan:
             found = "cutting examples to their longest length saves too little (call_work)"
         else:
             cuts = _cuts(call.mask, lengths, n, longest)
-            kept = sum(c.size * c.keys for c in cuts)
+            kept = sum(c.queries * c.keys for c in cuts)
             if (full - kept) * work < B * _CALL_WORK:
                 found = "cutting examples saves too little (call_work)"
             else:
