@@ -299,7 +299,7 @@ _BITS_ONLY = frozenset({"count_nonfinite", "count_nonfinite3", "mask_summary", "
 
 def _declare(lib: ctypes.CDLL) -> None:
     types = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "d": ctypes.c_double}
-    lib.attnscore_advise_huge.argtypes = [types["p"], types["i"]]
+    lib.attnscore_advise_huge.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.attnscore_advise_huge.restype = None
     f16 = bool(lib.attnscore_have_f16())
     for name, (suffixes, letters, counts) in _SIGNATURES.items():

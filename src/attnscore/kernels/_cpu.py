@@ -635,18 +635,6 @@ def _small_pass(
     return None if bad else out
 
 
-def _small_attention(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
-) -> Tensor | None:
-    """:func:`_small_pass` of a call by lengths (B or 1, H or 1, n or 1)
-    (:func:`~attnscore._mask.compact`); None without the C library or for other dtypes."""
-    if load_library() is None or q.dtype not in _SMALL_SUFFIX:
-        return None
-    B, H, n, _ = q.shape
-    shared, div = _shared_lengths(lengths.expand(B, H, n))
-    return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, scale)
-
-
 def _small_layout(
     q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int, dtypes: Container[Any]
 ) -> tuple[int, int] | None:
@@ -808,7 +796,10 @@ class _Cut:
 
     def zero_idle(self, t: Tensor) -> Tensor:
         """``t`` (1, H, queries, ·) with the rows that attend nothing zeroed."""
-        return t.masked_fill(self.rows == 0, 0.0) if self.idle else t  # type: ignore[operator]
+        if self.idle:
+            assert self.rows is not None
+            return t.masked_fill(self.rows == 0, 0.0)
+        return t
 
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
         """The flash op's arguments for this piece: views of q, k, v (rows that attend
@@ -1286,27 +1277,6 @@ class _ByLengthsAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def _attention_by_lengths(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    lengths: Tensor,
-    scale: float,
-    needs_grad: bool,
-    *,
-    ascending: bool = False,
-) -> Tensor | None:
-    """Attention by lengths (B or 1, H or 1, n or 1) in the C kernel, forward and, where
-    gradients are needed, backward (:class:`_ByLengthsAttention`); None where it does not
-    run (:func:`_by_lengths_declines`). ``ascending``: as :meth:`_ByLength.of`'s."""
-    if _by_lengths_declines(q, k, v) is not None:
-        return None
-    by = _ByLength.of(lengths, q.shape[-2], ascending=ascending)
-    if needs_grad:
-        return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
-    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
-
-
 _UNPADDED_WORK: int = value("unpadded_work")
 _UNPADDED_HEAD: int = value("unpadded_head")
 _UNPADDED_INFERENCE: int = value("unpadded_inference")
@@ -1405,7 +1375,7 @@ def _lengths_decline(call: AttentionCall) -> str | None:
 
 
 class SmallPass(Implementation):
-    """Small inference calls by lengths in one C pass (:func:`_small_attention`): every
+    """Small inference calls by lengths in one C pass (:func:`_small_pass`): every
     query over its own keys, padding never read, nothing zeroed and no mask built; up to
     ``small_work`` multiply-adds. float32 and float64."""
 
@@ -1428,8 +1398,10 @@ class SmallPass(Implementation):
         return _lengths_decline(call)
 
     def run(self, call: AttentionCall) -> Tensor | None:
-        q, k, v = call.projected()
-        out = _small_attention(q, k, v, call.lengths, call.scale)
+        q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
+        B, H, n, _ = q.shape
+        shared, div = _shared_lengths(call.lengths.expand(B, H, n))
+        out = _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, call.scale)
         if out is None:
             call.notes["declined"] = "some row's scores or output not finite"
         return out
@@ -1439,7 +1411,8 @@ _SDPA_FASTER = "nothing padded, and SDPA measured faster at this size (unpadded_
 
 
 class ByLengths(Implementation):
-    """The C kernel by lengths (:func:`_attention_by_lengths`), forward and backward: every
+    """The C kernel by lengths (:func:`_by_lengths_forward`, :class:`_ByLengthsAttention`),
+    forward and backward (:meth:`_ByLength.of` orders the queries by length): every
     query over its own keys only, padded keys and idle queries never read. Lengths from
     ``by_lengths_work`` multiply-adds on; with nothing padded (no mask: every length m;
     causal masking alone: lengths 1, 2, ..., n, which PyTorch's CPU flash kernel skips only
@@ -1470,16 +1443,15 @@ class ByLengths(Implementation):
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
         return _by_lengths_declines(call.q, call.k, call.v) or _lengths_decline(call)
 
-    def run(self, call: AttentionCall) -> Tensor | None:
+    def run(self, call: AttentionCall) -> Tensor:
         q, k, v = call.projected()
-        kind = call.kind
-        if kind == "lengths":
-            mask = call.mask
-            return _attention_by_lengths(
-                q, k, v, call.lengths, call.scale, call.needs_grad, ascending=_in_order(mask)
-            )
-        by = _unpadded_by(q.shape[-2], k.shape[-2], kind == "causal")
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        if call.kind == "lengths":
+            by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
+            needs_grad = call.needs_grad
+        else:
+            by = _unpadded_by(q.shape[-2], k.shape[-2], call.kind == "causal")
+            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not needs_grad:  # forward only, no logsumexps kept
             return _by_lengths_forward(q, k, v, by, call.scale, logsumexp=False)[0]
         if q.ndim == 3:  # the backward takes heads
             out = _ByLengthsAttention.apply(q[:, None], k[:, None], v[:, None], by, call.scale)  # type: ignore[no-untyped-call]
@@ -1497,35 +1469,27 @@ def _plan(call: AttentionCall) -> str | _Plan:
     call (both loops read it)."""
     plan = call.notes.get("plan")
     if plan is None:
-        plan = _kernel_declines(call) or _lengths_decline(call) or _cut(call)
-        call.notes["plan"] = plan
+        plan = call.notes["plan"] = _kernel_declines(call) or _lengths_decline(call) or _cut(call)
     return plan
 
 
 def _cut(call: AttentionCall) -> str | _Plan:
     q, k, v = call.q, call.k, call.v
     B, H, n, _ = q.shape
-    m = k.shape[-2]
     work = H * (k.shape[-1] + v.shape[-1])  # per (example, query, key)
-    full = B * n * m
-    lengths = call.lengths
-    found: str | _Plan
+    full = B * n * k.shape[-2]
     if full * work < B * _CALL_WORK:
-        found = "too little work to cut examples (call_work)"
-    else:
-        longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
-        # Without idle queries the loop keeps each example's queries whole: what it would
-        # save is known before its pieces are made (per-query lengths near m save too little).
-        if call.shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
-            found = "cutting examples to their longest length saves too little (call_work)"
-        else:
-            cuts = _cuts(call.mask, lengths, n, longest)
-            kept = sum(c.queries * c.keys for c in cuts)
-            if (full - kept) * work < B * _CALL_WORK:
-                found = "cutting examples saves too little (call_work)"
-            else:
-                found = (cuts, longest, kept)
-    return found
+        return "too little work to cut examples (call_work)"
+    longest = call.lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
+    # Without idle queries the loop keeps each example's queries whole: what it would save
+    # is known before its pieces are made (per-query lengths near m save too little).
+    if call.shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
+        return "cutting examples to their longest length saves too little (call_work)"
+    cuts = _cuts(call.mask, call.lengths, n, longest)
+    kept = sum(c.queries * c.keys for c in cuts)
+    if (full - kept) * work < B * _CALL_WORK:
+        return "cutting examples saves too little (call_work)"
+    return cuts, longest, kept
 
 
 def _grouped(call: AttentionCall, kept: int) -> bool:
