@@ -618,20 +618,10 @@ def _small_pass(
     m, dv = k.shape[-2], v.shape[-1]
     out = q.new_empty((*lead, n, dv))
     bad = _function(lib, f"small_attention_{_SMALL_SUFFIX[q.dtype]}")(
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        lengths.data_ptr(),
-        out.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr(), out.data_ptr(),
         None if weights is None else weights.data_ptr(),
-        out.numel() // dv if dv else 0,
-        n,
-        m,
-        d,
-        dv,
-        div,
-        scale,
-    )
+        out.numel() // dv if dv else 0, n, m, d, dv, div, scale,
+    )  # fmt: skip
     return None if bad else out
 
 
@@ -756,20 +746,9 @@ def small_additive_attention(
     out = torch.empty((*lead, n, dv), dtype=qh.dtype)
     weights = torch.empty((*lead, n, m), dtype=qh.dtype)
     bad = _function(_lib(), f"small_additive_{_SMALL_SUFFIX[qh.dtype]}")(
-        qh.data_ptr(),
-        kh.data_ptr(),
-        w.data_ptr(),
-        vc.data_ptr(),
-        valid_lens.data_ptr(),
-        out.data_ptr(),
-        weights.data_ptr(),
-        out.numel() // dv,
-        n,
-        m,
-        h,
-        dv,
-        div,
-    )
+        qh.data_ptr(), kh.data_ptr(), w.data_ptr(), vc.data_ptr(), valid_lens.data_ptr(),
+        out.data_ptr(), weights.data_ptr(), out.numel() // dv, n, m, h, dv, div,
+    )  # fmt: skip
     return None if bad else (out, weights)
 
 
@@ -980,10 +959,6 @@ class _Group:
     keys: int
     lengths: Tensor
 
-    def rows(self, t: Tensor) -> Tensor:
-        """The group's examples of ``t`` (dim 0): :func:`_examples`."""
-        return _examples(t, self.examples)
-
     def put(self, out: Tensor, value: Tensor) -> None:
         """Write ``value`` (G, ...) into the group's examples of ``out`` (dim 0)."""
         view = _spaced(out, self.examples)
@@ -995,8 +970,8 @@ class _Group:
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
         """The flash op's arguments: the group's q, k, v (keys cut) and its additive mask
         (G, H or 1, n or 1, keys); not causal (causal masking is in the lengths)."""
-        keys = self.keys
-        qg, kg, vg = self.rows(q), self.rows(k[:, :, :keys]), self.rows(v[:, :, :keys])
+        keys, examples = self.keys, self.examples
+        qg, kg, vg = (_examples(t, examples) for t in (q, k[:, :, :keys], v[:, :, :keys]))
         return qg, kg, vg, lengths_mask(self.lengths, keys, q.dtype), False
 
 
@@ -1018,7 +993,7 @@ class _GroupedAttention(torch.autograd.Function):
     of examples of similar length (:func:`_groups`) on keys cut to the group's longest,
     with the mask inside, so each call has examples x heads to split over the threads.
     One autograd node, as the loop's; a group's inputs are views where its examples are
-    evenly spaced (:meth:`_Group.rows`). q, k, v arrive with their padding inert
+    evenly spaced (:func:`_examples`). q, k, v arrive with their padding inert
     (:func:`_sdpa.inert`)."""
 
     @staticmethod
@@ -1038,10 +1013,10 @@ class _GroupedAttention(torch.autograd.Function):
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for group, lse in zip(ctx.groups, lses, strict=True):
-            rows = group.rows(grad)
+            rows, outs = _examples(grad, group.examples), _examples(out, group.examples)
             if rows.stride(-1) != 1 or 0 in rows.stride():  # e.g. a sum's: one value
                 rows = rows.contiguous()  # broadcast, made whole for this group only
-            gq, gk, gv = _flash_backward(group.call(q, k, v), rows, group.rows(out), lse, ctx.scale)
+            gq, gk, gv = _flash_backward(group.call(q, k, v), rows, outs, lse, ctx.scale)
             group.put(dq, gq)
             group.put(dk[:, :, : group.keys], gk)
             group.put(dv[:, :, : group.keys], gv)
@@ -1094,9 +1069,7 @@ class _ByLength:
         Bl, Hl, nl = lengths.shape
         strides = (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0)
         if nl == 1 or ascending:
-            if nl == n and lengths.is_contiguous():
-                pass  # as the kernels read them already
-            else:
+            if nl != n or not lengths.is_contiguous():  # else as the kernels read them
                 lengths = lengths.expand(Bl, Hl, n).contiguous()
             if Bl * Hl == 1:
                 order = _ascending(n)
@@ -1199,11 +1172,7 @@ def _by_lengths_forward(
     (B, H, n) float32 as that op keeps it (0 for rows of length 0)."""
     q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
-    if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
-        B, n, d = shape
-        H = 1
-    else:
-        B, H, n, d = shape
+    B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])  # (B, n, d): one head
     m, dv = k.shape[-2], v.shape[-1]
     # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
     out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
@@ -1213,54 +1182,22 @@ def _by_lengths_forward(
     # those for the threads to share.
     chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
     head = (
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        out.data_ptr(),
-        None if lse is None else lse.data_ptr(),
-        by.order.data_ptr(),
-        by.lengths.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        None if lse is None else lse.data_ptr(), by.order.data_ptr(), by.lengths.data_ptr(),
         strides,
-    )
+    )  # fmt: skip
     kernel = _FLASH_LENGTHS[q.dtype]
     tail = (H, n, m, d, dv, chunks, scale)
     _run_tasks(_lib(), kernel, head, tail, B * H * chunks, B * H * n * m * (d + dv))
     return out, lse
 
 
-def _by_lengths_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    grad: Tensor,
-    by: _ByLength,
-    scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward` in one C call
-    (``flash_lengths_backward``) on the forward's tiles, one task per (example, head), whose
-    key gradients add up in float32; what the forward never reads gets zero gradients."""
-    q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
-    B, H, n, d = q.shape
-    m, dv = k.shape[-2], v.shape[-1]
-    dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
-    head = (
-        *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
-        by.order.data_ptr(),
-        by.lengths.data_ptr(),
-        st,
-    )
-    kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
-    _run_tasks(_lib(), kernel, head, (H, n, m, d, dv, scale), B * H, 2 * B * H * n * m * (d + dv))
-    return dq, dk, dv_
-
-
 class _ByLengthsAttention(torch.autograd.Function):
     """Training by lengths in the C kernel, forward (:func:`_by_lengths_forward`, keeping
-    each row's logsumexp) and backward (:func:`_by_lengths_backward`): one autograd node
-    that keeps the inputs, the output, the logsumexps and the queries' order."""
+    each row's logsumexp) and backward (``flash_lengths_backward``, on the forward's tiles,
+    one task per (example, head), whose key gradients add up in float32; what the forward
+    never reads gets zero gradients): one autograd node that keeps the inputs, the output,
+    the logsumexps and the queries' order."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, by: _ByLength, scale: float) -> Tensor:
@@ -1273,8 +1210,22 @@ class _ByLengthsAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _by_lengths_backward(q, k, v, out, lse, grad, ctx.by, ctx.scale)
-        return dq, dk, dv, None, None
+        q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
+        B, H, n, d = q.shape
+        m, dv = k.shape[-2], v.shape[-1]
+        dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        by = ctx.by
+        st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
+        head = (
+            *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
+            by.order.data_ptr(),
+            by.lengths.data_ptr(),
+            st,
+        )
+        tail = (H, n, m, d, dv, ctx.scale)
+        kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
+        _run_tasks(_lib(), kernel, head, tail, B * H, 2 * B * H * n * m * (d + dv))
+        return dq, dk, dv_, None, None
 
 
 _UNPADDED_WORK: int = value("unpadded_work")
