@@ -182,15 +182,9 @@ def _build(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[Path, bool]:
     ).stdout
     extra = os.environ.get(EXTRA_FLAGS_ENV, "").split()
     cflags, ldflags = [*cflags, *extra], [*ldflags, *extra]
+    named = (" ".join(cflags), " ".join(ldflags), version, _cpu_flags(), platform.machine())
     key = hashlib.sha256()
-    for part in (
-        source,
-        " ".join(cflags).encode(),
-        " ".join(ldflags).encode(),
-        version.encode(),
-        _cpu_flags().encode(),
-        platform.machine().encode(),
-    ):
+    for part in (source, *(text.encode() for text in named)):
         key.update(part)
         key.update(b"\0")
     out_dir = _cache_dir()

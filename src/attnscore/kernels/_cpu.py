@@ -465,12 +465,8 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     m = k.shape[1]
     s = _empty((B, n, m), cdt)
     if B * n and m:
-        ranges = _split(
-            B * n,
-            lambda: lengths.reshape(-1).clamp(0, m) * h + m,
-            torch.get_num_threads(),
-            B * n * (m * h + m),
-        )
+        threads, bound = torch.get_num_threads(), B * n * (m * h + m)
+        ranges = _split(B * n, lambda: lengths.reshape(-1).clamp(0, m) * h + m, threads, bound)
         head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
         _run(lib, f"additive_scores_{_SUFFIX[cdt]}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
@@ -490,12 +486,8 @@ def additive_scores_backward(
     m = k.shape[1]
     g = grad_scores.to(cdt).contiguous()
     dq = torch.zeros_like(q)
-    ranges = _split(
-        B * n,
-        lambda: lengths.reshape(-1).clamp(0, m) * h + 1,
-        torch.get_num_threads(),
-        B * n * (m * h + 1),
-    )
+    threads, bound = torch.get_num_threads(), B * n * (m * h + 1)
+    ranges = _split(B * n, lambda: lengths.reshape(-1).clamp(0, m) * h + 1, threads, bound)
     # one (B, m, h) and one (h,) accumulator per range, summed below
     dks = k.new_zeros((len(ranges), *k.shape))
     dws = w.new_zeros((len(ranges), h))
@@ -1288,8 +1280,7 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
             continue
         rows = None
         if not per_example:  # a mask inside the piece, from its rows' lengths
-            rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
-            rows = rows[None]
+            rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b])[None, ..., None]
         cuts.append(_Cut(b, Lq, Lk, causal, rows, has_idle[b]))
     return cuts
 

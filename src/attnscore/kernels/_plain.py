@@ -50,13 +50,6 @@ def _valid(lengths: Tensor, m: int) -> Tensor:
     return torch.arange(m, device=lengths.device) < lengths.unsqueeze(-1)
 
 
-def _longest(lengths: Tensor) -> Tensor:
-    """(...,) the longest of the rows' lengths (...,  n); 0 when n is 0."""
-    if lengths.shape[-1] == 0:
-        return lengths.new_zeros(lengths.shape[:-1])
-    return lengths.amax(-1)
-
-
 # ---- masked softmax ------------------------------------------------------------------------
 
 
@@ -206,8 +199,9 @@ def additive_scores_dense(
     row may attend are zeroed first, so garbage there reaches neither scores nor gradients.
     """
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
-    if lengths is not None:
-        kh = torch.where(_valid(_longest(lengths), m).unsqueeze(-1), kh, 0.0)
+    if lengths is not None:  # each row's longest length (0 without queries)
+        longest = lengths.amax(-1) if lengths.shape[-1] else lengths.new_zeros(lengths.shape[:-1])
+        kh = torch.where(_valid(longest, m).unsqueeze(-1), kh, 0.0)
     batch = 1
     for size in torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2]):
         batch *= size
