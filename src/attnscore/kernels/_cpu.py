@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -136,10 +136,10 @@ def _lengths_split(shared: Tensor, div: int, R: int, m: int, threads: int) -> li
 Args = tuple[Sequence[Any], Sequence[Any]]
 
 
-_functions: dict[tuple[int, str], Callable[..., None]] = {}
+_functions: dict[tuple[int, str], Callable[..., Any]] = {}
 
 
-def _function(lib: ctypes.CDLL, name: str) -> Callable[..., None]:
+def _function(lib: ctypes.CDLL, name: str) -> Callable[..., Any]:
     """The library's C function ``name`` (looked up once: ctypes' lookup costs a few
     microseconds, which small calls notice)."""
     key = (id(lib), name)
@@ -528,9 +528,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
         if lib is None or suffix is None or not t.is_contiguous():
             if not bool(torch.isfinite(t).all()):
                 return False
-        elif cast("Callable[..., int]", _function(lib, f"count_nonfinite_{suffix}"))(
-            t.data_ptr(), n
-        ):
+        elif _function(lib, f"count_nonfinite_{suffix}")(t.data_ptr(), n):
             return False
     return True
 
@@ -565,9 +563,7 @@ def _count3_for(
         suffix = _SUFFIX.get(q.dtype)
         if suffix is None:
             return None
-        count = _COUNT3[q.dtype] = cast(
-            "Callable[..., int]", getattr(lib, f"count_nonfinite3_{suffix}")
-        )
+        count = _COUNT3[q.dtype] = _function(lib, f"count_nonfinite3_{suffix}")
     if (
         k.dtype == v.dtype == q.dtype
         and q.is_contiguous()
@@ -1027,8 +1023,7 @@ _FA_ROWS = 8
 
 
 def _by_lengths_declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
-    """None where the C kernel by lengths runs these inputs, else why not: other dtypes,
-    more than ``_BY_LENGTHS_KEYS`` keys, no C library (or no float16 in it)."""
+    """None where the C kernel by lengths runs these inputs, else why not."""
     suffix = _BY_LENGTHS_SUFFIX.get(q.dtype)
     if not (k.dtype == v.dtype == q.dtype):
         return f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}"
@@ -1210,10 +1205,8 @@ class _ByLengthsAttention(torch.autograd.Function):
         st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
         head = (
             *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
-            by.order.data_ptr(),
-            by.lengths.data_ptr(),
-            st,
-        )
+            by.order.data_ptr(), by.lengths.data_ptr(), st,
+        )  # fmt: skip
         tail = (H, n, m, d, dv, ctx.scale)
         kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
         _run_tasks(_lib(), kernel, head, tail, B * H, 2 * B * H * n * m * (d + dv))

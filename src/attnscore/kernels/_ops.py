@@ -346,15 +346,6 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     return backend_for(qh, "additive_scores")(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
 
 
-def _additive_backward(
-    grad: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
-        return _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
-    fn = backend_for(qh, "additive_scores_backward")
-    return fn(grad.contiguous(), qh, kh, w_v, lengths)  # type: ignore[no-any-return]
-
-
 class _AdditiveScores(torch.autograd.Function):
     """Eager additive scores on the device's backend, with their backward."""
 
@@ -367,7 +358,10 @@ class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         qh, kh, w_v, lengths = ctx.saved_tensors
-        return (*_additive_backward(grad, qh, kh, w_v, lengths), None)
+        if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+            return (*_plain.additive_scores_backward(grad, qh, kh, w_v, lengths), None)
+        fn = backend_for(qh, "additive_scores_backward")
+        return (*fn(grad.contiguous(), qh, kh, w_v, lengths), None)
 
 
 @torch.library.custom_op("attnscore::additive_scores", mutates_args=())
