@@ -195,9 +195,7 @@ def masked_softmax_op(x: Tensor, lengths: Tensor) -> Tensor:
     return _fresh(backend_for(x, "masked_softmax")(x, lengths), x)
 
 
-@masked_softmax_op.register_fake
-def _(x: Tensor, lengths: Tensor) -> Tensor:
-    return torch.empty_like(x)
+masked_softmax_op.register_fake(lambda x, lengths: torch.empty_like(x))
 
 
 @torch.library.custom_op("attnscore::masked_softmax_backward", mutates_args=())
@@ -207,9 +205,7 @@ def masked_softmax_backward_op(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Te
     return _fresh(fn(grad_y, y, lengths), grad_y, y)
 
 
-@masked_softmax_backward_op.register_fake
-def _(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-    return torch.empty_like(y)
+masked_softmax_backward_op.register_fake(lambda grad_y, y, lengths: torch.empty_like(y))
 
 
 def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
@@ -371,9 +367,9 @@ def additive_scores_op(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> 
     return _fresh(fn(qh, kh, w_v, lengths), qh, kh)
 
 
-@additive_scores_op.register_fake
-def _(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    return qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])
+additive_scores_op.register_fake(
+    lambda qh, kh, w_v, lengths: qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])
+)
 
 
 @torch.library.custom_op("attnscore::additive_scores_backward", mutates_args=())
@@ -386,15 +382,9 @@ def additive_scores_backward_op(
     return _fresh(dq, qh, kh, w_v), _fresh(dk, qh, kh, w_v), _fresh(dw, qh, kh, w_v)
 
 
-@additive_scores_backward_op.register_fake
-def _(
-    grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(w_v)
-
-
-def _additive_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+additive_scores_backward_op.register_fake(
+    lambda grad_scores, qh, kh, w_v, lengths: tuple(map(torch.empty_like, (qh, kh, w_v)))
+)
 
 
 def _additive_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
@@ -406,4 +396,6 @@ def _additive_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tenso
     return dq, dk, dw, None
 
 
-additive_scores_op.register_autograd(_additive_op_backward, setup_context=_additive_setup)
+additive_scores_op.register_autograd(
+    _additive_op_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs)
+)
