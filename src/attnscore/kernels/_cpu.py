@@ -176,26 +176,22 @@ def _run(
     _run_threads(fn, ranges, args)
 
 
-def _thread_pool(workers: int) -> ThreadPoolExecutor:
-    """The module's thread pool, with at least ``workers`` threads."""
-    global _pool, _pool_size
-    if _pool is None or _pool_size < workers:
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnscore")
-        _pool_size = workers
-    return _pool
-
-
 def _run_threads(
     fn: Callable[..., None], ranges: Sequence[tuple[int, int]], args: Callable[[int], Args]
 ) -> None:
-    """Call the kernel once per range on a Python thread pool (this thread takes range 0)."""
+    """Call the kernel once per range on the module's Python thread pool, grown as needed
+    (this thread takes range 0)."""
+    global _pool, _pool_size
+    workers = len(ranges) - 1
+    if _pool is None or _pool_size < workers:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnscore")
+        _pool_size = workers
 
     def call(i: int) -> None:
         head, tail = args(i)
         fn(*head, *ranges[i], *tail)
 
-    pool = _thread_pool(len(ranges) - 1)
-    futures = [pool.submit(call, i) for i in range(1, len(ranges))]
+    futures = [_pool.submit(call, i) for i in range(1, len(ranges))]
     call(0)
     for f in futures:
         f.result()
@@ -708,8 +704,7 @@ def small_dot_product_attention(
     B, n = q.shape[0], q.shape[-2]
     H = q.shape[1] if q.ndim == 4 else 1
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
-    by = _ByLength.of(lengths, n)
-    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0], None
+    return _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0], None
 
 
 def small_additive_attention(
@@ -756,10 +751,6 @@ class _Cut:
     causal: bool = False
     rows: Tensor | None = None
     idle: bool = False
-
-    def allowed(self) -> Tensor | None:
-        """Bool (1, H or 1, queries, keys) inside the piece, True = may attend; None: all."""
-        return None if self.rows is None else torch.arange(self.keys) < self.rows
 
     def zero_idle(self, t: Tensor) -> Tensor:
         """``t`` (1, H, queries, ·) with the rows that attend nothing zeroed."""
@@ -889,7 +880,7 @@ def _cut_attention_autograd(
                 cut.zero_idle(qb[None, :, : cut.queries]),
                 kb[None, :, : cut.keys],
                 vb[None, :, : cut.keys],
-                attn_mask=cut.allowed(),
+                attn_mask=None if cut.rows is None else torch.arange(cut.keys) < cut.rows,
                 dropout_p=dropout_p,
                 is_causal=cut.causal,
                 scale=scale,
@@ -1319,8 +1310,7 @@ class SmallPass(Implementation):
     kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
-        why = _kernel_declines(call)
-        if why is not None:
+        if (why := _kernel_declines(call)) is not None:
             return why
         if call.needs_grad or call.dropout_p:
             return "gradients or dropout (the pass is inference only)"
@@ -1367,8 +1357,7 @@ class ByLengths(Implementation):
                 causal=call.kind == "causal", projected=call.project is not None,
             ):  # fmt: skip
                 return _SDPA_FASTER  # (a constant: small calls with nothing padded meet it)
-        why = _kernel_declines(call)
-        if why is not None:
+        if (why := _kernel_declines(call)) is not None:
             return why
         if call.dropout_p:
             return "dropout (the kernel has none)"
@@ -1487,27 +1476,18 @@ class GroupedExamples(Implementation):
             return "not training with fewer heads than threads"
         if not _flash_takes(call):
             return "dropout, or a value size unlike the query size (the flash op takes neither)"
-        groups = self._groups(call, plan[1])
         q, k, v = call.q, call.k, call.v
         B, H, n, _ = q.shape
+        size = -(-torch.get_num_threads() // H)  # examples per group: a thread per head
+        groups = call.notes["groups"] = _groups(plan[1], call.lengths, size)
         kept = n * sum(len(g.examples) * g.keys for g in groups)
         work = H * (k.shape[-1] + v.shape[-1])
         if (B * n * k.shape[-2] - kept) * work < len(groups) * _CALL_WORK:
             return "grouping examples saves too little (call_work)"
         return None
 
-    @staticmethod
-    def _groups(call: AttentionCall, longest: list[int]) -> list[_Group]:
-        groups = call.notes.get("groups")
-        if groups is None:
-            threads, H = torch.get_num_threads(), call.q.shape[1]
-            groups = call.notes["groups"] = _groups(longest, call.lengths, -(-threads // H))
-        return groups
-
     def run(self, call: AttentionCall) -> Tensor:
-        plan = _plan(call)
-        assert not isinstance(plan, str)
-        groups = self._groups(call, plan[1])
+        groups = call.notes["groups"]  # (its supports found them)
         q, k, v = call.projected()
         lengths, m = call.lengths, k.shape[-2]
         padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)
