@@ -163,17 +163,15 @@ def _run(
     ``<op>_par_<suffix>(*head_0, cuts, parts, *tail, *driver_tail)`` runs them on torch's
     OpenMP threads, or a Python thread pool calls the kernel once per range.
     """
-    fn: Callable[..., None] = _function(lib, kernel)
+    fn = _function(lib, kernel)
+    head, tail = args(0)
     if len(ranges) == 1:
-        head, tail = args(0)
         fn(*head, *ranges[0], *tail)
-        return
-    if parallel_in_c():
+    elif parallel_in_c():
         cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
-        head, tail = args(0)
         _function(lib, _driver(kernel))(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
-        return
-    _run_threads(fn, ranges, args)
+    else:
+        _run_threads(fn, ranges, args)
 
 
 def _run_threads(
@@ -424,10 +422,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if (
         lib is None
         or not has_float16()
-        or a.dtype != torch.float16
-        or b.dtype != torch.float16
-        or a.ndim < 2
-        or b.ndim < 2
+        or not (a.dtype == b.dtype == torch.float16)
+        or min(a.ndim, b.ndim) < 2
         or b.device.type != "cpu"  # another device: torch.matmul's error
     ):
         return torch.matmul(a, b)
@@ -560,14 +556,8 @@ def _count3_for(
         if suffix is None:
             return None
         count = _COUNT3[q.dtype] = _function(lib, f"count_nonfinite3_{suffix}")
-    if (
-        k.dtype == v.dtype == q.dtype
-        and q.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-    ):
-        return count
-    return None
+    same = k.dtype == v.dtype == q.dtype
+    return count if same and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() else None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
@@ -637,11 +627,10 @@ def _small_layout(
         or load_library() is None
     ):
         return None
-    rows = q.numel() // d
     read = _callers_lengths(valid_lens, qs[:-1])
     if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut
         return None
-    return read[0], rows * m * (features + dv)
+    return read[0], q.numel() // d * m * (features + dv)
 
 
 def _unread_only(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> bool:
@@ -816,10 +805,8 @@ class _CutAttention(torch.autograd.Function):
         heads_inner = H > 1 and q.stride(1) < q.stride(2)  # (B, n, H, d) in memory (MHA)
         out = q.new_empty(B, n, H, dv).transpose(1, 2) if heads_inner else q.new_empty(B, H, n, dv)
         saved = _flash_forward(cuts, q, k, v, out, scale)
-        covered = [0] * B  # queries of each example its piece covers (the rest is zero)
-        for cut in cuts:
-            covered[cut.b] = cut.queries
-        for b, stop in enumerate(covered):
+        covered = dict.fromkeys(range(B), 0) | {cut.b: cut.queries for cut in cuts}
+        for b, stop in covered.items():  # queries its piece covers: the rest is zero
             if stop < n:
                 out[b, :, stop:].zero_()
         ctx.cuts, ctx.scale = cuts, scale
@@ -835,13 +822,8 @@ class _CutAttention(torch.autograd.Function):
         def example(cut: _Cut, lse: Tensor) -> None:  # writes its example's slices only
             b, rows, keys = cut.b, slice(0, cut.queries), slice(0, cut.keys)
             with torch.no_grad():  # grad mode is per thread: pool threads have it on
-                gq, gk, gv = _flash_backward(
-                    cut.call(q, k, v),
-                    grad[b : b + 1, :, rows].contiguous(),
-                    out[b : b + 1, :, rows],
-                    lse,
-                    ctx.scale,
-                )
+                g, o = grad[b : b + 1, :, rows].contiguous(), out[b : b + 1, :, rows]
+                gq, gk, gv = _flash_backward(cut.call(q, k, v), g, o, lse, ctx.scale)
                 dq[b : b + 1, :, rows] = cut.zero_idle(gq)
                 dk[b : b + 1, :, keys] += gk
                 dv[b : b + 1, :, keys] += gv
@@ -979,8 +961,7 @@ class _GroupedAttention(torch.autograd.Function):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, groups: list[_Group], scale: float
     ) -> Tensor:
-        B, H, n, _ = q.shape
-        out = q.new_empty(B, H, n, v.shape[-1])
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
         saved = _flash_forward(groups, q, k, v, out, scale)
         ctx.groups, ctx.scale = groups, scale
         ctx.save_for_backward(q, k, v, out, *saved)
@@ -1253,9 +1234,7 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
         query_len = ((lengths > 0).any(dim=1) * steps).amax(dim=-1).tolist()
     key_lengths = mask.key_lengths
     structured = key_lengths is not None or mask.causal or mask.query_lengths is not None
-    per_example = structured and (
-        key_lengths is None or all(s == 0 for s in key_lengths.stride()[1:])
-    )
+    per_example = structured and (key_lengths is None or not any(key_lengths.stride()[1:]))
     causal = per_example and mask.causal
     has_idle = [False] * len(key_len) if per_example else (lengths == 0).any(dim=(1, 2)).tolist()
     cuts = []
@@ -1451,12 +1430,11 @@ class CutExamples(Implementation):
         return None
 
     def run(self, call: AttentionCall) -> Tensor:
-        plan = _plan(call)
-        assert not isinstance(plan, str)
+        cuts = call.notes["plan"][0]  # (its supports found them)
         q, k, v = call.projected()
         if _flash_takes(call):
-            return _CutAttention.apply(q, k, v, plan[0], call.scale)  # type: ignore[no-any-return,no-untyped-call]
-        return _cut_attention_autograd(q, k, v, plan[0], call.scale, call.dropout_p)
+            return _CutAttention.apply(q, k, v, cuts, call.scale)  # type: ignore[no-any-return,no-untyped-call]
+        return _cut_attention_autograd(q, k, v, cuts, call.scale, call.dropout_p)
 
 
 class GroupedExamples(Implementation):

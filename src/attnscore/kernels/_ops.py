@@ -390,10 +390,8 @@ additive_scores_backward_op.register_fake(
 def _additive_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     qh, kh, w_v, lengths = ctx.saved_tensors
     if torch.is_grad_enabled():
-        dq, dk, dw = _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
-    else:
-        dq, dk, dw = additive_scores_backward_op(grad.contiguous(), qh, kh, w_v, lengths)
-    return dq, dk, dw, None
+        return (*_plain.additive_scores_backward(grad, qh, kh, w_v, lengths), None)
+    return (*additive_scores_backward_op(grad.contiguous(), qh, kh, w_v, lengths), None)
 
 
 additive_scores_op.register_autograd(
