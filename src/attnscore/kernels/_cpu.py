@@ -1303,9 +1303,12 @@ class SmallPass(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
-        B, H, n, _ = q.shape
-        shared, div = _shared_lengths(call.lengths.expand(B, H, n))
-        out = _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, call.scale)
+        out = None
+        if q.dtype in _SMALL_SUFFIX:  # (under autocast projections change the dtype)
+            B, H, n, _ = q.shape
+            shared, div = _shared_lengths(call.lengths.expand(B, H, n))
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            out = _small_pass(q, k, v, shared, div, call.scale)
         if out is None:
             call.notes["declined"] = "some row's scores or output not finite"
         return out
@@ -1346,9 +1349,11 @@ class ByLengths(Implementation):
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
         return _by_lengths_declines(call.q, call.k, call.v) or _lengths_decline(call)
 
-    def run(self, call: AttentionCall) -> Tensor:
+    def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
         if call.kind == "lengths":
+            if _by_lengths_declines(q, k, v) is not None:  # e.g. autocast's projections
+                return None
             by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
             needs_grad = call.needs_grad
         else:

@@ -124,8 +124,7 @@ def softmax(x: Tensor) -> Tensor:
 def _every_key(x: Tensor) -> Tensor:
     """Lengths x.shape[:-1] that are all m = x.shape[-1] (an expanded scalar, not
     materialised): a masked softmax by them is the plain softmax."""
-    m = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
-    return m.expand(x.shape[:-1])
+    return torch.full((), x.shape[-1], dtype=torch.int64, device=x.device).expand(x.shape[:-1])
 
 
 def _every_key_softmax(x: Tensor) -> Tensor:
@@ -201,8 +200,7 @@ masked_softmax_op.register_fake(lambda x, lengths: torch.empty_like(x))
 @torch.library.custom_op("attnscore::masked_softmax_backward", mutates_args=())
 def masked_softmax_backward_op(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     """Input gradient of ``attnscore::masked_softmax`` from its output y."""
-    fn = backend_for(y, "masked_softmax_backward")
-    return _fresh(fn(grad_y, y, lengths), grad_y, y)
+    return _fresh(backend_for(y, "masked_softmax_backward")(grad_y, y, lengths), grad_y, y)
 
 
 masked_softmax_backward_op.register_fake(lambda grad_y, y, lengths: torch.empty_like(y))
@@ -363,8 +361,7 @@ class _AdditiveScores(torch.autograd.Function):
 @torch.library.custom_op("attnscore::additive_scores", mutates_args=())
 def additive_scores_op(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Additive scores (B, n, m) for j < lengths (B, n), exact zeros elsewhere."""
-    fn = backend_for(qh, "additive_scores")
-    return _fresh(fn(qh, kh, w_v, lengths), qh, kh)
+    return _fresh(backend_for(qh, "additive_scores")(qh, kh, w_v, lengths), qh, kh)
 
 
 additive_scores_op.register_fake(
@@ -377,8 +374,7 @@ def additive_scores_backward_op(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (qh, kh, w_v) of ``attnscore::additive_scores``, tanh recomputed."""
-    fn = backend_for(qh, "additive_scores_backward")
-    dq, dk, dw = fn(grad_scores, qh, kh, w_v, lengths)
+    dq, dk, dw = backend_for(qh, "additive_scores_backward")(grad_scores, qh, kh, w_v, lengths)
     return _fresh(dq, qh, kh, w_v), _fresh(dk, qh, kh, w_v), _fresh(dw, qh, kh, w_v)
 
 
