@@ -182,15 +182,9 @@ def _build(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[Path, bool]:
     ).stdout
     extra = os.environ.get(EXTRA_FLAGS_ENV, "").split()
     cflags, ldflags = [*cflags, *extra], [*ldflags, *extra]
+    named = (" ".join(cflags), " ".join(ldflags), version, _cpu_flags(), platform.machine())
     key = hashlib.sha256()
-    for part in (
-        source,
-        " ".join(cflags).encode(),
-        " ".join(ldflags).encode(),
-        version.encode(),
-        _cpu_flags().encode(),
-        platform.machine().encode(),
-    ):
+    for part in (source, *(text.encode() for text in named)):
         key.update(part)
         key.update(b"\0")
     out_dir = _cache_dir()
@@ -261,73 +255,58 @@ def _load(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[ctypes.CDLL, 
     return lib, path, compiled
 
 
+# The C functions' arguments, a letter each (spaces group them): p a pointer, i an int64,
+# d a double; R a row range (r0, r1), which the function's driver ``<name>_par_<suffix>``
+# takes as (cuts, parts), and T a task counter (next, tasks), which its driver takes as
+# (tasks, threads): the drivers run them on OpenMP threads. After "|": what only the driver
+# takes. True: the function returns a count (an int64), else nothing.
+_EVERY, _WIDE = ("f64", "f32", "bf16", "f16"), ("f64", "f32")
+_SIGNATURES: dict[str, tuple[tuple[str, ...], str, bool]] = {
+    "count_nonfinite": (_EVERY, "pi", True),  # (buffer, entries) -> count of inf and NaN
+    # three (buffer, entries) at once, the first two copied to the last two (or NULL)
+    "count_nonfinite3": (_EVERY, "pi pi pi pp", True),
+    # one call on the calling thread, returning a count of rows: (q, k, v, lengths, out,
+    # weights or NULL, rows, n, m, d, dv, div, scale); additive's (q, k, w, v, ...) with w
+    # the h weights, and no scale
+    "small_attention": (_WIDE, "pppppp iiiiii d", True),
+    "small_additive": (_WIDE, "ppppppp iiiiii", True),
+    "masked_softmax": (_EVERY, "ppp Ri ii", False),  # (..., m, div): div rows share a length
+    # (..., m, div, gs): the upstream gradient's rows are gs apart (m, or 0: one row)
+    "masked_softmax_backward": (_EVERY, "pppp Ri iii", False),
+    "masked_softmax_dense": (_EVERY, "pppp Ri i", False),
+    "mask_summary": (_EVERY, "pppp Ri ii", False),
+    "lengths_mask": (_EVERY, "pp Ri i", False),
+    "additive_scores": (_WIDE, "ppppp Ri iii", False),
+    # its driver also takes B, to find each range's accumulators
+    "additive_scores_backward": (_WIDE, "pppppppp Ri iii | i", False),
+    # (A, B, C, R, rows, k, cols, A's three strides, B's three strides)
+    "matmul": (("f16",), "ppp Ri iii iii iii", False),
+    # (q, k, v, out, lse, order, sorted, strides, T, H, n, m, d, dv, chunks, scale)
+    "flash_lengths": (("f32", "bf16", "f16"), "pppppppp Ti iiiiii d", False),
+    # (q, k, v, out, grad, lse, dq, dk, dv, order, sorted, strides, T, H, n, m, d, dv, scale)
+    "flash_lengths_backward": (("f32", "bf16", "f16"), "pppppppppppp Ti iiiii d", False),
+}
+#: The float16 functions that only move bits: in the library whether or not the compiler
+#: has float16 arithmetic (the others are left out without it).
+_BITS_ONLY = frozenset({"count_nonfinite", "count_nonfinite3", "mask_summary", "lengths_mask"})
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.attnscore_advise_huge.argtypes = [p, i]
+    types = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "d": ctypes.c_double}
+    lib.attnscore_advise_huge.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.attnscore_advise_huge.restype = None
-    for suf in ("f64", "f32", "bf16", "f16"):  # (buffer, entries) -> count of inf and NaN
-        count = getattr(lib, f"count_nonfinite_{suf}")
-        count.argtypes = [p, i]
-        count.restype = i
-        # three (buffer, entries) at once, the first two copied to the last two (or NULL)
-        count3 = getattr(lib, f"count_nonfinite3_{suf}")
-        count3.argtypes = [p, i, p, i, p, i, p, p]
-        count3.restype = i
-    for suf in ("f32", "f64"):  # one call on the calling thread; returns a count of rows
-        small = getattr(lib, f"small_attention_{suf}")
-        # (q, k, v, lengths, out, weights or NULL, rows, n, m, d, dv, div, scale)
-        small.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_double]
-        small.restype = i
-        additive = getattr(lib, f"small_additive_{suf}")  # (q, k, w, v, ...): w the h weights
-        additive.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i]
-        additive.restype = i
-    every, wide = ("f64", "f32", "bf16", "f16"), ("f64", "f32")
-    signatures = {  # name: (suffixes, kernel, driver); drivers (*_par_*) take (cuts, parts)
-        # (..., m, div): div rows share one length
-        "masked_softmax": (every, [p, p, p, i, i, i, i], [p, p, p, p, i, i, i]),
-        # (..., m, div, gs): the upstream gradient's rows are gs apart (m, or 0: one row)
-        "masked_softmax_backward": (
-            every,
-            [p, p, p, p, i, i, i, i, i],
-            [p, p, p, p, p, i, i, i, i],
-        ),
-        "masked_softmax_dense": (every, [p, p, p, p, i, i, i], [p, p, p, p, p, i, i]),
-        "mask_summary": (every, [p, p, p, p, i, i, i, i], [p, p, p, p, p, i, i, i]),
-        "lengths_mask": (every, [p, p, i, i, i], [p, p, p, i, i]),
-        "additive_scores": (wide, [p, p, p, p, p, i, i, i, i, i], [p, p, p, p, p, p, i, i, i, i]),
-        # its driver also takes B, to find each range's accumulators
-        "additive_scores_backward": (
-            wide,
-            [p, p, p, p, p, p, p, p, i, i, i, i, i],
-            [p, p, p, p, p, p, p, p, p, i, i, i, i, i],
-        ),
-    }
     f16 = bool(lib.attnscore_have_f16())
-    if f16:  # (..., rows, k, cols, A's three strides, B's three strides)
-        lib.matmul_f16.argtypes = [p, p, p, i, i, *[i] * 9]
-        lib.matmul_par_f16.argtypes = [p, p, p, p, i, *[i] * 9]
-        lib.matmul_f16.restype = lib.matmul_par_f16.restype = None
-    d = ctypes.c_double
-    for suf in ("f32", "bf16", "f16") if f16 else ("f32", "bf16"):
-        # (q, k, v, out, lse, order, sorted, strides, next, tasks | tasks, threads, H, n, m,
-        # d, dv, chunks, scale)
-        kernel = getattr(lib, f"flash_lengths_{suf}")
-        driver = getattr(lib, f"flash_lengths_par_{suf}")
-        kernel.argtypes = [*[p] * 8, p, i, *[i] * 6, d]
-        driver.argtypes = [*[p] * 8, i, i, *[i] * 6, d]
-        kernel.restype = driver.restype = None
-        # (q, k, v, out, grad, lse, dq, dk, dv, order, sorted, strides, next, tasks | tasks,
-        # threads, H, n, m, d, dv, scale)
-        kernel = getattr(lib, f"flash_lengths_backward_{suf}")
-        driver = getattr(lib, f"flash_lengths_backward_par_{suf}")
-        kernel.argtypes = [*[p] * 13, i, *[i] * 5, d]
-        driver.argtypes = [*[p] * 12, i, i, *[i] * 5, d]
-        kernel.restype = driver.restype = None
-    for name, (suffixes, kernel, driver) in signatures.items():
+    for name, (suffixes, letters, counts) in _SIGNATURES.items():
+        letters, _, driver_only = letters.replace(" ", "").partition("|")
+        kernel = letters.replace("R", "i").replace("T", "p")
+        driver = letters.replace("R", "p").replace("T", "i") + driver_only
         for suf in suffixes:
-            if suf == "f16" and not f16 and name not in ("mask_summary", "lengths_mask"):
+            if suf == "f16" and not f16 and name not in _BITS_ONLY:
                 continue
-            for symbol, argtypes in ((f"{name}_{suf}", kernel), (f"{name}_par_{suf}", driver)):
+            declared = [(f"{name}_{suf}", kernel)]
+            if driver != kernel:
+                declared.append((f"{name}_par_{suf}", driver))
+            for symbol, args in declared:
                 fn = getattr(lib, symbol)
-                fn.argtypes = argtypes
-                fn.restype = None
+                fn.argtypes = [types[c] for c in args]
+                fn.restype = ctypes.c_int64 if counts else None

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,28 +124,22 @@ def _lengths_split(shared: Tensor, div: int, R: int, m: int, threads: int) -> li
     form: the exps cost per valid entry, writing zeros a little per padded one. Rows that
     share a length are cut together (no per-row tensor), unless there are too few groups
     to give every thread some. One length for every row: ranges of equal count."""
+    pad = m // 8
+    bound = R * (m + pad)
     if shared.numel() == 1:
-        return _even(R, threads, R * (m + m // 8))
+        return _even(R, threads, bound)
     if shared.numel() < threads:
-        return _split(
-            R, lambda: _row_lengths(shared, div).clamp(0, m) + m // 8, threads, R * (m + m // 8)
-        )
-    return _split(
-        R,
-        lambda: (shared.reshape(-1).clamp(0, m) + m // 8) * div,
-        threads,
-        R * (m + m // 8),
-        div,
-    )
+        return _split(R, lambda: _row_lengths(shared, div).clamp(0, m) + pad, threads, bound)
+    return _split(R, lambda: (shared.reshape(-1).clamp(0, m) + pad) * div, threads, bound, div)
 
 
 Args = tuple[Sequence[Any], Sequence[Any]]
 
 
-_functions: dict[tuple[int, str], Callable[..., None]] = {}
+_functions: dict[tuple[int, str], Callable[..., Any]] = {}
 
 
-def _function(lib: ctypes.CDLL, name: str) -> Callable[..., None]:
+def _function(lib: ctypes.CDLL, name: str) -> Callable[..., Any]:
     """The library's C function ``name`` (looked up once: ctypes' lookup costs a few
     microseconds, which small calls notice)."""
     key = (id(lib), name)
@@ -169,41 +163,33 @@ def _run(
     ``<op>_par_<suffix>(*head_0, cuts, parts, *tail, *driver_tail)`` runs them on torch's
     OpenMP threads, or a Python thread pool calls the kernel once per range.
     """
-    fn: Callable[..., None] = _function(lib, kernel)
+    fn = _function(lib, kernel)
+    head, tail = args(0)
     if len(ranges) == 1:
-        head, tail = args(0)
         fn(*head, *ranges[0], *tail)
-        return
-    if parallel_in_c():
-        op, suffix = kernel.rsplit("_", 1)
+    elif parallel_in_c():
         cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
-        head, tail = args(0)
-        driver = _function(lib, f"{op}_par_{suffix}")
-        driver(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
-        return
-    _run_threads(fn, ranges, args)
-
-
-def _thread_pool(workers: int) -> ThreadPoolExecutor:
-    """The module's thread pool, with at least ``workers`` threads."""
-    global _pool, _pool_size
-    if _pool is None or _pool_size < workers:
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnscore")
-        _pool_size = workers
-    return _pool
+        _function(lib, _driver(kernel))(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
+    else:
+        _run_threads(fn, ranges, args)
 
 
 def _run_threads(
     fn: Callable[..., None], ranges: Sequence[tuple[int, int]], args: Callable[[int], Args]
 ) -> None:
-    """Call the kernel once per range on a Python thread pool (this thread takes range 0)."""
+    """Call the kernel once per range on the module's Python thread pool, grown as needed
+    (this thread takes range 0)."""
+    global _pool, _pool_size
+    workers = len(ranges) - 1
+    if _pool is None or _pool_size < workers:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnscore")
+        _pool_size = workers
 
     def call(i: int) -> None:
         head, tail = args(i)
         fn(*head, *ranges[i], *tail)
 
-    pool = _thread_pool(len(ranges) - 1)
-    futures = [pool.submit(call, i) for i in range(1, len(ranges))]
+    futures = [_pool.submit(call, i) for i in range(1, len(ranges))]
     call(0)
     for f in futures:
         f.result()
@@ -229,19 +215,16 @@ def _row_lengths(shared: Tensor, div: int) -> Tensor:
     return shared.reshape(-1).repeat_interleave(div) if div > 1 else shared.reshape(-1)
 
 
-_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+#: The C functions' name suffix of each dtype (float16's arithmetic needs _Float16).
+_SUFFIX = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the C masked softmax runs in: the input's own, or float32 where no kernel
     of that dtype exists (float16 without a compiler that has _Float16)."""
-    if dtype in _SUFFIX or (dtype == torch.float16 and has_float16()):
+    if dtype in _SUFFIX and (dtype != torch.float16 or has_float16()):
         return dtype
     return torch.float32
-
-
-def _suffix(dtype: torch.dtype) -> str:
-    return "f16" if dtype == torch.float16 else _SUFFIX[dtype]
 
 
 def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
@@ -257,10 +240,9 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     R = lengths.numel()
     if R and m:
         shared, div = _shared_lengths(lengths)
-        # exps cost per valid entry, writing zeros a little per padded one
         ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (xc.data_ptr(), shared.data_ptr(), y.data_ptr())
-        _run(lib, f"masked_softmax_{_suffix(dtype)}", ranges, lambda _i: (head, (m, div)))
+        _run(lib, f"masked_softmax_{_SUFFIX[dtype]}", ranges, lambda _i: (head, (m, div)))
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
@@ -319,7 +301,7 @@ def small_masked_softmax(x: Tensor, valid_lens: Tensor) -> Tensor | None:
         return None
     div, _ = read
     y = torch.empty_like(x)
-    _function(lib, f"masked_softmax_{_suffix(x.dtype)}")(
+    _function(lib, f"masked_softmax_{_SUFFIX[x.dtype]}")(
         x.data_ptr(), valid_lens.data_ptr(), y.data_ptr(), 0, rows, m, div
     )
     return y
@@ -343,7 +325,7 @@ def masked_softmax_backward(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tenso
         shared, div = _shared_lengths(lengths)
         ranges = _lengths_split(shared, div, R, m, torch.get_num_threads())
         head = (yc.data_ptr(), g.data_ptr(), shared.data_ptr(), dx.data_ptr())
-        kernel = f"masked_softmax_backward_{_suffix(dtype)}"
+        kernel = f"masked_softmax_backward_{_SUFFIX[dtype]}"
         _run(lib, kernel, ranges, lambda _i: (head, (m, div, 0 if one_row else m)))
     return dx if y.dtype == dtype else dx.to(y.dtype)
 
@@ -389,7 +371,7 @@ def masked_softmax_dense(x: Tensor, allowed: Tensor) -> Tensor:
         offsets = _row_offsets(mask, x.shape)
         ranges = _even(rows, torch.get_num_threads(), rows * m)
         head = (xc.data_ptr(), mask.data_ptr(), offsets.data_ptr(), y.data_ptr())
-        _run(lib, f"masked_softmax_dense_{_suffix(dtype)}", ranges, lambda _i: (head, (m,)))
+        _run(lib, f"masked_softmax_dense_{_SUFFIX[dtype]}", ranges, lambda _i: (head, (m,)))
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
@@ -398,7 +380,7 @@ def mask_summary(
 ) -> tuple[Tensor | None, Tensor, Tensor]:
     """Backend contract (C kernel): one read of the mask."""
     lib = load_library()
-    suffix = _SUFFIX.get(dtype or torch.float32, "f16" if dtype == torch.float16 else None)
+    suffix = _SUFFIX.get(dtype or torch.float32)
     if lib is None or suffix is None or allowed.ndim < 2:
         return _plain.mask_summary(allowed, dtype)
     *lead, r, m = allowed.shape
@@ -419,7 +401,7 @@ def lengths_mask(lengths: Tensor, m: int, dtype: torch.dtype) -> Tensor:
     """Backend contract (C kernel): the additive mask (..., m) of lengths (...), written
     straight from the lengths (one pass, no boolean mask in between)."""
     lib = load_library()
-    suffix = _SUFFIX.get(dtype, "f16" if dtype == torch.float16 else None)
+    suffix = _SUFFIX.get(dtype)
     if lib is None or suffix is None:
         return _plain.lengths_mask(lengths, m, dtype)
     rows_ = lengths.reshape(-1).contiguous()
@@ -440,10 +422,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if (
         lib is None
         or not has_float16()
-        or a.dtype != torch.float16
-        or b.dtype != torch.float16
-        or a.ndim < 2
-        or b.ndim < 2
+        or not (a.dtype == b.dtype == torch.float16)
+        or min(a.ndim, b.ndim) < 2
         or b.device.type != "cpu"  # another device: torch.matmul's error
     ):
         return torch.matmul(a, b)
@@ -477,14 +457,10 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     m = k.shape[1]
     s = _empty((B, n, m), cdt)
     if B * n and m:
-        ranges = _split(
-            B * n,
-            lambda: lengths.reshape(-1).clamp(0, m) * h + m,
-            torch.get_num_threads(),
-            B * n * (m * h + m),
-        )
+        threads, bound = torch.get_num_threads(), B * n * (m * h + m)
+        ranges = _split(B * n, lambda: lengths.reshape(-1).clamp(0, m) * h + m, threads, bound)
         head = (q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr(), s.data_ptr())
-        _run(lib, f"additive_scores_{_suffix(cdt)}", ranges, lambda _i: (head, (n, m, h)))
+        _run(lib, f"additive_scores_{_SUFFIX[cdt]}", ranges, lambda _i: (head, (n, m, h)))
     return s if qh.dtype == cdt else s.to(qh.dtype)
 
 
@@ -502,12 +478,8 @@ def additive_scores_backward(
     m = k.shape[1]
     g = grad_scores.to(cdt).contiguous()
     dq = torch.zeros_like(q)
-    ranges = _split(
-        B * n,
-        lambda: lengths.reshape(-1).clamp(0, m) * h + 1,
-        torch.get_num_threads(),
-        B * n * (m * h + 1),
-    )
+    threads, bound = torch.get_num_threads(), B * n * (m * h + 1)
+    ranges = _split(B * n, lambda: lengths.reshape(-1).clamp(0, m) * h + 1, threads, bound)
     # one (B, m, h) and one (h,) accumulator per range, summed below
     dks = k.new_zeros((len(ranges), *k.shape))
     dws = w.new_zeros((len(ranges), h))
@@ -517,15 +489,13 @@ def additive_scores_backward(
         def args(i: int) -> Args:
             return (*inputs, dq.data_ptr(), dks[i].data_ptr(), dws[i].data_ptr()), (n, m, h)
 
-        _run(lib, f"additive_scores_backward_{_suffix(cdt)}", ranges, args, driver_tail=(B,))
+        _run(lib, f"additive_scores_backward_{_SUFFIX[cdt]}", ranges, args, driver_tail=(B,))
     dk = dks[0] if len(ranges) == 1 else dks.sum(0)
     dw = dws[0] if len(ranges) == 1 else dws.sum(0)
     return dq.to(qh.dtype), dk.to(kh.dtype), dw.to(w_v.dtype)
 
 
 # ---- inputs ---------------------------------------------------------------------------------
-
-_NONFINITE_SUFFIX = {**_SUFFIX, torch.float16: "f16"}
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -543,16 +513,14 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     read: set[tuple[int, int]] = set()
     for t in tensors:
         n = t.numel()
-        suffix = _NONFINITE_SUFFIX.get(t.dtype)
+        suffix = _SUFFIX.get(t.dtype)
         if not n or (t.data_ptr(), n) in read:
             continue
         read.add((t.data_ptr(), n))
         if lib is None or suffix is None or not t.is_contiguous():
             if not bool(torch.isfinite(t).all()):
                 return False
-        elif cast("Callable[..., int]", _function(lib, f"count_nonfinite_{suffix}"))(
-            t.data_ptr(), n
-        ):
+        elif _function(lib, f"count_nonfinite_{suffix}")(t.data_ptr(), n):
             return False
     return True
 
@@ -584,20 +552,12 @@ def _count3_for(
         return None
     count = _COUNT3.get(q.dtype)
     if count is None:
-        suffix = _NONFINITE_SUFFIX.get(q.dtype)
+        suffix = _SUFFIX.get(q.dtype)
         if suffix is None:
             return None
-        count = _COUNT3[q.dtype] = cast(
-            "Callable[..., int]", getattr(lib, f"count_nonfinite3_{suffix}")
-        )
-    if (
-        k.dtype == v.dtype == q.dtype
-        and q.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-    ):
-        return count
-    return None
+        count = _COUNT3[q.dtype] = _function(lib, f"count_nonfinite3_{suffix}")
+    same = k.dtype == v.dtype == q.dtype
+    return count if same and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() else None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
@@ -632,33 +592,11 @@ def _small_pass(
     m, dv = k.shape[-2], v.shape[-1]
     out = q.new_empty((*lead, n, dv))
     bad = _function(lib, f"small_attention_{_SMALL_SUFFIX[q.dtype]}")(
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        lengths.data_ptr(),
-        out.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr(), out.data_ptr(),
         None if weights is None else weights.data_ptr(),
-        out.numel() // dv if dv else 0,
-        n,
-        m,
-        d,
-        dv,
-        div,
-        scale,
-    )
+        out.numel() // dv if dv else 0, n, m, d, dv, div, scale,
+    )  # fmt: skip
     return None if bad else out
-
-
-def _small_attention(
-    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, scale: float
-) -> Tensor | None:
-    """:func:`_small_pass` of a call by lengths (B or 1, H or 1, n or 1)
-    (:func:`~attnscore._mask.compact`); None without the C library or for other dtypes."""
-    if load_library() is None or q.dtype not in _SMALL_SUFFIX:
-        return None
-    B, H, n, _ = q.shape
-    shared, div = _shared_lengths(lengths.expand(B, H, n))
-    return _small_pass(q.contiguous(), k.contiguous(), v.contiguous(), shared, div, scale)
 
 
 def _small_layout(
@@ -689,11 +627,10 @@ def _small_layout(
         or load_library() is None
     ):
         return None
-    rows = q.numel() // d
     read = _callers_lengths(valid_lens, qs[:-1])
     if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut
         return None
-    return read[0], rows * m * (features + dv)
+    return read[0], q.numel() // d * m * (features + dv)
 
 
 def _unread_only(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> bool:
@@ -756,8 +693,7 @@ def small_dot_product_attention(
     B, n = q.shape[0], q.shape[-2]
     H = q.shape[1] if q.ndim == 4 else 1
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
-    by = _ByLength.of(lengths, n)
-    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0], None
+    return _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0], None
 
 
 def small_additive_attention(
@@ -782,20 +718,9 @@ def small_additive_attention(
     out = torch.empty((*lead, n, dv), dtype=qh.dtype)
     weights = torch.empty((*lead, n, m), dtype=qh.dtype)
     bad = _function(_lib(), f"small_additive_{_SMALL_SUFFIX[qh.dtype]}")(
-        qh.data_ptr(),
-        kh.data_ptr(),
-        w.data_ptr(),
-        vc.data_ptr(),
-        valid_lens.data_ptr(),
-        out.data_ptr(),
-        weights.data_ptr(),
-        out.numel() // dv,
-        n,
-        m,
-        h,
-        dv,
-        div,
-    )
+        qh.data_ptr(), kh.data_ptr(), w.data_ptr(), vc.data_ptr(), valid_lens.data_ptr(),
+        out.data_ptr(), weights.data_ptr(), out.numel() // dv, n, m, h, dv, div,
+    )  # fmt: skip
     return None if bad else (out, weights)
 
 
@@ -805,56 +730,44 @@ _FlashCall = tuple[Tensor, Tensor, Tensor, Tensor | None, bool]
 
 @dataclass(frozen=True)
 class _Cut:
-    """A piece of the loop: queries [start, stop) of example ``b`` over its first ``keys``
-    keys, with ``is_causal`` or, inside the piece, per-row lengths ``rows`` (1, H or 1,
-    stop - start, 1) that make a mask (``idle``: some of them are 0)."""
+    """The loop's piece of example ``b``: its first ``queries`` queries over its first
+    ``keys`` keys, with ``is_causal`` or, inside the piece, per-row lengths ``rows`` (1, H or
+    1, queries, 1) that make a mask (``idle``: some of them are 0)."""
 
     b: int
-    start: int
-    stop: int
+    queries: int
     keys: int
     causal: bool = False
     rows: Tensor | None = None
     idle: bool = False
 
-    def allowed(self) -> Tensor | None:
-        """Bool (1, H or 1, queries, keys) inside the piece, True = may attend; None: all."""
-        return None if self.rows is None else torch.arange(self.keys) < self.rows
-
-    @property
-    def queries(self) -> slice:
-        """Which queries of the example."""
-        return slice(self.start, self.stop)
-
-    @property
-    def size(self) -> int:
-        """How many queries."""
-        return self.stop - self.start
-
-    def inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The piece of q, k, v (views), rows with nothing to attend zeroed in q."""
-        b = self.b
-        qb = q[b : b + 1, :, self.queries]
+    def zero_idle(self, t: Tensor) -> Tensor:
+        """``t`` (1, H, queries, ·) with the rows that attend nothing zeroed."""
         if self.idle:
             assert self.rows is not None
-            qb = qb.masked_fill(self.rows == 0, 0.0)
-        return qb, k[b : b + 1, :, : self.keys], v[b : b + 1, :, : self.keys]
+            return t.masked_fill(self.rows == 0, 0.0)
+        return t
 
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
-        """The flash op's arguments for this piece."""
-        return (*self.inputs(q, k, v), _additive_mask(self, q.dtype), self.causal)
+        """The flash op's arguments for this piece: views of q, k, v (rows that attend
+        nothing zeroed in q), the additive form of the mask inside, ``is_causal``."""
+        b, keys, rows = self.b, self.keys, self.rows
+        mask = None if rows is None else lengths_mask(rows[..., 0], keys, q.dtype)
+        qb = self.zero_idle(q[b : b + 1, :, : self.queries])
+        return qb, k[b : b + 1, :, :keys], v[b : b + 1, :, :keys], mask, self.causal
 
     def put(self, out: Tensor, value: Tensor) -> None:
         """Write the piece's output (1, H, queries, dv) into ``out``."""
-        out[self.b : self.b + 1, :, self.queries] = value
+        out[self.b : self.b + 1, :, : self.queries] = value
 
 
 def _flash_forward(
     pieces: Sequence[_Cut | _Group], q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float
 ) -> list[Tensor]:
     """Each piece's flash forward, written into ``out``; returns their logsumexps (kept for
-    the backward). One call's output, mask and gathered inputs live at a time."""
-    flash, _ = _flash_ops()
+    the backward), from PyTorch's CPU flash op (which keeps them: torch >= 2.2). One call's
+    output, mask and gathered inputs live at a time."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     saved = []
     for piece in pieces:
         qp, kp, vp, mask, causal = piece.call(q, k, v)
@@ -870,30 +783,12 @@ def _flash_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The flash backward of one piece's ``call`` (its :func:`_flash_forward` arguments),
     given the piece's upstream gradient, output and logsumexp: (dq, dk, dv) of the piece."""
-    _, backward = _flash_ops()
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     qp, kp, vp, mask, causal = call
     grads: tuple[Tensor, Tensor, Tensor] = backward(
         grad, qp, kp, vp, out, lse, 0.0, causal, attn_mask=mask, scale=scale
     )
     return grads
-
-
-def _flash_ops() -> tuple[Any, Any]:
-    """PyTorch's CPU flash attention forward and backward ops (logsumexp kept; torch >= 2.2)."""
-    aten = torch.ops.aten
-    return (
-        aten._scaled_dot_product_flash_attention_for_cpu,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    )
-
-
-def _additive_mask(cut: _Cut, dtype: torch.dtype) -> Tensor | None:
-    """The flash op takes masks as additive scores in the query's dtype: 0 or -inf."""
-    allowed = cut.allowed()
-    if allowed is None:
-        return None
-    zero = torch.zeros((), dtype=dtype)
-    return torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype))
 
 
 class _CutAttention(torch.autograd.Function):
@@ -906,16 +801,12 @@ class _CutAttention(torch.autograd.Function):
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cuts: list[_Cut], scale: float
     ) -> Tensor:
         B, H, n, _ = q.shape
+        dv = v.shape[-1]
         heads_inner = H > 1 and q.stride(1) < q.stride(2)  # (B, n, H, d) in memory (MHA)
-        if heads_inner:
-            out = q.new_empty(B, n, H, v.shape[-1]).transpose(1, 2)
-        else:
-            out = q.new_empty(B, H, n, v.shape[-1])
+        out = q.new_empty(B, n, H, dv).transpose(1, 2) if heads_inner else q.new_empty(B, H, n, dv)
         saved = _flash_forward(cuts, q, k, v, out, scale)
-        covered = [0] * B  # queries of each example the pieces cover (the rest is zero)
-        for cut in cuts:
-            covered[cut.b] = max(covered[cut.b], cut.stop)
-        for b, stop in enumerate(covered):
+        covered = dict.fromkeys(range(B), 0) | {cut.b: cut.queries for cut in cuts}
+        for b, stop in covered.items():  # queries its piece covers: the rest is zero
             if stop < n:
                 out[b, :, stop:].zero_()
         ctx.cuts, ctx.scale = cuts, scale
@@ -927,28 +818,13 @@ class _CutAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        by_example: dict[int, list[tuple[_Cut, Tensor]]] = {}
-        for cut, lse in zip(ctx.cuts, lses, strict=True):
-            by_example.setdefault(cut.b, []).append((cut, lse))
 
-        def example(pieces: list[tuple[_Cut, Tensor]]) -> None:
+        def example(cut: _Cut, lse: Tensor) -> None:  # writes its example's slices only
+            b, rows, keys = cut.b, slice(0, cut.queries), slice(0, cut.keys)
             with torch.no_grad():  # grad mode is per thread: pool threads have it on
-                _example(pieces)
-
-        def _example(pieces: list[tuple[_Cut, Tensor]]) -> None:
-            for cut, lse in pieces:  # one example's pieces add to its dk, dv: one thread
-                b, rows, keys = cut.b, cut.queries, slice(0, cut.keys)
-                gq, gk, gv = _flash_backward(
-                    cut.call(q, k, v),
-                    grad[b : b + 1, :, rows].contiguous(),
-                    out[b : b + 1, :, rows],
-                    lse,
-                    ctx.scale,
-                )
-                if cut.idle:
-                    assert cut.rows is not None
-                    gq = gq.masked_fill(cut.rows == 0, 0.0)
-                dq[b : b + 1, :, rows] = gq
+                g, o = grad[b : b + 1, :, rows].contiguous(), out[b : b + 1, :, rows]
+                gq, gk, gv = _flash_backward(cut.call(q, k, v), g, o, lse, ctx.scale)
+                dq[b : b + 1, :, rows] = cut.zero_idle(gq)
                 dk[b : b + 1, :, keys] += gk
                 dv[b : b + 1, :, keys] += gv
 
@@ -958,12 +834,12 @@ class _CutAttention(torch.autograd.Function):
         # end with the backward: a live thread that has run a PyTorch op slows every later
         # small op of the main thread, so a pool kept for the next call would tax the program.
         threads = torch.get_num_threads()
-        if q.shape[1] < threads and len(by_example) > 1:
+        if q.shape[1] < threads and len(lses) > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="attnscore-bwd") as pool:
-                list(pool.map(example, by_example.values()))
+                list(pool.map(example, ctx.cuts, lses))
         else:
-            for pieces in by_example.values():
-                example(pieces)
+            for cut, lse in zip(ctx.cuts, lses, strict=True):
+                example(cut, lse)
         return dq, dk, dv, None, None
 
 
@@ -975,33 +851,24 @@ def _cut_attention_autograd(
     of the inputs per piece (one stack per input in the backward), one concatenation."""
     B, H, n, _ = q.shape
     heads_inner = H > 1 and q.stride(1) < q.stride(2)
-    qs, ks, vs = q.unbind(0), k.unbind(0), v.unbind(0)
-    pieces: dict[int, list[Tensor]] = {b: [] for b in range(B)}
-    for cut in cuts:
-        b = cut.b
-        qb = qs[b][None, :, cut.start : cut.stop]
-        if cut.idle:
-            assert cut.rows is not None
-            qb = qb.masked_fill(cut.rows == 0, 0.0)
-        pieces[b].append(
-            F.scaled_dot_product_attention(
-                qb,
-                ks[b][None, :, : cut.keys],
-                vs[b][None, :, : cut.keys],
-                attn_mask=cut.allowed(),
+    by_example = {cut.b: cut for cut in cuts}
+    outs = []
+    for b, (qb, kb, vb) in enumerate(zip(q.unbind(0), k.unbind(0), v.unbind(0), strict=True)):
+        cut = by_example.get(b)
+        if cut is None:  # nothing to attend
+            out = _Zeros.apply(qb, kb, vb)  # type: ignore[no-untyped-call]
+        else:
+            out = F.scaled_dot_product_attention(
+                cut.zero_idle(qb[None, :, : cut.queries]),
+                kb[None, :, : cut.keys],
+                vb[None, :, : cut.keys],
+                attn_mask=None if cut.rows is None else torch.arange(cut.keys) < cut.rows,
                 dropout_p=dropout_p,
                 is_causal=cut.causal,
                 scale=scale,
             )
-        )
-    outs = []
-    for b in range(B):
-        if not pieces[b]:
-            out = _Zeros.apply(qs[b], ks[b], vs[b])  # type: ignore[no-untyped-call]
-        else:
-            out = torch.cat(pieces[b], dim=2) if len(pieces[b]) > 1 else pieces[b][0]
-            if out.shape[2] < n:
-                out = F.pad(out, (0, 0, 0, n - out.shape[2]))
+            if cut.queries < n:
+                out = F.pad(out, (0, 0, 0, n - cut.queries))
         outs.append(out.transpose(1, 2) if heads_inner else out)
     result = torch.cat(outs, 0) if B > 1 else outs[0]
     return result.transpose(1, 2) if heads_inner else result
@@ -1053,10 +920,6 @@ class _Group:
     keys: int
     lengths: Tensor
 
-    def rows(self, t: Tensor) -> Tensor:
-        """The group's examples of ``t`` (dim 0): :func:`_examples`."""
-        return _examples(t, self.examples)
-
     def put(self, out: Tensor, value: Tensor) -> None:
         """Write ``value`` (G, ...) into the group's examples of ``out`` (dim 0)."""
         view = _spaced(out, self.examples)
@@ -1068,8 +931,8 @@ class _Group:
     def call(self, q: Tensor, k: Tensor, v: Tensor) -> _FlashCall:
         """The flash op's arguments: the group's q, k, v (keys cut) and its additive mask
         (G, H or 1, n or 1, keys); not causal (causal masking is in the lengths)."""
-        keys = self.keys
-        qg, kg, vg = self.rows(q), self.rows(k[:, :, :keys]), self.rows(v[:, :, :keys])
+        keys, examples = self.keys, self.examples
+        qg, kg, vg = (_examples(t, examples) for t in (q, k[:, :, :keys], v[:, :, :keys]))
         return qg, kg, vg, lengths_mask(self.lengths, keys, q.dtype), False
 
 
@@ -1091,15 +954,14 @@ class _GroupedAttention(torch.autograd.Function):
     of examples of similar length (:func:`_groups`) on keys cut to the group's longest,
     with the mask inside, so each call has examples x heads to split over the threads.
     One autograd node, as the loop's; a group's inputs are views where its examples are
-    evenly spaced (:meth:`_Group.rows`). q, k, v arrive with their padding inert
+    evenly spaced (:func:`_examples`). q, k, v arrive with their padding inert
     (:func:`_sdpa.inert`)."""
 
     @staticmethod
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, groups: list[_Group], scale: float
     ) -> Tensor:
-        B, H, n, _ = q.shape
-        out = q.new_empty(B, H, n, v.shape[-1])
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
         saved = _flash_forward(groups, q, k, v, out, scale)
         ctx.groups, ctx.scale = groups, scale
         ctx.save_for_backward(q, k, v, out, *saved)
@@ -1111,10 +973,10 @@ class _GroupedAttention(torch.autograd.Function):
         q, k, v, out, *lses = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for group, lse in zip(ctx.groups, lses, strict=True):
-            rows = group.rows(grad)
+            rows, outs = _examples(grad, group.examples), _examples(out, group.examples)
             if rows.stride(-1) != 1 or 0 in rows.stride():  # e.g. a sum's: one value
                 rows = rows.contiguous()  # broadcast, made whole for this group only
-            gq, gk, gv = _flash_backward(group.call(q, k, v), rows, group.rows(out), lse, ctx.scale)
+            gq, gk, gv = _flash_backward(group.call(q, k, v), rows, outs, lse, ctx.scale)
             group.put(dq, gq)
             group.put(dk[:, :, : group.keys], gk)
             group.put(dv[:, :, : group.keys], gv)
@@ -1133,8 +995,7 @@ _FA_ROWS = 8
 
 
 def _by_lengths_declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
-    """None where the C kernel by lengths runs these inputs, else why not: other dtypes,
-    more than ``_BY_LENGTHS_KEYS`` keys, no C library (or no float16 in it)."""
+    """None where the C kernel by lengths runs these inputs, else why not."""
     suffix = _BY_LENGTHS_SUFFIX.get(q.dtype)
     if not (k.dtype == v.dtype == q.dtype):
         return f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}"
@@ -1167,9 +1028,7 @@ class _ByLength:
         Bl, Hl, nl = lengths.shape
         strides = (Hl * n if Bl > 1 else 0, n if Hl > 1 else 0)
         if nl == 1 or ascending:
-            if nl == n and lengths.is_contiguous():
-                pass  # as the kernels read them already
-            else:
+            if nl != n or not lengths.is_contiguous():  # else as the kernels read them
                 lengths = lengths.expand(Bl, Hl, n).contiguous()
             if Bl * Hl == 1:
                 order = _ascending(n)
@@ -1272,11 +1131,7 @@ def _by_lengths_forward(
     (B, H, n) float32 as that op keeps it (0 for rows of length 0)."""
     q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
-    if len(shape) == 3:  # (B, n, d): one head, and the output (B, n, dv)
-        B, n, d = shape
-        H = 1
-    else:
-        B, H, n, d = shape
+    B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])  # (B, n, d): one head
     m, dv = k.shape[-2], v.shape[-1]
     # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
     out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
@@ -1286,54 +1141,22 @@ def _by_lengths_forward(
     # those for the threads to share.
     chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
     head = (
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        out.data_ptr(),
-        None if lse is None else lse.data_ptr(),
-        by.order.data_ptr(),
-        by.lengths.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        None if lse is None else lse.data_ptr(), by.order.data_ptr(), by.lengths.data_ptr(),
         strides,
-    )
+    )  # fmt: skip
     kernel = _FLASH_LENGTHS[q.dtype]
     tail = (H, n, m, d, dv, chunks, scale)
     _run_tasks(_lib(), kernel, head, tail, B * H * chunks, B * H * n * m * (d + dv))
     return out, lse
 
 
-def _by_lengths_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    grad: Tensor,
-    by: _ByLength,
-    scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of :func:`_by_lengths_forward` in one C call
-    (``flash_lengths_backward``) on the forward's tiles, one task per (example, head), whose
-    key gradients add up in float32; what the forward never reads gets zero gradients."""
-    q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
-    B, H, n, d = q.shape
-    m, dv = k.shape[-2], v.shape[-1]
-    dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
-    head = (
-        *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
-        by.order.data_ptr(),
-        by.lengths.data_ptr(),
-        st,
-    )
-    kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
-    _run_tasks(_lib(), kernel, head, (H, n, m, d, dv, scale), B * H, 2 * B * H * n * m * (d + dv))
-    return dq, dk, dv_
-
-
 class _ByLengthsAttention(torch.autograd.Function):
     """Training by lengths in the C kernel, forward (:func:`_by_lengths_forward`, keeping
-    each row's logsumexp) and backward (:func:`_by_lengths_backward`): one autograd node
-    that keeps the inputs, the output, the logsumexps and the queries' order."""
+    each row's logsumexp) and backward (``flash_lengths_backward``, on the forward's tiles,
+    one task per (example, head), whose key gradients add up in float32; what the forward
+    never reads gets zero gradients): one autograd node that keeps the inputs, the output,
+    the logsumexps and the queries' order."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, by: _ByLength, scale: float) -> Tensor:
@@ -1346,29 +1169,20 @@ class _ByLengthsAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _by_lengths_backward(q, k, v, out, lse, grad, ctx.by, ctx.scale)
-        return dq, dk, dv, None, None
-
-
-def _attention_by_lengths(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    lengths: Tensor,
-    scale: float,
-    needs_grad: bool,
-    *,
-    ascending: bool = False,
-) -> Tensor | None:
-    """Attention by lengths (B or 1, H or 1, n or 1) in the C kernel, forward and, where
-    gradients are needed, backward (:class:`_ByLengthsAttention`); None where it does not
-    run (:func:`_by_lengths_declines`). ``ascending``: as :meth:`_ByLength.of`'s."""
-    if _by_lengths_declines(q, k, v) is not None:
-        return None
-    by = _ByLength.of(lengths, q.shape[-2], ascending=ascending)
-    if needs_grad:
-        return _ByLengthsAttention.apply(q, k, v, by, scale)  # type: ignore[no-any-return,no-untyped-call]
-    return _by_lengths_forward(q, k, v, by, scale, logsumexp=False)[0]
+        q, k, v, out, grad = _last_contiguous(q, k, v, out, grad)
+        B, H, n, d = q.shape
+        m, dv = k.shape[-2], v.shape[-1]
+        dq, dk, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        by = ctx.by
+        st = _int64s((*_strides(q, k, v, out), *by.strides, *_strides(grad, dq, dk, dv_)))
+        head = (
+            *(t.data_ptr() for t in (q, k, v, out, grad, lse, dq, dk, dv_)),
+            by.order.data_ptr(), by.lengths.data_ptr(), st,
+        )  # fmt: skip
+        tail = (H, n, m, d, dv, ctx.scale)
+        kernel = f"flash_lengths_backward_{_BY_LENGTHS_SUFFIX[q.dtype]}"
+        _run_tasks(_lib(), kernel, head, tail, B * H, 2 * B * H * n * m * (d + dv))
+        return dq, dk, dv_, None, None
 
 
 _UNPADDED_WORK: int = value("unpadded_work")
@@ -1420,9 +1234,7 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
         query_len = ((lengths > 0).any(dim=1) * steps).amax(dim=-1).tolist()
     key_lengths = mask.key_lengths
     structured = key_lengths is not None or mask.causal or mask.query_lengths is not None
-    per_example = structured and (
-        key_lengths is None or all(s == 0 for s in key_lengths.stride()[1:])
-    )
+    per_example = structured and (key_lengths is None or not any(key_lengths.stride()[1:]))
     causal = per_example and mask.causal
     has_idle = [False] * len(key_len) if per_example else (lengths == 0).any(dim=(1, 2)).tolist()
     cuts = []
@@ -1431,9 +1243,8 @@ def _cuts(mask: AttentionMask, lengths: Tensor, n: int, key_len: list[int]) -> l
             continue
         rows = None
         if not per_example:  # a mask inside the piece, from its rows' lengths
-            rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b]).unsqueeze(-1)
-            rows = rows[None]
-        cuts.append(_Cut(b, 0, Lq, Lk, causal, rows, has_idle[b]))
+            rows = (lengths[b, :, :Lq] if lengths.shape[2] > 1 else lengths[b])[None, ..., None]
+        cuts.append(_Cut(b, Lq, Lk, causal, rows, has_idle[b]))
     return cuts
 
 
@@ -1469,7 +1280,7 @@ def _lengths_decline(call: AttentionCall) -> str | None:
 
 
 class SmallPass(Implementation):
-    """Small inference calls by lengths in one C pass (:func:`_small_attention`): every
+    """Small inference calls by lengths in one C pass (:func:`_small_pass`): every
     query over its own keys, padding never read, nothing zeroed and no mask built; up to
     ``small_work`` multiply-adds. float32 and float64."""
 
@@ -1478,8 +1289,7 @@ class SmallPass(Implementation):
     kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
-        why = _kernel_declines(call)
-        if why is not None:
+        if (why := _kernel_declines(call)) is not None:
             return why
         if call.needs_grad or call.dropout_p:
             return "gradients or dropout (the pass is inference only)"
@@ -1492,8 +1302,13 @@ class SmallPass(Implementation):
         return _lengths_decline(call)
 
     def run(self, call: AttentionCall) -> Tensor | None:
-        q, k, v = call.projected()
-        out = _small_attention(q, k, v, call.lengths, call.scale)
+        q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
+        out = None
+        if q.dtype in _SMALL_SUFFIX:  # (under autocast projections change the dtype)
+            B, H, n, _ = q.shape
+            shared, div = _shared_lengths(call.lengths.expand(B, H, n))
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            out = _small_pass(q, k, v, shared, div, call.scale)
         if out is None:
             call.notes["declined"] = "some row's scores or output not finite"
         return out
@@ -1503,7 +1318,8 @@ _SDPA_FASTER = "nothing padded, and SDPA measured faster at this size (unpadded_
 
 
 class ByLengths(Implementation):
-    """The C kernel by lengths (:func:`_attention_by_lengths`), forward and backward: every
+    """The C kernel by lengths (:func:`_by_lengths_forward`, :class:`_ByLengthsAttention`),
+    forward and backward (:meth:`_ByLength.of` orders the queries by length): every
     query over its own keys only, padded keys and idle queries never read. Lengths from
     ``by_lengths_work`` multiply-adds on; with nothing padded (no mask: every length m;
     causal masking alone: lengths 1, 2, ..., n, which PyTorch's CPU flash kernel skips only
@@ -1523,8 +1339,7 @@ class ByLengths(Implementation):
                 causal=call.kind == "causal", projected=call.project is not None,
             ):  # fmt: skip
                 return _SDPA_FASTER  # (a constant: small calls with nothing padded meet it)
-        why = _kernel_declines(call)
-        if why is not None:
+        if (why := _kernel_declines(call)) is not None:
             return why
         if call.dropout_p:
             return "dropout (the kernel has none)"
@@ -1536,14 +1351,15 @@ class ByLengths(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
-        kind = call.kind
-        if kind == "lengths":
-            mask = call.mask
-            return _attention_by_lengths(
-                q, k, v, call.lengths, call.scale, call.needs_grad, ascending=_in_order(mask)
-            )
-        by = _unpadded_by(q.shape[-2], k.shape[-2], kind == "causal")
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        if call.kind == "lengths":
+            if _by_lengths_declines(q, k, v) is not None:  # e.g. autocast's projections
+                return None
+            by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
+            needs_grad = call.needs_grad
+        else:
+            by = _unpadded_by(q.shape[-2], k.shape[-2], call.kind == "causal")
+            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not needs_grad:  # forward only, no logsumexps kept
             return _by_lengths_forward(q, k, v, by, call.scale, logsumexp=False)[0]
         if q.ndim == 3:  # the backward takes heads
             out = _ByLengthsAttention.apply(q[:, None], k[:, None], v[:, None], by, call.scale)  # type: ignore[no-untyped-call]
@@ -1561,35 +1377,27 @@ def _plan(call: AttentionCall) -> str | _Plan:
     call (both loops read it)."""
     plan = call.notes.get("plan")
     if plan is None:
-        plan = _kernel_declines(call) or _lengths_decline(call) or _cut(call)
-        call.notes["plan"] = plan
+        plan = call.notes["plan"] = _kernel_declines(call) or _lengths_decline(call) or _cut(call)
     return plan
 
 
 def _cut(call: AttentionCall) -> str | _Plan:
     q, k, v = call.q, call.k, call.v
     B, H, n, _ = q.shape
-    m = k.shape[-2]
     work = H * (k.shape[-1] + v.shape[-1])  # per (example, query, key)
-    full = B * n * m
-    lengths = call.lengths
-    found: str | _Plan
+    full = B * n * k.shape[-2]
     if full * work < B * _CALL_WORK:
-        found = "too little work to cut examples (call_work)"
-    else:
-        longest = lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
-        # Without idle queries the loop keeps each example's queries whole: what it would
-        # save is known before its pieces are made (per-query lengths near m save too little).
-        if call.shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
-            found = "cutting examples to their longest length saves too little (call_work)"
-        else:
-            cuts = _cuts(call.mask, lengths, n, longest)
-            kept = sum(c.size * c.keys for c in cuts)
-            if (full - kept) * work < B * _CALL_WORK:
-                found = "cutting examples saves too little (call_work)"
-            else:
-                found = (cuts, longest, kept)
-    return found
+        return "too little work to cut examples (call_work)"
+    longest = call.lengths.amax(dim=(1, 2)).tolist()  # (B,) each example's longest row
+    # Without idle queries the loop keeps each example's queries whole: what it would save
+    # is known before its pieces are made (per-query lengths near m save too little).
+    if call.shortest > 0 and (full - n * sum(longest)) * work < B * _CALL_WORK:
+        return "cutting examples to their longest length saves too little (call_work)"
+    cuts = _cuts(call.mask, call.lengths, n, longest)
+    kept = sum(c.queries * c.keys for c in cuts)
+    if (full - kept) * work < B * _CALL_WORK:
+        return "cutting examples saves too little (call_work)"
+    return cuts, longest, kept
 
 
 def _grouped(call: AttentionCall, kept: int) -> bool:
@@ -1627,12 +1435,11 @@ class CutExamples(Implementation):
         return None
 
     def run(self, call: AttentionCall) -> Tensor:
-        plan = _plan(call)
-        assert not isinstance(plan, str)
+        cuts = call.notes["plan"][0]  # (its supports found them)
         q, k, v = call.projected()
         if _flash_takes(call):
-            return _CutAttention.apply(q, k, v, plan[0], call.scale)  # type: ignore[no-any-return,no-untyped-call]
-        return _cut_attention_autograd(q, k, v, plan[0], call.scale, call.dropout_p)
+            return _CutAttention.apply(q, k, v, cuts, call.scale)  # type: ignore[no-any-return,no-untyped-call]
+        return _cut_attention_autograd(q, k, v, cuts, call.scale, call.dropout_p)
 
 
 class GroupedExamples(Implementation):
@@ -1652,27 +1459,18 @@ class GroupedExamples(Implementation):
             return "not training with fewer heads than threads"
         if not _flash_takes(call):
             return "dropout, or a value size unlike the query size (the flash op takes neither)"
-        groups = self._groups(call, plan[1])
         q, k, v = call.q, call.k, call.v
         B, H, n, _ = q.shape
+        size = -(-torch.get_num_threads() // H)  # examples per group: a thread per head
+        groups = call.notes["groups"] = _groups(plan[1], call.lengths, size)
         kept = n * sum(len(g.examples) * g.keys for g in groups)
         work = H * (k.shape[-1] + v.shape[-1])
         if (B * n * k.shape[-2] - kept) * work < len(groups) * _CALL_WORK:
             return "grouping examples saves too little (call_work)"
         return None
 
-    @staticmethod
-    def _groups(call: AttentionCall, longest: list[int]) -> list[_Group]:
-        groups = call.notes.get("groups")
-        if groups is None:
-            threads, H = torch.get_num_threads(), call.q.shape[1]
-            groups = call.notes["groups"] = _groups(longest, call.lengths, -(-threads // H))
-        return groups
-
     def run(self, call: AttentionCall) -> Tensor:
-        plan = _plan(call)
-        assert not isinstance(plan, str)
-        groups = self._groups(call, plan[1])
+        groups = call.notes["groups"]  # (its supports found them)
         q, k, v = call.projected()
         lengths, m = call.lengths, k.shape[-2]
         padded, first = _sdpa.padding_by_lengths(lengths, m, look=True)

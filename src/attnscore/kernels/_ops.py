@@ -124,8 +124,7 @@ def softmax(x: Tensor) -> Tensor:
 def _every_key(x: Tensor) -> Tensor:
     """Lengths x.shape[:-1] that are all m = x.shape[-1] (an expanded scalar, not
     materialised): a masked softmax by them is the plain softmax."""
-    m = torch.full((), x.shape[-1], dtype=torch.int64, device=x.device)
-    return m.expand(x.shape[:-1])
+    return torch.full((), x.shape[-1], dtype=torch.int64, device=x.device).expand(x.shape[:-1])
 
 
 def _every_key_softmax(x: Tensor) -> Tensor:
@@ -195,21 +194,16 @@ def masked_softmax_op(x: Tensor, lengths: Tensor) -> Tensor:
     return _fresh(backend_for(x, "masked_softmax")(x, lengths), x)
 
 
-@masked_softmax_op.register_fake
-def _(x: Tensor, lengths: Tensor) -> Tensor:
-    return torch.empty_like(x)
+masked_softmax_op.register_fake(lambda x, lengths: torch.empty_like(x))
 
 
 @torch.library.custom_op("attnscore::masked_softmax_backward", mutates_args=())
 def masked_softmax_backward_op(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
     """Input gradient of ``attnscore::masked_softmax`` from its output y."""
-    fn = backend_for(y, "masked_softmax_backward")
-    return _fresh(fn(grad_y, y, lengths), grad_y, y)
+    return _fresh(backend_for(y, "masked_softmax_backward")(grad_y, y, lengths), grad_y, y)
 
 
-@masked_softmax_backward_op.register_fake
-def _(grad_y: Tensor, y: Tensor, lengths: Tensor) -> Tensor:
-    return torch.empty_like(y)
+masked_softmax_backward_op.register_fake(lambda grad_y, y, lengths: torch.empty_like(y))
 
 
 def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
@@ -346,15 +340,6 @@ def additive_scores(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Ten
     return backend_for(qh, "additive_scores")(qh, kh, w_v, lengths)  # type: ignore[no-any-return]
 
 
-def _additive_backward(
-    grad: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
-        return _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
-    fn = backend_for(qh, "additive_scores_backward")
-    return fn(grad.contiguous(), qh, kh, w_v, lengths)  # type: ignore[no-any-return]
-
-
 class _AdditiveScores(torch.autograd.Function):
     """Eager additive scores on the device's backend, with their backward."""
 
@@ -367,19 +352,21 @@ class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         qh, kh, w_v, lengths = ctx.saved_tensors
-        return (*_additive_backward(grad, qh, kh, w_v, lengths), None)
+        if torch.is_grad_enabled():  # create_graph: differentiable PyTorch formula
+            return (*_plain.additive_scores_backward(grad, qh, kh, w_v, lengths), None)
+        fn = backend_for(qh, "additive_scores_backward")
+        return (*fn(grad.contiguous(), qh, kh, w_v, lengths), None)
 
 
 @torch.library.custom_op("attnscore::additive_scores", mutates_args=())
 def additive_scores_op(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
     """Additive scores (B, n, m) for j < lengths (B, n), exact zeros elsewhere."""
-    fn = backend_for(qh, "additive_scores")
-    return _fresh(fn(qh, kh, w_v, lengths), qh, kh)
+    return _fresh(backend_for(qh, "additive_scores")(qh, kh, w_v, lengths), qh, kh)
 
 
-@additive_scores_op.register_fake
-def _(qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor) -> Tensor:
-    return qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])
+additive_scores_op.register_fake(
+    lambda qh, kh, w_v, lengths: qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])
+)
 
 
 @torch.library.custom_op("attnscore::additive_scores_backward", mutates_args=())
@@ -387,29 +374,22 @@ def additive_scores_backward_op(
     grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (qh, kh, w_v) of ``attnscore::additive_scores``, tanh recomputed."""
-    fn = backend_for(qh, "additive_scores_backward")
-    dq, dk, dw = fn(grad_scores, qh, kh, w_v, lengths)
+    dq, dk, dw = backend_for(qh, "additive_scores_backward")(grad_scores, qh, kh, w_v, lengths)
     return _fresh(dq, qh, kh, w_v), _fresh(dk, qh, kh, w_v), _fresh(dw, qh, kh, w_v)
 
 
-@additive_scores_backward_op.register_fake
-def _(
-    grad_scores: Tensor, qh: Tensor, kh: Tensor, w_v: Tensor, lengths: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(w_v)
-
-
-def _additive_setup(ctx: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+additive_scores_backward_op.register_fake(
+    lambda grad_scores, qh, kh, w_v, lengths: tuple(map(torch.empty_like, (qh, kh, w_v)))
+)
 
 
 def _additive_op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     qh, kh, w_v, lengths = ctx.saved_tensors
     if torch.is_grad_enabled():
-        dq, dk, dw = _plain.additive_scores_backward(grad, qh, kh, w_v, lengths)
-    else:
-        dq, dk, dw = additive_scores_backward_op(grad.contiguous(), qh, kh, w_v, lengths)
-    return dq, dk, dw, None
+        return (*_plain.additive_scores_backward(grad, qh, kh, w_v, lengths), None)
+    return (*additive_scores_backward_op(grad.contiguous(), qh, kh, w_v, lengths), None)
 
 
-additive_scores_op.register_autograd(_additive_op_backward, setup_context=_additive_setup)
+additive_scores_op.register_autograd(
+    _additive_op_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs)
+)

@@ -10,6 +10,7 @@ Shapes: B batch, n queries, m keys, h hidden units, d query/key size, v value si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -48,13 +49,6 @@ CHUNK_ELEMENTS: int = value("plain_chunk_elements")
 def _valid(lengths: Tensor, m: int) -> Tensor:
     """Bool (..., m): True at positions j < lengths[...]."""
     return torch.arange(m, device=lengths.device) < lengths.unsqueeze(-1)
-
-
-def _longest(lengths: Tensor) -> Tensor:
-    """(...,) the longest of the rows' lengths (...,  n); 0 when n is 0."""
-    if lengths.shape[-1] == 0:
-        return lengths.new_zeros(lengths.shape[:-1])
-    return lengths.amax(-1)
 
 
 # ---- masked softmax ------------------------------------------------------------------------
@@ -206,12 +200,10 @@ def additive_scores_dense(
     row may attend are zeroed first, so garbage there reaches neither scores nor gradients.
     """
     n, m, h = qh.shape[-2], kh.shape[-2], qh.shape[-1]
-    if lengths is not None:
-        kh = torch.where(_valid(_longest(lengths), m).unsqueeze(-1), kh, 0.0)
-    batch = 1
-    for size in torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2]):
-        batch *= size
-    rows = _rows_per_block(m, h, batch)
+    if lengths is not None:  # each row's longest length (0 without queries)
+        longest = lengths.amax(-1) if lengths.shape[-1] else lengths.new_zeros(lengths.shape[:-1])
+        kh = torch.where(_valid(longest, m).unsqueeze(-1), kh, 0.0)
+    rows = _rows_per_block(m, h, math.prod(torch.broadcast_shapes(qh.shape[:-2], kh.shape[:-2])))
     # max(n, 1): with no queries there is still one (empty) block to return.
     pieces = [_tanh_block(qh[..., i : i + rows, :], kh) @ w_v for i in range(0, max(n, 1), rows)]
     scores = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
