@@ -44,3 +44,29 @@ def test_mixed_dtypes_outside_autocast_are_refused():
     k = torch.randn(2, 7, 8, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="dtype of `queries`"):
         attnscore.DotProductAttention(0.0)(q, k, k, torch.tensor([3, 7]))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["no mask", "causal"])
+@pytest.mark.parametrize("form", ["function", "module"])
+def test_projected_scorer_under_autocast_with_nothing_padded(form, causal):
+    """General attention (qᵀ W_a k) under a bfloat16 autocast with no mask or causal
+    masking alone, at a size the C kernels take: autocast's projections come out bfloat16
+    while the values stay float32, which the kernels do not take (they declined by lengths
+    only, and causal masking alone gave NaN). The float64 formula, projected first."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(4, 64, 64, generator=gen) for _ in range(3))
+    module = attnscore.MultiplicativeAttention(64, 64)
+    with torch.no_grad():
+        module.W_a.weight.copy_(torch.randn(64, 64, generator=gen) / 8)
+    W = module.W_a.weight.detach()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        if form == "function":
+            out = attnscore.functional.general_attention(q, k, v, W, causal=causal)
+        else:
+            out = module(q, k, v, causal=causal)
+    scores = q.double() @ W.double() @ k.double().mT
+    if causal:
+        scores = scores.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), -math.inf)
+    ref = torch.softmax(scores, -1) @ v.double()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=0.15, rtol=0.05)

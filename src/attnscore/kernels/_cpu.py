@@ -1351,9 +1351,9 @@ class ByLengths(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
+        if _by_lengths_declines(q, k, v) is not None:  # e.g. autocast's projections
+            return None
         if call.kind == "lengths":
-            if _by_lengths_declines(q, k, v) is not None:  # e.g. autocast's projections
-                return None
             by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
             needs_grad = call.needs_grad
         else:
