@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnscore import bench
-from attnscore.bench import _core, matrix
+from attnscore.bench import _core, cpu, matrix
 from attnscore.cli._usage import ArgumentParser, UsageError
 from attnscore.cli.bench import add_parser, handle, main
 
@@ -37,6 +37,8 @@ def test_quick_run_is_a_smoke_run(tmp_path, capsys):
     (memory,) = [row for row in result["rows"] if row["case"] == "additive_memory"]
     assert memory["peak_rss_mib"]["attnscore"] > 0
     assert result["torch"] == torch.__version__
+    if result["kernel_build"]["path"] is not None:  # measured here only: see below
+        assert result["kernel_cold_compile_s"] > 0
 
 
 @pytest.mark.parametrize(
@@ -107,10 +109,13 @@ SAVED = Path(__file__).resolve().parents[2] / "docs" / "bench" / "cpu-full-481b0
 
 
 def _fast_softmax_rows(monkeypatch):
-    """The full run's masked_softmax rows at a tiny shape, timed briefly."""
+    """The full run's masked_softmax rows at a tiny shape, timed briefly; the C kernels'
+    cold compile (a fresh process compiling them into an empty cache) is measured by the
+    smoke run above, and given here."""
     monkeypatch.setitem(matrix.SHAPES["cpu"], "masked_softmax", {"B": 2, "n": 3, "m": 8})
     monkeypatch.setitem(bench.MIN_RUN_TIME, ("cpu", False), 0.001)
     monkeypatch.setattr(matrix, "targets", lambda *cell: [_core.Target("time", 1e9, "softmax")])
+    monkeypatch.setattr(cpu, "cold_compile_seconds", lambda: 0.25)
 
 
 def test_full_run_judges_targets_draws_the_run_and_never_overwrites(monkeypatch, tmp_path, capsys):
@@ -129,6 +134,7 @@ def test_full_run_judges_targets_draws_the_run_and_never_overwrites(monkeypatch,
     assert out.count("| masked_softmax | ") == 2 + 18  # summary rows, then the cells
     assert "load average" not in err and "Busy machine" not in out
     assert "| ratio (median of per-round ratios) |" in out
+    assert "cold compile + load with an empty cache: 0.25 s" in out
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     drawn = fig.read_bytes()
     monkeypatch.setattr(bench, "run", _no_run)  # refused before anything is measured
