@@ -93,7 +93,13 @@ _SCRIPT = textwrap.dedent(
 def test_kernels_leave_subnormals_alone(tmp_path):
     import json
 
-    env = {**os.environ, "ATTNSCORE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": _SRC}
+    # The library this session loaded, from its cache folder (the child computes the same
+    # cache key: same source, flags, compiler and CPU), so that the child loads it without
+    # compiling it again; an empty cache where this session has none.
+    _build.load_library()
+    built = _build.build_info().path
+    cache = Path(built).parent if built else tmp_path / "cache"
+    env = {**os.environ, "ATTNSCORE_CACHE": str(cache), "PYTHONPATH": _SRC}
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, "1e-40", "1e-310", "0.5"],
         capture_output=True,
