@@ -380,14 +380,33 @@ def test_both_parallel_runners_match_the_references(thresholds, openmp):
         torch.set_num_threads(old)
 
 
+@pytest.fixture(scope="module")
+def plain_build(tmp_path_factory):
+    """The library without an OpenMP runtime (``CFLAGS``, ``LDFLAGS``), compiled once into an
+    empty cache folder: (the folder, the library, whether it was compiled, what the folder
+    held afterwards); None without a C compiler. test_build_compiles_into_an_empty_cache_once
+    checks that build; the ATTNSCORE_OPENMP=0 process finds it there (the same cache key)
+    instead of compiling it a second time."""
+    from attnscore.kernels import _build
+
+    cc = _build._compiler()
+    if cc is None:
+        return None
+    cache = tmp_path_factory.mktemp("plain-build") / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNSCORE_CACHE", str(cache))
+        path, compiled = _build._build(cc, _build.CFLAGS, _build.LDFLAGS)
+    return cache, path, compiled, sorted(cache.iterdir())
+
+
 @needs_c
-def test_openmp_can_be_switched_off(tmp_path):
+def test_openmp_can_be_switched_off(plain_build):
     """ATTNSCORE_OPENMP=0 builds without an OpenMP runtime: the kernels run on Python threads."""
     code = (
         "import torch; from attnscore.kernels import _build; _build.load_library(); "
         "i = _build.build_info(); print(i.openmp, _build.parallel_in_c(), i.error)"
     )
-    env = {**os.environ, "ATTNSCORE_OPENMP": "0", "ATTNSCORE_CACHE": str(tmp_path)}
+    env = {**os.environ, "ATTNSCORE_OPENMP": "0", "ATTNSCORE_CACHE": str(plain_build[0])}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -457,17 +476,18 @@ def first_load(monkeypatch, tmp_path):
     return _build
 
 
-def test_build_compiles_into_an_empty_cache_once(first_load, tmp_path):
+def test_build_compiles_into_an_empty_cache_once(first_load, plain_build, monkeypatch):
     import ctypes
 
-    cc = first_load._compiler()
-    if cc is None:
+    if plain_build is None:
         pytest.skip("no C compiler")
-    path, compiled = first_load._build(cc, first_load.CFLAGS, first_load.LDFLAGS)
+    cache, path, compiled, held = plain_build  # built into an empty cache by the fixture
     assert compiled and path.suffix == ".so"
-    assert list((tmp_path / "cache").iterdir()) == [path]  # no temporary file left behind
+    assert held == [path]  # no temporary file left behind
     assert hasattr(ctypes.CDLL(str(path)), "masked_softmax_f32")
     # cached: not compiled again
+    monkeypatch.setenv("ATTNSCORE_CACHE", str(cache))
+    cc = first_load._compiler()
     assert first_load._build(cc, first_load.CFLAGS, first_load.LDFLAGS) == (path, False)
 
 
