@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -360,15 +359,21 @@ def test_attention_weights_get_the_model_dropout(scoring):
 def test_keep_freed_memory_reuses_freed_blocks() -> None:
     """With the thresholds raised, a freed 4 MiB block comes back at the same address;
     glibc's default unmaps it on free and serves the next one elsewhere. In a fresh
-    process, so that nothing before has moved glibc's own dynamic threshold."""
+    process, so that nothing before has moved glibc's own dynamic threshold (the module is
+    loaded by its path: it needs nothing but ctypes, so torch is not imported)."""
     import subprocess
     import sys
 
+    from attnscore import _memory
+
     code = """if True:
-        import ctypes, sys
-        from attnscore._memory import keep_freed_memory
-        if sys.argv[1] == "keep" and not keep_freed_memory():
-            print("no-glibc"); raise SystemExit
+        import ctypes, importlib.util, sys
+        if sys.argv[1] == "keep":
+            spec = importlib.util.spec_from_file_location("_memory", sys.argv[2])
+            memory = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(memory)
+            if not memory.keep_freed_memory():
+                print("no-glibc"); raise SystemExit
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]
@@ -376,10 +381,12 @@ def test_keep_freed_memory_reuses_freed_blocks() -> None:
         second = libc.malloc(4 << 20); libc.free(second)
         print(first == second)
     """
-    env = {**os.environ, "PYTHONPATH": str(Path(train_mod.__file__).parents[2])}
     runs = {
         mode: subprocess.run(
-            [sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, check=True
+            [sys.executable, "-c", code, mode, _memory.__file__],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()[-1]
         for mode in ("keep", "default")
     }
