@@ -39,7 +39,8 @@ def _inputs(path: Path, dtype=torch.float32, b: int = 2, seed: int = 0):
 
 @pytest.mark.parametrize("path", PATHS, ids=str)
 def test_compile_has_no_graph_break_and_matches_eager(path):
-    """Whole-graph capture on every plain path (length checks are in-graph assertions)."""
+    """Whole-graph capture on every plain path (length checks are in-graph assertions):
+    ``fullgraph=True`` makes any graph break an error, naming its reason."""
     torch._dynamo.reset()
     runner = path.build(*_sizes(path), torch.float32)
     q, k, v = _inputs(path)
@@ -47,8 +48,6 @@ def test_compile_has_no_graph_break_and_matches_eager(path):
     def fn(q, k, v, lens):
         return runner(q, k, v, lens)[0]
 
-    explained = torch._dynamo.explain(fn)(q, k, v, torch.tensor([2, 5]))
-    assert explained.graph_break_count == 0, explained.break_reasons
     compiled = torch.compile(fn, backend="eager", fullgraph=True)
     for lens in (torch.tensor([2, 5]), torch.tensor([0, 9])):  # same graph, new values
         torch.testing.assert_close(compiled(q, k, v, lens), fn(q, k, v, lens))
