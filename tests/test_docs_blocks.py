@@ -138,6 +138,8 @@ _FORK_SERVER = r"""
 import atexit, json, os, signal, sys, time, traceback
 
 import torch  # noqa: F401
+# what attnscore's own imports pull in (torch's compiler stack), as tests/test_imports.py does
+import torch._dynamo  # noqa: F401
 
 
 def child(request):
