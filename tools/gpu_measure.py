@@ -18,6 +18,10 @@ Sections (``--only`` picks some; all by default), written as one JSON file:
 - ``launches``: the masked softmax kernel launched alone at each (rows per program, warps)
   for rows of 128 to 4096 keys, float32 and bfloat16, as a fraction of a ``copy_`` of the
   same tensor: the data behind ``_triton_softmax._warps``.
+- ``host``: the host's share of the bench's dot row, (32, 1024, 1024, 64) bfloat16 with one
+  head: for SDPA and for attnscore's module and function, with no mask, causal masking and
+  key lengths, the PyTorch ops one call dispatches, the host time to issue it, and the time
+  per call of 50 calls in a row (the larger of host and GPU time).
 - ``floor``: the kernels alone at the headline shape, (32, 8, 1024, 1024, 64) bfloat16,
   lengths (B,) uniform in [1, m]: flash attention's and the efficient kernel's
   variable-length forms on the padded layout (no library code), SDPA dense and with the
@@ -444,9 +448,79 @@ def floor() -> dict[str, Any]:
     return out
 
 
+def _aten_ops(fn: Callable[[], Any]) -> int:
+    """How many PyTorch ops one call of ``fn`` dispatches (each costs the host a few us)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.ops
+
+
+def host() -> list[dict[str, Any]]:
+    import attnscore
+
+    B, n, m, d = 32, 1024, 1024, 64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, s, d, generator=g).to("cuda", torch.bfloat16) for s in (n, m, m))
+    lens = torch.randint(1, m + 1, (B,), generator=g).cuda()
+    key_mask = (torch.arange(m, device="cuda") < lens[:, None])[:, None, None, :]
+    module = attnscore.DotProductAttention(0.0).eval()
+
+    def sdpa(q: Any, k: Any, v: Any, **options: Any) -> Any:  # 4-D: its fused kernels' layout
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], **options)
+
+    calls = {
+        ("none", "SDPA"): lambda: sdpa(q, k, v),
+        ("none", "DotProductAttention"): lambda: module(q, k, v),
+        ("none", "dot_product_attention"): lambda: attnscore.dot_product_attention(q, k, v),
+        ("causal", "SDPA"): lambda: sdpa(q, k, v, is_causal=True),
+        ("causal", "DotProductAttention"): lambda: module(q, k, v, causal=True),
+        ("causal", "dot_product_attention"): lambda: attnscore.dot_product_attention(
+            q, k, v, causal=True
+        ),
+        ("lengths (B,)", "SDPA + key mask"): lambda: sdpa(q, k, v, attn_mask=key_mask),
+        ("lengths (B,)", "DotProductAttention"): lambda: module(q, k, v, lens),
+        ("lengths (B,)", "dot_product_attention"): lambda: attnscore.dot_product_attention(
+            q, k, v, lens
+        ),
+    }
+    rows = []
+    with torch.no_grad():
+        for (mask, name), fn in calls.items():
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            ops = _aten_ops(fn)
+            hosts, walls = [], []
+            for _ in range(5):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(50):
+                    fn()
+                issued = time.perf_counter()
+                torch.cuda.synchronize()
+                hosts.append((issued - start) / 50 * 1e3)
+                walls.append((time.perf_counter() - start) / 50 * 1e3)
+            row = {"mask": mask, "call": name, "aten_ops": ops, "host_ms": min(hosts)}
+            row.update(wall_ms=min(walls), gpu_ms=_bench(fn))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 # The profile (``overhead``) runs last: sections run after it in the same process timed the
 # library's calls slower than the same calls alone (docs/benchmarks.md, the H100 session).
-SECTIONS = ["copy", "softmax", "varlen", "additive", "launches", "floor", "overhead"]
+SECTIONS = ["copy", "softmax", "varlen", "additive", "launches", "floor", "host", "overhead"]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -574,6 +648,18 @@ def render(result: dict[str, Any]) -> str:
                 f"{r['ms']:.3f} | {r['of_copy_same']:.2f} |"
             )
         lines.append("")
+    if "host" in result:
+        lines += [
+            "| (32, 1024, 1024, 64) bfloat16, forward | call | PyTorch ops per call | host ms "
+            "per call | ms per call, 50 in a row | do_bench ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in result["host"]:
+            lines.append(
+                f"| {r['mask']} | {r['call']} | {r['aten_ops']} | {r['host_ms']:.3f} | "
+                f"{r['wall_ms']:.3f} | {r['gpu_ms']:.3f} |"
+            )
+        lines.append("")
     if "additive" in result:
         lines += [
             "| additive fwd + bwd (B, n, m, h, d) | dtype | attnscore ms | textbook ms | "
@@ -667,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["launches"] = launches()
             elif section == "floor":
                 result["floor"] = floor()
+            elif section == "host":
+                result["host"] = host()
             else:
                 result["additive"] = additive()
         except Exception as err:  # later sections still run

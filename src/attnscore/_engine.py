@@ -311,7 +311,8 @@ def owned(t: Tensor) -> Tensor:
     memory, so that later in-place changes of ``t`` do not reach it and keeping it does not
     keep ``t``. Dimensions broadcast by a zero stride (expanded lengths) stay broadcast,
     uncopied."""
-    t = t.detach()
+    if t.requires_grad or type(t) is not Tensor:
+        t = t.detach()  # (an op of its own: a GPU's host pays for each, so only if needed)
     if type(t) is Tensor and not in_transform(t):
         strides = t.stride()
         if 0 in strides:

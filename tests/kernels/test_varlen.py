@@ -55,20 +55,24 @@ def _reference(q, k, v, lengths, scale, causal=False):
 
 
 @pytest.mark.parametrize(("B", "H", "n", "m"), [(3, 2, 5, 7), (2, 1, 4, 4), (1, 3, 1, 9)])
-def test_sequences_keep_every_padded_key_out(B, H, n, m):
+@pytest.mark.parametrize("broadcast", ["none", "lengths over heads", "lengths and keys over heads"])
+def test_sequences_keep_every_padded_key_out(B, H, n, m, broadcast):
     """Each pair's queries see exactly its first L keys; padded keys (NaN here) belong to
     sequences without queries, so outputs match the masked softmax and NaN reaches
-    nothing; lengths 0 give zeros."""
+    nothing; lengths 0 give zeros. Lengths (B, 1, 1) and keys and values (B, 1, m, d)
+    broadcast over the heads."""
     gen = torch.Generator().manual_seed(B * 100 + m)
+    kv_heads = 1 if broadcast == "lengths and keys over heads" else H
     q = torch.randn(B, H, n, 8, generator=gen, dtype=torch.float64)
-    k = torch.randn(B, H, m, 8, generator=gen, dtype=torch.float64)
-    v = torch.randn(B, H, m, 8, generator=gen, dtype=torch.float64)
-    lengths = torch.randint(0, m + 1, (B, H, 1), generator=gen)
+    k = torch.randn(B, kv_heads, m, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, kv_heads, m, 8, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(0, m + 1, (B, 1 if broadcast != "none" else H, 1), generator=gen)
     lengths.view(-1)[0], lengths.view(-1)[-1] = 0, m
     padded = (torch.arange(m) >= lengths).unsqueeze(-1)
     k_nan, v_nan = k.masked_fill(padded, math.nan), v.masked_fill(padded, math.nan)
     out = _varlen.attention(q, k_nan, v_nan, lengths, scale=0.3, kernel=_varlen_reference)
-    torch.testing.assert_close(out, _reference(q, k, v, lengths, 0.3), rtol=1e-12, atol=1e-12)
+    want = _reference(q, k.expand(B, H, m, 8), v.expand(B, H, m, 8), lengths, 0.3)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("n", "m"), [(5, 5), (3, 8), (8, 3), (1, 4)])

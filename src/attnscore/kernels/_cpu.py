@@ -1351,8 +1351,8 @@ class ByLengths(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
-        if _by_lengths_declines(q, k, v) is not None:  # e.g. autocast's projections
-            return None
+        if call.project is not None and _by_lengths_declines(q, k, v) is not None:
+            return None  # projections the kernel does not take (e.g. autocast's dtypes)
         if call.kind == "lengths":
             by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
             needs_grad = call.needs_grad

@@ -248,7 +248,13 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
 def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
     """Backend contract: :func:`all_finite` of q, k, v, and detached copies of q and k."""
-    return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
+    return all_finite((q, k, v)), _copy(q), _copy(k)
+
+
+def _copy(t: Tensor) -> Tensor:
+    """A detached copy of ``t``: detaching is an op of its own, which a GPU's host pays
+    for, so only a tensor that requires gradients is detached first."""
+    return t.detach().clone() if t.requires_grad else t.clone()
 
 
 # ---- matrix products -----------------------------------------------------------------------

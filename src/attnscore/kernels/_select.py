@@ -389,7 +389,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
     only = _local.only
-    seen = not call.traced and watched()
+    seen = not call.traced and (_local.recording is not None or _log.isEnabledFor(logging.DEBUG))
     candidates: Sequence[Implementation]
     if only is None and not seen:  # (the common case) skip the other mask kinds' ones
         candidates = _by_kind.get((call.device, call.kind)) or _of_kind(call.device, call.kind)

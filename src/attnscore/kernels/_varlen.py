@@ -83,6 +83,13 @@ def sequences(lengths: Tensor, pairs: int, n: int, m: int) -> tuple[Tensor, Tens
     return cu_q, base.index_add(0, odd, lengths.reshape(pairs).to(torch.int32))
 
 
+def _rows(t: Tensor, B: int, H: int, d: int) -> Tensor:
+    """(B or 1, H or 1, s, d) -> (B·H·s, 1, d), one row per position of each pair."""
+    if t.shape[0] != B or t.shape[1] != H:
+        t = t.expand(B, H, t.shape[-2], d)
+    return t.reshape(-1, 1, d)
+
+
 def _flash(
     q: Tensor,
     k: Tensor,
@@ -152,8 +159,12 @@ def attention(
     B, H, n, d = q.shape
     m = k.shape[-2]
     pairs = B * H
-    lengths = lengths.expand(B, H, 1)
-    q, k, v = (t.expand(B, H, t.shape[-2], d).reshape(-1, 1, d) for t in (q, k, v))
+    # Each op costs the host microseconds (it launches the kernels): expand only what is
+    # broadcast, so that the common call (one length per example, k and v of q's batch) is
+    # views alone.
+    if lengths.numel() != pairs:
+        lengths = lengths.expand(B, H, 1)
+    q, k, v = (_rows(t, B, H, d) for t in (q, k, v))
     if not causal:
         cu_q, cu_k = sequences(lengths, pairs, n, m)
         return kernel(q, k, v, cu_q, cu_k, n, m, dropout_p, scale, False).view(B, H, n, d)
