@@ -31,7 +31,7 @@ from typing_extensions import Unpack
 from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
 from ._habits import check_keywords
 from ._mask import AttentionMask
-from .kernels import _attention, _ops
+from .kernels import _attention, _ops, _select
 from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import NORMALIZERS, Normalizer, Softmax, get_normalizer, score_factor, softmax
@@ -197,7 +197,14 @@ def attend(
             prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p, score_bias
         )
         if result is not None:
-            return result
+            return result  # (a fused path that declines records why itself)
+    else:
+        why = (
+            "a scorer without one, or its weights asked for"
+            if fused is None
+            else ("a normalizer that is not softmax-like")
+        )
+        _pipeline_ran(prepared.queries, why)
     # Keys and queries matter to gradients only, but also to custom normalizers (which may
     # read masked scores) and to captured graphs (which may later run with gradients).
     built_in = normalize in NORMALIZERS.values() or type(normalize) is Softmax
@@ -212,6 +219,14 @@ def attend(
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     output = _attention.weighted_values(dropped, prepared.values, prepared.mask)
     return output, ComputedWeights(weights)
+
+
+def _pipeline_ran(q: Tensor, why: str) -> None:
+    """Record for :func:`attnscore.explain` (and the DEBUG log) that the scorer's own
+    pipeline runs a call of queries ``q`` because the fused path does not (``why``)."""
+    if not in_transform(q) and _select.watched():  # (compiled code records nothing)
+        device = "cpu" if q.is_cpu else q.device.type
+        _select.record(device, _select.PIPELINE, "checked", (("fused path", why),))
 
 
 def _not_kept() -> Tensor:
@@ -258,6 +273,7 @@ def fused_dot_product(
         score_bias: Tensor | None = None,
     ) -> tuple[Tensor, WeightsFn] | None:
         if _attention.declines(q, k, v):
+            _pipeline_ran(q, "empty inputs, or exporting")
             return None
         scale_ = (default_scale(q.shape[-1]) if scale is None else scale) * factor
         if score_bias is not None and factor != 1.0:
@@ -271,6 +287,7 @@ def fused_dot_product(
             bias = None if score_bias is None else owned(score_bias)
             return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
+            _pipeline_ran(q, "a projected scorer with dropout, a boolean mask or a score bias")
             return None
 
         def inert(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -58,9 +58,8 @@ def run(call: Callable[[], torch.Tensor]) -> tuple[list[tuple[str, str]], torch.
 
 def took_dot_kernel(path: list[tuple[str, str]]) -> bool:
     """Whether an implementation of dot-product attention other than the plain formulation
-    ran the call (the fast paths; the plain pipeline of a projected scorer records
-    ``plain`` or nothing)."""
-    return any(chosen != "plain" for chosen, _ in path)
+    ran the call (the fast paths; the scorer's own pipeline records ``pipeline``)."""
+    return any(chosen not in ("plain", "pipeline") for chosen, _ in path)
 
 
 def inputs(q_size=8, k_size=5):

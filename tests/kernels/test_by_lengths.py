@@ -7,6 +7,7 @@ formulation of test_dot_dispatch."""
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -478,11 +479,16 @@ def _record(monkeypatch, owner, name, mark):
 
 
 @pytest.fixture
-def prepared(monkeypatch):
-    """Records each call of the checked path's ``prepare`` in the modules."""
-    import attnscore.modules as modules
+def checked(caplog):
+    """How many attentions the checked path has run so far in the test: its choices as the
+    ``attnscore`` logger gives them at DEBUG (the route ``checked``; the lanes log theirs).
+    A call the checked path refuses (its errors) runs none."""
+    caplog.set_level(logging.DEBUG, logger="attnscore")
 
-    return _record(monkeypatch, modules, "prepare", 1)
+    def count():
+        return sum(r.name == "attnscore" and "(checked)" in r.getMessage() for r in caplog.records)
+
+    return count
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
@@ -490,7 +496,7 @@ def prepared(monkeypatch):
 @pytest.mark.parametrize("mask_kind", ["lengths (B,)", "lengths per head"])
 @pytest.mark.parametrize("name", ["scaled_dot", "general", "cosine"])
 def test_inference_by_key_lengths_skips_the_layers(
-    name, mask_kind, layout, dtype, kernel_calls, prepared
+    name, mask_kind, layout, dtype, kernel_calls, checked
 ):
     """Inference by key lengths alone above the small pass's size (here: every size) and
     in 16 bits: the kernel by lengths straight from the caller's tensors (strided heads
@@ -505,7 +511,7 @@ def test_inference_by_key_lengths_skips_the_layers(
     module = attnscore.make_scorer(name, 16).to(dtype).eval()
     with torch.no_grad():
         out = module(q, k_dirty, v, lens)
-    assert _ran(kernel_calls) and prepared == []
+    assert _ran(kernel_calls) and checked() == 0
     reference_module = attnscore.make_scorer(name, 16).double()
     reference_module.load_state_dict(module.state_dict())
     if name == "scaled_dot":
@@ -515,7 +521,7 @@ def test_inference_by_key_lengths_skips_the_layers(
     torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert out.shape == (*q.shape[:-1], 24) and out.dtype == dtype
     weights = module.attention_weights  # the call's (from copies it kept or wrote)
-    assert weights.shape == (*q.shape[:-1], 37) and prepared == []
+    assert weights.shape == (*q.shape[:-1], 37) and checked() == 0
     assert torch.all(weights.masked_select(~mask.dense()) == 0)
     torch.testing.assert_close(
         weights.double().sum(-1),
@@ -532,7 +538,7 @@ def test_inference_by_key_lengths_skips_the_layers(
 @pytest.mark.parametrize("causal", [False, True], ids=["no mask", "causal"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, request):
+def test_nothing_padded_skips_the_layers(grad, layout, causal, route, checked, request):
     """DotProductAttention without a mask or with causal masking alone, eager: straight to
     SDPA or the kernel (which takes (B, n, d) as it is in inference), no checks or mask
     built first; output and gradients as float64's, and the weights asked for afterwards
@@ -546,7 +552,7 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, 
     with torch.set_grad_enabled(grad):
         out = module(*ours, **kwargs)
     expected = reference(*theirs, mask, 24**-0.5)
-    assert prepared == [] and (calls is None or _ran(calls))
+    assert checked() == 0 and (calls is None or _ran(calls))
     assert out.shape == (*q.shape[:-1], 40)
     torch.testing.assert_close(out.double(), expected.detach(), atol=2e-5, rtol=2e-5)
     if grad:
@@ -555,12 +561,12 @@ def test_nothing_padded_skips_the_layers(grad, layout, causal, route, prepared, 
         for a, b in zip(ours, theirs, strict=True):
             torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
     weights = module.attention_weights  # from copies the call kept: no checked path
-    assert prepared == [] and weights.shape == (*q.shape[:-1], 17)
+    assert checked() == 0 and weights.shape == (*q.shape[:-1], 17)
     if causal:
         assert torch.all(weights[..., 0, 1:] == 0)
 
 
-def test_nothing_padded_declines_what_it_does_not_take(prepared):
+def test_nothing_padded_declines_what_it_does_not_take(checked):
     """Mixed dtypes, mismatched shapes, another normalizer, the weights asked for, a mask
     option given as None, empty inputs: the checked path (and its errors)."""
     q, k, v = (torch.randn(2, 5, 8) for _ in range(3))
@@ -571,19 +577,19 @@ def test_nothing_padded_declines_what_it_does_not_take(prepared):
         module(q, k[..., :4], v)
     with pytest.raises(ValueError, match="agree on every dimension"):
         module(q, k, v[:, :3])
-    assert len(prepared) == 3
+    assert checked() == 0  # refused by the checked path's checks: nothing ran
     module(q, k, v, return_weights=True)
     module(q, k, v, query_valid_lens=None)
     module(q[:, :0], k, v)
     attnscore.DotProductAttention(normalizer="sparsemax")(q, k, v)
-    assert len(prepared) == 7
+    assert checked() == 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("name", ["general", "cosine"])
-def test_general_and_cosine_nothing_padded_skip_the_layers(name, grad, layout, dtype, prepared):
+def test_general_and_cosine_nothing_padded_skip_the_layers(name, grad, layout, dtype, checked):
     """General and cosine attention without a mask, eager, where the kernel does not take
     them (below its size; bfloat16 always): their plain pipeline on the projections straight
     from the caller's tensors, no checks or mask built first, and the weights it computed
@@ -598,7 +604,7 @@ def test_general_and_cosine_nothing_padded_skip_the_layers(name, grad, layout, d
     with torch.set_grad_enabled(grad):
         out = module(*ours)
     weights = module.attention_weights
-    assert prepared == [] and out.dtype == dtype
+    assert checked() == 0 and out.dtype == dtype
     expected_weights = _general_and_cosine_weights(name, reference_module, *theirs[:2], mask)
     expected = expected_weights @ theirs[2]
     tol = TOL[dtype]
@@ -620,7 +626,7 @@ def test_general_and_cosine_nothing_padded_skip_the_layers(name, grad, layout, d
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
-def test_general_and_cosine_nothing_padded_dropout_and_causal(name, prepared, kernel_calls):
+def test_general_and_cosine_nothing_padded_dropout_and_causal(name, checked, kernel_calls):
     """Dropout in training: the plain pipeline's, on the weights (the same draws as
     dropout of float64's weights). Causal masking, which the kernel takes: straight to it;
     with dropout it is not taken (the checked path runs)."""
@@ -635,35 +641,37 @@ def test_general_and_cosine_nothing_padded_dropout_and_causal(name, prepared, ke
     torch.manual_seed(5)
     expected = F.dropout(weights.float(), 0.5).double() @ v.double()
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
-    assert prepared == [] and not _ran(kernel_calls)
+    assert checked() == 0 and not _ran(kernel_calls)
     module(q, k, v, causal=True)  # dropout at work: not taken
-    assert prepared == [1] and not _ran(kernel_calls)
+    assert checked() == 1 and not _ran(kernel_calls)
     module.eval()
     with torch.no_grad():
         out = module(q, k, v, causal=True)
-    assert prepared == [1] and _ran(kernel_calls)
+    assert checked() == 1 and _ran(kernel_calls)
     (_, _, _), causal_mask, _ = _case("3-D", 13, 17, torch.float32, "causal", d=16, dv=8)
     expected = _general_and_cosine_reference(name, reference_module, q, k, v, causal_mask)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
 
 
-def test_general_and_cosine_nothing_padded_declines_what_does_not_fit(prepared):
+def test_general_and_cosine_nothing_padded_declines_what_does_not_fit(checked):
     """Feature sizes or a dtype unlike the parameters', a ``W_a`` still lazy, keys of
     another size for cosine: the checked path (and its errors); once ``W_a`` is made, the
     lane."""
     q, k, v = (torch.randn(2, 5, 8) for _ in range(3))
     general = attnscore.MultiplicativeAttention(query_size=8)  # key_size waits: lazy W_a
     general(q, k, v)
-    assert len(prepared) == 1
+    assert checked() == 1
     general(q, k, v)
-    assert len(prepared) == 1
+    assert checked() == 1
     with pytest.raises(ValueError, match="queries"):
         general(q[..., :4], k, v)
     with pytest.raises(TypeError, match="dtype"):
         general(q.double(), k.double(), v.double())
     with pytest.raises(ValueError):
         attnscore.CosineAttention()(q, k[..., :4], v)
-    assert len(prepared) == 4
+    # The checked path refuses all three: the first two in W_a's own size and dtype check,
+    # after the route is chosen; cosine's keys in the input checks, before.
+    assert checked() == 3
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])

@@ -150,9 +150,9 @@ def test_modules_lanes_and_functions_are_explained_and_logged(caplog):
     assert logged[1].startswith("attention on cpu (unpadded lane): sdpa (c_small: ")
     with K.use("sdpa"):  # the small lane stands aside: the checked path obeys the restriction
         assert attnscore.explain(module, q, k, v, lens).chosen == ["sdpa"]
-    assert str(
-        attnscore.explain(attnscore.AdditiveAttention(num_hiddens=4), q, k, v, lens)
-    ).startswith("no dot-product attention ran")
+    additive = attnscore.explain(attnscore.AdditiveAttention(num_hiddens=4), q, k, v, lens)
+    assert [(c.chosen, c.route) for c in additive.choices] == [("pipeline", "checked")]
+    assert str(attnscore.explain(attnscore.masked_softmax, q, lens)) == "no attention ran"
 
 
 def test_nan_inputs_run_the_plain_formulation():

@@ -41,6 +41,7 @@ from .._checks import in_transform, value_range
 from .._mask import AttentionMask, compact
 
 __all__ = [
+    "PIPELINE",
     "PRIORITY",
     "WHERE",
     "AttentionCall",
@@ -82,6 +83,11 @@ WHERE: dict[str, str] = {
     "sdpa": "_sdpa:Sdpa",
     "plain": "_attention:Plain",
 }
+
+
+#: What :func:`explain` names a call that no implementation of dot-product attention ran:
+#: the scorer's own pipeline (scores, normalizer, dropout, weighted sum) ran it.
+PIPELINE = "pipeline"
 
 
 class AttentionCall:
@@ -257,8 +263,10 @@ class Choice:
 
 @dataclass
 class Explanation:
-    """The choices of the calls :func:`explain` ran, in order (one per dot-product
-    attention; an empty list where the call ran none, e.g. additive attention)."""
+    """The choices of the calls :func:`explain` ran, in order: one per attention, naming
+    the implementation of dot-product attention that ran it, or :data:`PIPELINE` where the
+    scorer's own pipeline did (additive attention, another normalizer, weights asked for,
+    a projected call no implementation took)."""
 
     choices: list[Choice] = field(default_factory=list)
 
@@ -269,7 +277,7 @@ class Explanation:
 
     def __str__(self) -> str:
         if not self.choices:
-            return "no dot-product attention ran (the plain pipeline of the scorer)"
+            return "no attention ran"
         return "\n".join(str(c) for c in self.choices)
 
 
@@ -379,9 +387,10 @@ def _candidates(
 
 def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -> Tensor | None:
     """Run ``call`` on the first candidate of its device that takes it; its output, or
-    None where a projected call falls to the caller's own pipeline. ``route`` names the
-    entry for :func:`explain` and the log; a ``lane``'s None is not recorded (the checked
-    path then runs the call and records its choice).
+    None where a projected call falls to the caller's own pipeline (recorded as
+    :data:`PIPELINE`). ``route`` names the entry for :func:`explain` and the log; a
+    ``lane``'s None is not recorded (the checked path then runs the call and records its
+    choice).
 
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
@@ -401,8 +410,8 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
         if why is None:
             out = impl.run(call)
             if out is not None or impl.name == "plain":
-                if seen and (out is not None or not lane):
-                    record(call.device, impl.name, route, declined)
+                if seen and (out is not None or not lane):  # None: a projected call handed back
+                    record(call.device, impl.name if out is not None else PIPELINE, route, declined)
                 return out
             why = call.notes.pop("declined", "declined once it ran")
         declined.append((impl.name, why))
