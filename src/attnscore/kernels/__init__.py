@@ -67,6 +67,7 @@ from ._dispatch import (
     use_backend,
 )
 from ._select import (
+    PIPELINE,
     PRIORITY,
     Choice,
     Explanation,
@@ -79,6 +80,7 @@ from ._select import (
 )
 
 __all__ = [
+    "PIPELINE",
     "PRIORITY",
     "THRESHOLDS",
     "Backend",
