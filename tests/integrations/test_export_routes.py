@@ -5,9 +5,9 @@ dynamic_shapes=..., dynamo=True)`` of a model with a Linear before and after the
 attnscore wrapper: each is exported once at the example sizes (B=2, n=3, m=5, n < m) and run
 at two other sizes (n > m among them) with rows of length 0, lengths above m and NaN in the
 padded keys and values. The program and ONNX Runtime, in a process that imports neither
-torch nor attnscore, give the eager model's output within 1e-5 (float32). ``torch.onnx.export``
-takes one model holding every case's model, one output each (each ONNX export pays seconds
-of fixed cost; the translated operators are the same).
+torch nor attnscore, give the eager model's output within 1e-5 (float32). Each route exports
+one model holding every case's model, one output each (an export pays seconds of fixed
+cost; what each module traces to is the same), and each case's output is checked.
 """
 
 from __future__ import annotations
@@ -104,17 +104,50 @@ def _example():
     return _inputs(B, n, m, lengths, seed=1)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_torch_export_of_a_model_holding_the_module(case):
-    model = _model(case)
+def _runnable_cases() -> list[str]:
+    """The cases of CASES this environment runs (entmax15 needs entmax)."""
+    cases = [param if isinstance(param, str) else param.values[0] for param in CASES]
+    if importlib.util.find_spec("entmax") is None:
+        cases.remove("general+entmax15")
+    return cases
+
+
+class EveryCase(nn.Module):
+    """The user's models of the cases side by side, one output each: a model holding every
+    case's module, so that one export (seconds of fixed cost, paid once) takes them all."""
+
+    def __init__(self, cases: list[str]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(_model(case) for case in cases)
+
+    def forward(self, queries, keys, values, valid_lens):
+        return tuple(model(queries, keys, values, valid_lens) for model in self.models)
+
+
+@pytest.fixture(scope="module")
+def exported_cases():
+    """``torch.export.export`` of :class:`EveryCase` at the example sizes: the cases, the
+    program's call_function targets, and per other size the program's outputs and the
+    eager model's (one per case)."""
+    cases = _runnable_cases()
+    model = EveryCase(cases).eval()
     program = torch.export.export(model, _example(), dynamic_shapes=_dynamic_shapes())
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    assert not [t for t in targets if "attnscore" in t], targets
+    runs = []
     for i, (sizes, lengths) in enumerate(SIZES):
         inputs = _inputs(*sizes, lengths, seed=10 + i)
-        got, want = program.module()(*inputs), _eager(model, inputs)
-        assert torch.isfinite(want).all()
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        runs.append((program.module()(*inputs), _eager(model, inputs)))
+    return cases, targets, runs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_torch_export_of_a_model_holding_the_module(case, exported_cases):
+    cases, targets, runs = exported_cases
+    assert not [t for t in targets if "attnscore" in t], targets
+    j = cases.index(case)
+    for got, want in runs:
+        assert torch.isfinite(want[j]).all()
+        torch.testing.assert_close(got[j], want[j], atol=1e-5, rtol=1e-5)
 
 
 # Runs in a fresh process: the inputs of each size (.npz, arrays in input order) through
@@ -134,18 +167,6 @@ assert "torch" not in sys.modules and "attnscore" not in sys.modules, sorted(sys
 """
 
 
-class EveryCase(nn.Module):
-    """The user's models of the cases side by side, one output each: a model holding every
-    case's module, so that one export (its fixed cost paid once) translates them all."""
-
-    def __init__(self, cases: list[str]) -> None:
-        super().__init__()
-        self.models = nn.ModuleList(_model(case) for case in cases)
-
-    def forward(self, queries, keys, values, valid_lens):
-        return tuple(model(queries, keys, values, valid_lens) for model in self.models)
-
-
 # torch.onnx names the dimensions once per Dim; it notes each repeat of one.
 @pytest.mark.filterwarnings("ignore:# The axis name:UserWarning")
 def test_onnx_export_of_models_holding_the_modules_runs_without_torch(tmp_path):
@@ -153,12 +174,7 @@ def test_onnx_export_of_models_holding_the_modules_runs_without_torch(tmp_path):
     pytest.importorskip("onnxruntime")
     # The exporter warns, for every export, that torchvision's ops have no translation.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    cases = []
-    for param in CASES:
-        case = param if isinstance(param, str) else param.values[0]
-        if case == "general+entmax15" and importlib.util.find_spec("entmax") is None:
-            continue
-        cases.append(case)
+    cases = _runnable_cases()
     model = EveryCase(cases).eval()
     path = tmp_path / "every-case.onnx"
     onnx_program = torch.onnx.export(
