@@ -22,6 +22,10 @@ Sections (``--only`` picks some; all by default), written as one JSON file:
   head: for SDPA and for attnscore's module and function, with no mask, causal masking and
   key lengths, the PyTorch ops one call dispatches, the host time to issue it, and the time
   per call of 50 calls in a row (the larger of host and GPU time).
+- ``masks``: the GPU time of ``DotProductAttention`` on the routes that go to SDPA with a
+  mask (float32 by lengths (B,), bfloat16 by a boolean mask and by lengths (B, n)) against
+  SDPA with the same mask built beforehand: ``torch.profiler`` over 10 forward calls at
+  the bench's dot row, with each one's table of ops.
 - ``floor``: the kernels alone at the headline shape, (32, 8, 1024, 1024, 64) bfloat16,
   lengths (B,) uniform in [1, m]: flash attention's and the efficient kernel's
   variable-length forms on the padded layout (no library code), SDPA dense and with the
@@ -518,9 +522,66 @@ def host() -> list[dict[str, Any]]:
     return rows
 
 
+def masks() -> list[dict[str, Any]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    import attnscore
+
+    B, n, m, d = 32, 1024, 1024, 64
+    g = torch.Generator().manual_seed(0)
+    module = attnscore.DotProductAttention(0.0).eval()
+    rows = []
+    for dtype, kind in (
+        ("float32", "lengths (B,)"),
+        ("bfloat16", "bool"),
+        ("bfloat16", "lengths (B, n)"),
+    ):
+        q, k, v = (torch.randn(B, s, d, generator=g).to("cuda", DTYPES[dtype]) for s in (n, m, m))
+        if kind == "bool":
+            allowed = (torch.rand(B, n, m, generator=g) > 0.3).cuda()
+            ours: Callable[[], Any] = partial(module, q, k, v, attend_mask=allowed)
+            mask = allowed[:, None]
+        else:
+            lens = torch.randint(1, m + 1, (B,) if kind == "lengths (B,)" else (B, n), generator=g)
+            lens = lens.cuda()
+            ours = partial(module, q, k, v, lens)
+            mask = (torch.arange(m, device="cuda") < lens[..., None]).view(B, 1, -1, m)
+        calls = {"attnscore": ours, "SDPA + mask": partial(_sdpa4, q, k, v, mask)}
+        with torch.no_grad():
+            for name, fn in calls.items():
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        fn()
+                    torch.cuda.synchronize()
+                events = prof.key_averages()
+                gpu_us = sum(e.self_device_time_total for e in events) / 10
+                table = events.table(sort_by="cuda_time_total", row_limit=14)
+                row = {"dtype": dtype, "mask": kind, "call": name, "gpu_ms": gpu_us / 1e3}
+                print(json.dumps(row), flush=True)
+                rows.append({**row, "table": table})
+    return rows
+
+
+def _sdpa4(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask)
+
+
 # The profile (``overhead``) runs last: sections run after it in the same process timed the
 # library's calls slower than the same calls alone (docs/benchmarks.md, the H100 session).
-SECTIONS = ["copy", "softmax", "varlen", "additive", "launches", "floor", "host", "overhead"]
+SECTIONS = [
+    "copy",
+    "softmax",
+    "varlen",
+    "additive",
+    "launches",
+    "floor",
+    "host",
+    "masks",
+    "overhead",
+]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -660,6 +721,14 @@ def render(result: dict[str, Any]) -> str:
                 f"{r['wall_ms']:.3f} | {r['gpu_ms']:.3f} |"
             )
         lines.append("")
+    if "masks" in result:
+        lines += [
+            "| (32, 1024, 1024, 64), forward | dtype | call | GPU ms per call |",
+            "|---|---|---|---|",
+        ]
+        for r in result["masks"]:
+            lines.append(f"| {r['mask']} | {r['dtype']} | {r['call']} | {r['gpu_ms']:.3f} |")
+        lines.append("")
     if "additive" in result:
         lines += [
             "| additive fwd + bwd (B, n, m, h, d) | dtype | attnscore ms | textbook ms | "
@@ -755,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["floor"] = floor()
             elif section == "host":
                 result["host"] = host()
+            elif section == "masks":
+                result["masks"] = masks()
             else:
                 result["additive"] = additive()
         except Exception as err:  # later sections still run
