@@ -193,18 +193,18 @@ def attend(
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
     if fused is not None and score_factor(normalize) is not None:
+        before = _select.recorded()
         result = fused(
             prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p, score_bias
         )
         if result is not None:
-            return result  # (a fused path that declines records why itself)
+            return result
+        if _select.recorded() == before:  # (the built-in fused paths record why they decline)
+            _pipeline_ran(prepared.queries, "it declined the call")
+    elif fused is None:
+        _pipeline_ran(prepared.queries, "a scorer without one, or its weights asked for")
     else:
-        why = (
-            "a scorer without one, or its weights asked for"
-            if fused is None
-            else ("a normalizer that is not softmax-like")
-        )
-        _pipeline_ran(prepared.queries, why)
+        _pipeline_ran(prepared.queries, "a normalizer that is not softmax-like")
     # Keys and queries matter to gradients only, but also to custom normalizers (which may
     # read masked scores) and to captured graphs (which may later run with gradients).
     built_in = normalize in NORMALIZERS.values() or type(normalize) is Softmax

@@ -155,6 +155,37 @@ def test_modules_lanes_and_functions_are_explained_and_logged(caplog):
     assert str(attnscore.explain(attnscore.masked_softmax, q, lens)) == "no attention ran"
 
 
+def test_a_users_fused_path_that_declines_is_explained_as_the_pipeline():
+    """A registered scorer's own fused path that declines a call (returns None): the
+    scorer's pipeline runs it, and explain says so, with the fused path's refusal; where it
+    runs the call, explain records nothing (no dot-product implementation ran)."""
+    from attnscore.registry import SCORERS
+
+    taken = []
+
+    def fused(q, k, v, mask, dropout_p, score_bias=None):
+        if not taken:
+            return None
+        output = torch.zeros((*q.shape[:-1], v.shape[-1]))
+        return output, lambda: torch.zeros((*q.shape[:-1], k.shape[-2]))
+
+    attnscore.register_scorer(
+        "declining_dot", lambda q, k: q @ k.mT, formula="qᵀk", source="a test",
+        same_feature_size=True, fused=fused,
+    )  # fmt: skip
+    try:
+        q, k, v = (torch.randn(2, 3, 4) for _ in range(3))
+        module = attnscore.make_scorer("declining_dot", 4)
+        explained = attnscore.explain(module, q, k, v, torch.tensor([1, 3]))
+        assert [(c.chosen, c.route, c.declined) for c in explained.choices] == [
+            ("pipeline", "checked", (("fused path", "it declined the call"),))
+        ]
+        taken.append(True)
+        assert attnscore.explain(module, q, k, v, torch.tensor([1, 3])).choices == []
+    finally:
+        del SCORERS["declining_dot"]
+
+
 def test_nan_inputs_run_the_plain_formulation():
     """NaN where a query attends: every fused implementation declines (its tiles would
     carry NaN to other queries); the plain formulation carries it exactly."""

@@ -288,6 +288,7 @@ class _Local(threading.local):
 
     only: tuple[tuple[str, ...], bool] | None = None
     recording: list[Choice] | None = None
+    recorded = 0  # choices recorded so far (see recorded())
 
 
 _local = _Local()
@@ -398,7 +399,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
     only = _local.only
-    seen = not call.traced and (_local.recording is not None or _log.isEnabledFor(logging.DEBUG))
+    seen = not call.traced and watched()
     candidates: Sequence[Implementation]
     if only is None and not seen:  # (the common case) skip the other mask kinds' ones
         candidates = _by_kind.get((call.device, call.kind)) or _of_kind(call.device, call.kind)
@@ -425,6 +426,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
 def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, str]] = ()) -> None:
     """Note that ``route`` ran an attention call on ``chosen`` after the candidates
     ``declined`` (name, reason) declined it: for :func:`explaining` and the DEBUG log."""
+    _local.recorded += 1
     recording = _local.recording
     if recording is not None:
         recording.append(Choice(device, chosen, tuple(declined), route))
@@ -433,6 +435,12 @@ def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, s
         _log.debug(
             "attention on %s (%s): %s%s", device, route, chosen, f" ({ahead})" if ahead else ""
         )
+
+
+def recorded() -> int:
+    """How many choices :func:`record` has noted in this thread: a caller compares two
+    readings to see whether what it called recorded its choice."""
+    return _local.recorded
 
 
 @contextlib.contextmanager
