@@ -1,35 +1,46 @@
 """Old code against new, side by side: the calls a change touches, timed in interleaved
-rounds (old, new, new, old, ...), each round in its own process, with PyTorch's own call
-timed beside each (the ratio to it corrects for the machine's drift between processes).
+rounds (old, new, new, old, ...), with PyTorch's own call timed beside each where there is
+one.
 
-Processes, not one: two copies of attnscore cannot share an interpreter (the backend table
-names modules by their absolute names), and a C library built before 67123f3 sets FTZ/DAZ
-for its whole process when it loads, which would skew the other copy's timings.
+By default both run in one process: the old tree's package is copied under the name
+``attnscore_old`` (every ``attnscore`` name in its Python files rewritten, so that its
+backend table, custom ops, logger and C build cache are its own) and imported beside the
+new one. Each case's rounds alternate between the two, and ``new/old`` is the median of the
+per-round ratios: the machine's drift between processes does not enter it.
+
+``--processes`` runs each round in its own process instead (the only way for old trees
+whose C library set FTZ/DAZ for its whole process when it loaded: before 67123f3); then
+the ratio to PyTorch's call, timed in the same process, corrects for the drift.
 
     git worktree add /tmp/old f440755
-    python tools/ab_compare.py /tmp/old/src src --rounds 3 [CASE SUBSTRINGS ...]
+    python tools/ab_compare.py /tmp/old/src src --rounds 5 [CASE SUBSTRINGS ...]
 
-Prints one row per case: the median ms of each, new/old, and each one's ratio to
-PyTorch's call where there is one (2 threads, torch.utils.benchmark medians).
+Prints one row per case: the median ms of each, new/old, and (``--processes``) each one's
+ratio to PyTorch's call, or (one process) new minus old in microseconds (2 threads,
+torch.utils.benchmark medians).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+from types import ModuleType
+from typing import Any
 
 
-def worker(only: list[str]) -> None:
-    """Time every case (whose name contains one of ``only``, if given); print JSON."""
+def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
+    """Every case, name -> (attnscore's call, PyTorch's or None), on inputs from a fixed
+    seed (each package's cases read equal inputs)."""
     import torch
     import torch.nn.functional as F
-    from torch.utils import benchmark
-
-    import attnscore
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -172,38 +183,95 @@ def worker(only: list[str]) -> None:
         gm = attnscore.MultiplicativeAttention(d, d).eval()
         case(f"general ({size}) lengths", lambda q=q, k=k, v=v, L=L, f=gm: f(q, k, v, L))
         case(f"general ({size}) none", lambda q=q, k=k, v=v, f=gm: f(q, k, v))
+        cos = attnscore.CosineAttention().eval()
+        case(f"cosine ({size}) none", lambda q=q, k=k, v=v, f=cos: f(q, k, v))
     # decoder step: additive, B=128, m=20, h=256
     dec = attnscore.AdditiveAttention(256, 256, 256).eval()
     enc = rn(128, 20, 256)
     qd = rn(128, 1, 256)
     Ld = lens_b(128, 20)
     case("decoder_step", lambda: dec(qd, enc, enc, Ld))
+    return cases
+
+
+def _timed(name: str, fn: Any, min_run_time: float) -> float:
+    """Seconds per call of ``fn`` (a median of torch.utils.benchmark's blocks), with
+    gradients for the forward + backward cases."""
+    import torch
+    from torch.utils import benchmark
+
+    with torch.enable_grad() if "bwd" in name else torch.no_grad():
+        fn()
+        fn()
+        timer = benchmark.Timer("fn()", globals={"fn": fn})
+        return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def _wanted(name: str, only: list[str]) -> bool:
+    return not only or any(o in name for o in only)
+
+
+def worker(only: list[str]) -> None:
+    """Time every case (whose name contains one of ``only``, if given); print JSON."""
+    import attnscore
+
     out = {}
-    with torch.inference_mode(False):
-        for name, (fn, base) in cases.items():
-            if only and not any(o in name for o in only):
-                continue
-            grad = "bwd" in name
-            ctx = torch.enable_grad() if grad else torch.no_grad()
-            with ctx:
-                fn()
-                fn()
-                t = (
-                    benchmark.Timer("fn()", globals={"fn": fn})
-                    .blocked_autorange(min_run_time=0.4)
-                    .median
-                )
-                b = None
-                if base is not None:
-                    base()
-                    base()
-                    b = (
-                        benchmark.Timer("fn()", globals={"fn": base})
-                        .blocked_autorange(min_run_time=0.4)
-                        .median
-                    )
-            out[name] = (t, b)
+    for name, (fn, base) in cases_of(attnscore).items():
+        if _wanted(name, only):
+            b = None if base is None else _timed(name, base, 0.4)
+            out[name] = (_timed(name, fn, 0.4), b)
     print(json.dumps(out))
+
+
+def renamed_copy(src: str, into: str, name: str = "attnscore_old") -> None:
+    """Copy the package ``src``/attnscore to ``into``/``name``, every ``attnscore`` name in its
+    Python files rewritten to ``name``."""
+    target = os.path.join(into, name)
+    shutil.copytree(
+        os.path.join(src, "attnscore"), target, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    word = re.compile(r"\battnscore\b")
+    for folder, _, files in os.walk(target):
+        for file in files:
+            if file.endswith(".py"):
+                path = os.path.join(folder, file)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(word.sub(name, text))
+
+
+def one_process(old: str, new: str, only: list[str], rounds: int) -> int:
+    """Both trees in this process (:func:`renamed_copy`), rounds interleaved per case."""
+    into = tempfile.mkdtemp(prefix="ab-old-")
+    try:
+        renamed_copy(old, into)
+        sys.path[:0] = [new, into]
+        packages = {
+            "old": importlib.import_module("attnscore_old"),
+            "new": importlib.import_module("attnscore"),
+        }
+        where = os.path.dirname(os.path.dirname(os.path.abspath(packages["new"].__file__ or "")))
+        if where != os.path.abspath(new):
+            sys.stderr.write(f"attnscore was imported from {where}, not {new}\n")
+            return 1
+        cases = {tag: cases_of(package) for tag, package in packages.items()}
+        print(f"{'case':40s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s} {'new-old us':>10s}")
+        for name in cases["new"]:
+            if not _wanted(name, only) or name not in cases["old"]:
+                continue
+            times: dict[str, list[float]] = {"old": [], "new": []}
+            for r in range(rounds):
+                for tag in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                    times[tag].append(_timed(name, cases[tag][name][0], 0.2))
+            ratio = statistics.median(
+                n / o for o, n in zip(times["old"], times["new"], strict=True)
+            )
+            o, n = (statistics.median(times[tag]) * 1e3 for tag in ("old", "new"))
+            print(f"{name:40s} {o:9.4f} {n:9.4f} {ratio:7.3f}x {(n - o) * 1e3:+10.2f}")
+    finally:
+        shutil.rmtree(into, ignore_errors=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,12 +279,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("old", help="the old tree's src folder")
     parser.add_argument("new", help="the new tree's src folder")
     parser.add_argument("cases", nargs="*", help="only cases whose name contains one of these")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--processes", action="store_true", help="each round in its own process (old trees)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_intermixed_args(argv)
     if args.worker:
         worker(args.cases)
         return 0
+    if not args.processes:
+        return one_process(
+            os.path.abspath(args.old), os.path.abspath(args.new), args.cases, args.rounds
+        )
     trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
     res: dict[str, dict[str, list[tuple[float, float | None]]]] = {k: {} for k in trees}
     for r in range(args.rounds):

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch._C import _is_tracing  # torch.jit.is_tracing's test, without its Python wrapper
 from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped  # torch.func's test
+from torch._C._functorch import maybe_current_level as _functorch_level
 
 from ._thresholds import value
 
@@ -48,12 +50,15 @@ def in_transform(*tensors: Tensor) -> bool:
     Opaque kernels (C calls on ``data_ptr()``, Python loops over values) must step aside
     then, for the plain PyTorch ops that those systems can see through.
     """
-    tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
-    if torch.compiler.is_compiling() or tracing:
+    # is_compiling first: torch.compile knows it (a constant True) and traces no further.
+    # A torch.func transform at work (a level on its stack) is one test for all tensors:
+    # its wrapped tensors exist only then, and tensors it closes over take the plain ops too.
+    if torch.compiler.is_compiling() or _is_tracing() or _functorch_level() is not None:
         return True
-    # Plain tensors (the common case) are told apart by their exact type: no isinstance walk.
-    for t in tensors:
-        if (type(t) is not Tensor and isinstance(t, fake_tensor_type())) or _is_wrapped(t):
+    # Plain tensors (the common case) are told apart by their exact type: no isinstance walk
+    # (and no generator: this runs on every eager call).
+    for t in tensors:  # noqa: SIM110
+        if type(t) is not Tensor and isinstance(t, fake_tensor_type()):
             return True
     return False
 

@@ -12,6 +12,7 @@ Shapes as in the legend of :mod:`attnscore.functional`.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from collections.abc import Callable
 
@@ -213,7 +214,7 @@ class Attention(nn.Module):
         # detached (their graph holds the caller's tensors), in a function still: a tensor
         # attribute set while exporting draws a warning.
         if type(weights_fn) is ComputedWeights:
-            weights_fn = ComputedWeights(weights_fn.weights.detach())
+            weights_fn = ComputedWeights(_detached(weights_fn.weights))
         self.__dict__["_weights"] = weights_fn
         return output
 
@@ -412,34 +413,63 @@ class ScorerAttention(Attention):
         unprojected scorers, else (:meth:`~attnscore.registry.ScorerSpec.projector`, 1); None
         unless the parameters are made, on the queries' device, matrices of their dtype and
         sizes, and (``small``) not being trained."""
-        projection = self.spec.projection
-        if projection is None or not self._offered(queries, keys, small=small):
+        spec = self.spec
+        projection = spec.projection
+        if projection is None or type(queries) is not Tensor or type(keys) is not Tensor:
+            return None
+        qs, ks = queries.shape, keys.shape  # (read once: each read makes a torch.Size)
+        qd, kd = qs[-1], ks[-1]
+        if (  # :meth:`_offered`, on the sizes read
+            self.normalizer != "softmax"
+            or len(qs) < 3
+            or len(ks) < 3
+            or (self.same_feature_size and qd != kd)
+            or (small and _dropout_p(self) > 0.0)
+        ):
             return None
         if projection is unprojected:
             scale = self._dot_scale()
-            return None, default_scale(queries.shape[-1]) if scale is None else scale
-        # One pass over the parameters: a small lane runs this on every call.
+            return None, default_scale(qd) if scale is None else scale
+        # One pass over the parameters: a lane runs this on every call.
         grad = small and torch.is_grad_enabled()
-        sizes = {"query_size": queries.shape[-1], "key_size": keys.shape[-1]}
-        params: dict[str, Tensor] = {}
-        for name, matrix, shape in self.spec.param_shapes:
+        dtype, on_cpu = queries.dtype, queries.is_cpu
+        held_all: list[Tensor] = []
+        for name, matrix, shape in spec.param_shapes:
             if matrix:
                 linear = _submodule(self, name)
-                if _is_lazy(linear):
+                if type(linear) is not nn.Linear and _is_lazy(linear):
                     return None
                 held = _held(linear, "weight")
-                if held.dtype != queries.dtype:
+                if held.dtype != dtype:
                     return None
             else:
                 held = _held(self, name)
-            if held.device != queries.device or (grad and held.requires_grad):
+            if grad and held.requires_grad:
                 return None
-            for want, got in zip(shape, held.shape, strict=True):
-                expected = sizes.get(want) if isinstance(want, str) else want
-                if expected is not None and expected != got:
+            if not (on_cpu and held.is_cpu) and held.device != queries.device:
+                return None
+            if shape:  # (the spec's sizes by name: the queries' and keys' are checked)
+                got = held.shape
+                if len(got) != len(shape):
                     return None
-            params[name] = held
-        return self.spec.projector(params), 1.0
+                for want, size in zip(shape, got, strict=True):
+                    if size != (
+                        want if type(want) is int
+                        else qd if want == "query_size"
+                        else kd if want == "key_size"
+                        else size
+                    ):  # fmt: skip
+                        return None
+            held_all.append(held)
+        # The projection bound to these tensors, made again only when one is another object
+        # (a replaced parameter, a parametrization's new tensor): a lane's every call reads it.
+        kept = self.__dict__.get("_projector")
+        if kept is None or not _same_objects(kept[0], held_all):
+            params = {name: t for (name, _, _), t in zip(spec.param_shapes, held_all, strict=True)}
+            kept = (held_all, spec.projector(params))
+            if not torch.compiler.is_compiling():  # (a traced module's state stays as it was)
+                self.__dict__["_projector"] = kept
+        return kept[1], 1.0
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
@@ -490,13 +520,14 @@ class ScorerAttention(Attention):
             return None
         output, weights = projected
         if weights is not None:  # kept without its graph, which holds the caller's tensors
-            return output, ComputedWeights(weights.detach())
+            return output, ComputedWeights(_detached(weights))
         return output, _weights_later(*kept.owned(queries, keys), 1.0, m, causal=causal)
 
     def __getstate__(self) -> dict[str, object]:
         # A spec may hold a user's lambda (not picklable): pickle its name.
         state = super().__getstate__()
         state["spec"] = self.spec.name
+        state.pop("_projector", None)  # only a cache, bound to this object's tensors
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -727,6 +758,17 @@ def _submodule(module: nn.Module, name: str) -> nn.Module:
     """``module.<name>``, a submodule, as :func:`_held` reads tensors."""
     held = module._modules.get(name)
     return held if held is not None else getattr(module, name)
+
+
+def _detached(t: Tensor) -> Tensor:
+    """``t`` without its autograd graph: detached where it has one (an op of its own)."""
+    return t.detach() if t.requires_grad else t
+
+
+def _same_objects(a: list[Tensor], b: list[Tensor]) -> bool:
+    """Whether two lists hold the same objects (by identity: ``==`` compares tensors'
+    values)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _dropout_p(module: Attention) -> float:

@@ -288,3 +288,50 @@ def test_a_fused_path_given_at_registration_is_still_taken(declared):
         assert offered == [q.shape, q.shape]
     finally:
         del registry.SCORERS[name]
+
+
+@pytest.mark.parametrize("name", ["general", "cosine"])
+@pytest.mark.parametrize("change", ["replaced", "converted", "assigned data"])
+def test_the_lanes_read_the_parameters_of_each_call(name, change):
+    """The fast lanes bind a scorer's projection to its parameters once and reuse it: a
+    parameter replaced by another object, the module converted (``.to``: the same objects,
+    new data) or a parameter's ``.data`` assigned, the next call computes with the new
+    values, in every lane (small by lengths, nothing padded, causal)."""
+    torch.manual_seed(0)
+    module = attnscore.ScorerAttention(name, query_size=8, key_size=8).eval()
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    lens = torch.tensor([2, 5])
+    calls = {
+        "lengths": lambda: module(q, k, v, lens),
+        "none": lambda: module(q, k, v),
+        "causal": lambda: module(q, k, v, causal=True),
+    }
+    with torch.no_grad():
+        for call in calls.values():
+            call()  # the lanes bind the projection to today's parameters
+        param_name = "W_a" if name == "general" else "log_scale"
+        holder = module.W_a if name == "general" else module
+        attribute = "weight" if name == "general" else "log_scale"
+        old = getattr(holder, attribute)
+        new = torch.randn_like(old) if name == "general" else old + 0.7
+        if change == "replaced":
+            setattr(holder, attribute, torch.nn.Parameter(new))
+        elif change == "converted":
+            module.double()
+            q, k, v = q.double(), k.double(), v.double()
+            getattr(holder, attribute).copy_(new.double())
+        else:
+            getattr(holder, attribute).data = new
+        params = {param_name: getattr(holder, attribute)}
+        scores = textbook_scores(name, q, k, params)
+        for mask, call in calls.items():
+            path, out = run(call)
+            expected = reference(
+                scores.masked_fill(torch.ones(3, 5).triu(1).bool(), -torch.inf)
+                if mask == "causal"
+                else scores,
+                v,
+                lens if mask == "lengths" else None,
+            )
+            assert path, mask  # a lane or the checked path ran dot-product attention
+            torch.testing.assert_close(out.double(), expected, **TOL)

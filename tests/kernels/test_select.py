@@ -47,7 +47,7 @@ def test_each_implementation_is_right_where_it_says_it_runs(
     """Restricted to one implementation: either it runs the call, with the reference's
     output and gradients, or the error names it with its reason."""
     thresholds(**EVERY_SIZE)
-    (q, k, v), mask = _call(mask_kind, dtype, grad)
+    (q, k, v), mask = _call(mask_kind, dtype, grad, n=9)  # (n >= 8: every unpadded lane too)
     with K.use(name):
         try:
             seen = K.explain(K.dot_product_attention, q, k, v, mask, scale=0.3)
@@ -76,6 +76,34 @@ def test_every_mask_kind_has_some_implementation_and_plain_takes_all(thresholds)
         with K.use("plain"):
             out = K.dot_product_attention(q, k, v, mask, scale=0.3)
         torch.testing.assert_close(out.double(), reference(q, k, v, mask, 0.3), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("mask_kind", "kind"),
+    [("none", "none"), ("lengths (B,)", "lengths"), ("causal", "causal"), ("bool", "boolean")],
+)
+def test_no_implementation_is_offered_a_mask_it_does_not_take(mask_kind, kind, thresholds):
+    """Restricted to one implementation, or explained (both offer every candidate): an
+    implementation that does not take a call's kind of mask declines it by that kind, and the
+    call's output is the reference's (a boolean mask once reached the kernel for unpadded
+    calls, which ran it without its mask)."""
+    thresholds(**{**EVERY_SIZE, "small_work": 0})
+    (q, k, v), mask = _call(mask_kind, torch.float32, False, n=9)
+    expected = reference(q, k, v, mask, 0.3)
+    for impl in _select.implementations("cpu"):
+        with K.use(impl.name):
+            try:
+                out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+            except K.NoImplementationError as error:
+                if kind not in impl.kinds:
+                    assert f"{impl.name}: a {kind} mask (it takes " in str(error)
+                continue
+        assert kind in impl.kinds
+        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=0)
+    with K.explaining() as seen:
+        out = K.dot_product_attention(q, k, v, mask, scale=0.3)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=0)
+    assert kind in _select._load(seen.chosen[0]).kinds
 
 
 def test_explain_says_why_each_one_ahead_declined():

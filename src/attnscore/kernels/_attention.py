@@ -320,12 +320,17 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
         return False
     qs, ks, vs = q.shape, k.shape, v.shape
     ndim, dtype = len(qs), q.dtype
+    if len(ks) != ndim or len(vs) != ndim:
+        return False
+    # Sizes compared one by one: a slice of a torch.Size is a new torch.Size (slow).
+    if ndim == 3:
+        batch = ks[0] == qs[0] == vs[0] and vs[1] == ks[1]
+    elif ndim == 4:
+        batch = ks[0] == qs[0] == vs[0] and ks[1] == qs[1] == vs[1] and vs[2] == ks[2]
+    else:
+        return False
     return (
-        (ndim == 3 or ndim == 4)
-        and len(ks) == ndim
-        and len(vs) == ndim
-        and ks[:-2] == qs[:-2]
-        and vs[:-1] == ks[:-1]
+        batch
         and (not same_d or ks[-1] == qs[-1])
         and 0 not in qs
         and 0 not in ks
@@ -333,8 +338,7 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
         and dtype.is_floating_point
         and k.dtype == dtype
         and v.dtype == dtype
-        and k.device == q.device
-        and v.device == q.device
+        and ((q.is_cpu and k.is_cpu and v.is_cpu) or (k.device == q.device == v.device))
         and not in_transform(q, k, v)
     )
 

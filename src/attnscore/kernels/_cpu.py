@@ -1190,25 +1190,25 @@ _UNPADDED_HEAD: int = value("unpadded_head")
 _UNPADDED_INFERENCE: int = value("unpadded_inference")
 
 
-def _unpadded_pays(
-    q: Tensor, k: Tensor, v: Tensor, work: int, heads: int, *, causal: bool, projected: bool
-) -> bool:
-    """Whether the kernel by lengths measured faster with nothing padded than SDPA (or, for
-    ``projected`` calls without a mask, their plain pipeline) on inputs like these, ``heads``
-    (example, head) pairs in all (cheapest tests first: most calls are decided by size).
-    SDPA's float16 kernel has no float16 arithmetic to use on CPUs without it; projected
-    calls in bfloat16 keep their plain pipeline, whose bfloat16 products run at twice
-    float32's rate (the kernel computes in float32)."""
-    if q.dtype == torch.float16 or (causal and (projected or work >= _UNPADDED_WORK)):
+def _unpadded_pays(call: AttentionCall) -> bool:
+    """Whether the kernel by lengths measured faster with nothing padded (no mask, or causal
+    masking alone) than SDPA (or, for projected calls without a mask, their plain pipeline)
+    on a call like this (cheapest tests first: most calls are decided by size). SDPA's
+    float16 kernel has no float16 arithmetic to use on CPUs without it; projected calls in
+    bfloat16 keep their plain pipeline, whose bfloat16 products run at twice float32's rate
+    (the kernel computes in float32)."""
+    dtype, work, projected = call.q.dtype, call.work, call.project is not None
+    if dtype == torch.float16 or (call.kind == "causal" and (projected or work >= _UNPADDED_WORK)):
         return True  # (projected: their plain pipeline skips nothing under causal masking)
-    if work < _UNPADDED_INFERENCE or (projected and q.dtype == torch.bfloat16):
+    if work < _UNPADDED_INFERENCE or (projected and dtype == torch.bfloat16):
         return False
-    if q.shape[-2] < _FA_ROWS or max(k.shape[-1], v.shape[-1]) > _UNPADDED_HEAD:
+    pairs, n, _, d, dv = call.sizes
+    if n < _FA_ROWS or max(d, dv) > _UNPADDED_HEAD:
         return False
-    if not (torch.is_grad_enabled() and (projected or any(t.requires_grad for t in (q, k, v)))):
+    if not call.needs_grad:  # (a projected call in training counts: its parameters may)
         return True  # inference
     # In training the backward's tasks are (example, head): fewer than threads leave some idle.
-    return work >= _UNPADDED_WORK and heads >= torch.get_num_threads()
+    return work >= _UNPADDED_WORK and pairs >= torch.get_num_threads()
 
 
 def _in_order(mask: AttentionMask) -> bool:
@@ -1332,13 +1332,10 @@ class ByLengths(Implementation):
 
     def supports(self, call: AttentionCall) -> str | None:
         work = call.work
-        if call.kind != "lengths":  # nothing padded: most calls are decided by size alone
-            q, k, v = call.q, call.k, call.v
-            if work < max(_BY_LENGTHS_WORK, _SMALL_WORK) or not _unpadded_pays(
-                q, k, v, work, q.numel() // (q.shape[-1] * q.shape[-2]),
-                causal=call.kind == "causal", projected=call.project is not None,
-            ):  # fmt: skip
-                return _SDPA_FASTER  # (a constant: small calls with nothing padded meet it)
+        if call.kind != "lengths" and (  # nothing padded: most calls are decided by size
+            work < _BY_LENGTHS_WORK or work < _SMALL_WORK or not _unpadded_pays(call)
+        ):
+            return _SDPA_FASTER  # (a constant: small calls with nothing padded meet it)
         if (why := _kernel_declines(call)) is not None:
             return why
         if call.dropout_p:
@@ -1351,14 +1348,21 @@ class ByLengths(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
-        if call.project is not None and _by_lengths_declines(q, k, v) is not None:
+        if (
+            call.project is not None
+            and not (q.dtype == k.dtype == call.q.dtype)  # (supports checked the inputs')
+            and _by_lengths_declines(q, k, v) is not None
+        ):
             return None  # projections the kernel does not take (e.g. autocast's dtypes)
         if call.kind == "lengths":
             by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
             needs_grad = call.needs_grad
         else:
-            by = _unpadded_by(q.shape[-2], k.shape[-2], call.kind == "causal")
-            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            _, n, m, _, _ = call.sizes  # (projections keep n and m)
+            by = _unpadded_by(n, m, call.kind == "causal")
+            needs_grad = call.needs_grad and (
+                call.project is None or q.requires_grad or k.requires_grad or v.requires_grad
+            )
         if not needs_grad:  # forward only, no logsumexps kept
             return _by_lengths_forward(q, k, v, by, call.scale, logsumexp=False)[0]
         if q.ndim == 3:  # the backward takes heads

@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("attnscore")
+_DEBUG = logging.DEBUG
 
 Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -115,6 +116,7 @@ class AttentionCall:
         "_lengths",
         "_projected",
         "_shortest",
+        "_sizes",
         "_work",
         "bias",
         "device",
@@ -167,17 +169,30 @@ class AttentionCall:
         self.notes: dict[str, Any] = {}
         self._lengths: Tensor | None = None
         self._shortest: int | None = None
+        self._sizes: tuple[int, int, int, int, int] | None = None
         self._work: int | None = None
         self._projected: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        """(pairs, n, m, d, dv): the (example, head) pairs B·H (B for 3-D inputs), queries,
+        keys, and the head sizes of k and v (read once with :attr:`work`: each ``.shape``
+        makes a torch.Size)."""
+        if self._sizes is None:
+            qs, ks = self.q.shape, self.k.shape
+            pairs, n, m, d = qs[0] if len(qs) == 3 else qs[0] * qs[1], qs[-2], ks[-2], ks[-1]
+            dv = self.v.shape[-1]
+            self._sizes = (pairs, n, m, d, dv)
+            self._work = pairs * n * m * (d + dv) if qs[-1] else 0
+        return self._sizes
+
+    @property
     def work(self) -> int:
-        """Multiply-adds of the whole call: (B·H) · n · m · (d + dv)."""
+        """Multiply-adds of the whole call: (B·H) · n · m · (d + dv); 0 where q has no
+        features."""
         if self._work is None:
-            q, ks = self.q, self.k.shape  # (each .shape makes a torch.Size: read it once)
-            dq = q.shape[-1]
-            rows = q.numel() // dq if dq else 0  # (B·H) · n
-            self._work = rows * ks[-2] * (ks[-1] + self.v.shape[-1])
+            self.sizes  # noqa: B018 (reads the work too)
+        assert self._work is not None
         return self._work
 
     @property
@@ -226,7 +241,7 @@ class Implementation:
     name: ClassVar[str]
     summary: ClassVar[str]
     #: The mask kinds (:attr:`AttentionCall.kind`) it may take: a call of another kind is
-    #: not offered to it (its ``supports`` says why when a choice is explained or logged).
+    #: never offered to its ``supports`` (:func:`choose` says why it declines).
     kinds: ClassVar[frozenset[str]] = frozenset({"none", "causal", "lengths", "boolean"})
 
     def supports(self, call: AttentionCall) -> str | None:
@@ -369,7 +384,7 @@ def _of_kind(device: str, kind: str) -> tuple[Implementation, ...]:
 
 def watched() -> bool:
     """Whether choices are being recorded (:func:`explaining`) or logged in this thread."""
-    return _local.recording is not None or _log.isEnabledFor(logging.DEBUG)
+    return _local.recording is not None or _log.isEnabledFor(_DEBUG)
 
 
 def _candidates(
@@ -407,7 +422,8 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
         candidates = _candidates(call, only)
     declined: list[tuple[str, str]] = []
     for impl in candidates:
-        why = impl.supports(call)
+        # (offered every candidate only when explained, logged or restricted)
+        why = impl.supports(call) if call.kind in impl.kinds else _other_kind(impl, call.kind)
         if why is None:
             out = impl.run(call)
             if out is not None or impl.name == "plain":
@@ -423,6 +439,10 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     )
 
 
+def _other_kind(impl: Implementation, kind: str) -> str:
+    return f"a {kind} mask (it takes {', '.join(sorted(impl.kinds))})"
+
+
 def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, str]] = ()) -> None:
     """Note that ``route`` ran an attention call on ``chosen`` after the candidates
     ``declined`` (name, reason) declined it: for :func:`explaining` and the DEBUG log."""
@@ -430,7 +450,7 @@ def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, s
     recording = _local.recording
     if recording is not None:
         recording.append(Choice(device, chosen, tuple(declined), route))
-    if _log.isEnabledFor(logging.DEBUG):
+    if _log.isEnabledFor(_DEBUG):
         ahead = "; ".join(f"{n}: {w}" for n, w in declined)
         _log.debug(
             "attention on %s (%s): %s%s", device, route, chosen, f" ({ahead})" if ahead else ""
