@@ -393,18 +393,16 @@ class ScorerAttention(Attention):
         """Whether a matrix waits for the first call to know its input size."""
         return any(p.is_matrix and _is_lazy(_submodule(self, p.name)) for p in self.spec.params)
 
-    def _offered(self, queries: object, keys: object, *, small: bool) -> bool:
-        """Whether a fast lane may take a call: the softmax, plain tensors of 3 or more
-        dimensions (one d where the spec says so), for ``small`` calls no dropout at work."""
-        return (
-            self.normalizer == "softmax"
-            and type(queries) is Tensor
-            and type(keys) is Tensor
-            and queries.ndim >= 3
-            and keys.ndim >= 3
-            and (not self.same_feature_size or queries.shape[-1] == keys.shape[-1])
-            and not (small and _dropout_p(self) > 0.0)
-        )
+    def _offered(self, queries: object, keys: object, *, small: bool) -> tuple[int, int] | None:
+        """The feature sizes (q, k) of a call a fast lane may take, else None: the softmax,
+        plain tensors of 3 or more dimensions (one d where the spec says so), for ``small``
+        calls no dropout at work."""
+        if self.normalizer != "softmax" or type(queries) is not Tensor or type(keys) is not Tensor:
+            return None
+        qs, ks = queries.shape, keys.shape  # (read once: each read makes a torch.Size)
+        if len(qs) < 3 or len(ks) < 3 or (self.same_feature_size and qs[-1] != ks[-1]):
+            return None
+        return None if small and _dropout_p(self) > 0.0 else (qs[-1], ks[-1])
 
     def _lane(
         self, queries: Tensor, keys: Tensor, *, small: bool
@@ -415,18 +413,10 @@ class ScorerAttention(Attention):
         sizes, and (``small``) not being trained."""
         spec = self.spec
         projection = spec.projection
-        if projection is None or type(queries) is not Tensor or type(keys) is not Tensor:
+        sizes = None if projection is None else self._offered(queries, keys, small=small)
+        if sizes is None:
             return None
-        qs, ks = queries.shape, keys.shape  # (read once: each read makes a torch.Size)
-        qd, kd = qs[-1], ks[-1]
-        if (  # :meth:`_offered`, on the sizes read
-            self.normalizer != "softmax"
-            or len(qs) < 3
-            or len(ks) < 3
-            or (self.same_feature_size and qd != kd)
-            or (small and _dropout_p(self) > 0.0)
-        ):
-            return None
+        qd, kd = sizes
         if projection is unprojected:
             scale = self._dot_scale()
             return None, default_scale(qd) if scale is None else scale
@@ -463,8 +453,8 @@ class ScorerAttention(Attention):
             held_all.append(held)
         # The projection bound to these tensors, made again only when one is another object
         # (a replaced parameter, a parametrization's new tensor): a lane's every call reads it.
-        kept = self.__dict__.get("_projector")
-        if kept is None or not _same_objects(kept[0], held_all):
+        kept = self.__dict__.get("_projector")  # (tensors compared by identity, not ==)
+        if kept is None or not all(map(operator.is_, kept[0], held_all)):
             params = {name: t for (name, _, _), t in zip(spec.param_shapes, held_all, strict=True)}
             kept = (held_all, spec.projector(params))
             if not torch.compiler.is_compiling():  # (a traced module's state stays as it was)
@@ -636,7 +626,7 @@ class AdditiveAttention(ScorerAttention):
             return None
         W_q, W_k = self.W_q.weight, self.W_k.weight
         if (
-            not self._offered(queries, keys, small=True)
+            self._offered(queries, keys, small=True) is None
             or W_q.device != queries.device
             or queries.dtype != W_q.dtype
             or queries.shape[-1] != W_q.shape[1]
@@ -763,12 +753,6 @@ def _submodule(module: nn.Module, name: str) -> nn.Module:
 def _detached(t: Tensor) -> Tensor:
     """``t`` without its autograd graph: detached where it has one (an op of its own)."""
     return t.detach() if t.requires_grad else t
-
-
-def _same_objects(a: list[Tensor], b: list[Tensor]) -> bool:
-    """Whether two lists hold the same objects (by identity: ``==`` compares tensors'
-    values)."""
-    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _dropout_p(module: Attention) -> float:

@@ -320,17 +320,12 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
         return False
     qs, ks, vs = q.shape, k.shape, v.shape
     ndim, dtype = len(qs), q.dtype
-    if len(ks) != ndim or len(vs) != ndim:
+    if not (ndim == 3 or ndim == 4) or len(ks) != ndim or len(vs) != ndim:
         return False
-    # Sizes compared one by one: a slice of a torch.Size is a new torch.Size (slow).
-    if ndim == 3:
-        batch = ks[0] == qs[0] == vs[0] and vs[1] == ks[1]
-    elif ndim == 4:
-        batch = ks[0] == qs[0] == vs[0] and ks[1] == qs[1] == vs[1] and vs[2] == ks[2]
-    else:
-        return False
-    return (
-        batch
+    return (  # (sizes one by one: a slice of a torch.Size is a new torch.Size, slow)
+        ks[0] == qs[0] == vs[0]
+        and (ndim == 3 or ks[1] == qs[1] == vs[1])
+        and vs[-2] == ks[-2]
         and (not same_d or ks[-1] == qs[-1])
         and 0 not in qs
         and 0 not in ks

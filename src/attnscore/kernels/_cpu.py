@@ -1348,12 +1348,9 @@ class ByLengths(Implementation):
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
-        if (
-            call.project is not None
-            and not (q.dtype == k.dtype == call.q.dtype)  # (supports checked the inputs')
-            and _by_lengths_declines(q, k, v) is not None
-        ):
-            return None  # projections the kernel does not take (e.g. autocast's dtypes)
+        # projections the kernel does not take (autocast's dtypes; supports read the inputs')
+        if not (q.dtype == k.dtype == call.q.dtype) and _by_lengths_declines(q, k, v):
+            return None
         if call.kind == "lengths":
             by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
             needs_grad = call.needs_grad
