@@ -46,6 +46,7 @@ __all__ = [
     "Scoring",
     "WeightsFn",
     "attend",
+    "detached",
     "dot_weights_later",
     "fused_dot_product",
     "owned",
@@ -323,13 +324,19 @@ class ComputedWeights:
         return self.weights
 
 
+def detached(t: Tensor) -> Tensor:
+    """``t`` without autograd history: detached where it may have some (a tensor that
+    requires gradients, or a subclass), else ``t`` itself (a detach is an op of its own,
+    which a GPU's host pays for)."""
+    return t.detach() if t.requires_grad or type(t) is not Tensor else t
+
+
 def owned(t: Tensor) -> Tensor:
     """A copy of ``t`` that the call owns: detached, without autograd history, in its own
     memory, so that later in-place changes of ``t`` do not reach it and keeping it does not
     keep ``t``. Dimensions broadcast by a zero stride (expanded lengths) stay broadcast,
     uncopied."""
-    if t.requires_grad or type(t) is not Tensor:
-        t = t.detach()  # (an op of its own: a GPU's host pays for each, so only if needed)
+    t = detached(t)
     if type(t) is Tensor and not in_transform(t):
         strides = t.stride()
         if 0 in strides:
@@ -379,7 +386,7 @@ def _owned_unless_new(t: Tensor, *inputs: Tensor) -> Tensor:
     if type(t) is Tensor and not in_transform(t):
         storage = t.untyped_storage().data_ptr()
         if all(x.untyped_storage().data_ptr() != storage for x in inputs):
-            return t.detach()
+            return detached(t)
     return owned(t)
 
 

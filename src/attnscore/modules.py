@@ -28,6 +28,7 @@ from ._engine import (
     MaskOptions,
     WeightsFn,
     attend,
+    detached,
     dot_weights_later,
     fused_dot_product,
     owned,
@@ -214,7 +215,7 @@ class Attention(nn.Module):
         # detached (their graph holds the caller's tensors), in a function still: a tensor
         # attribute set while exporting draws a warning.
         if type(weights_fn) is ComputedWeights:
-            weights_fn = ComputedWeights(_detached(weights_fn.weights))
+            weights_fn = ComputedWeights(detached(weights_fn.weights))
         self.__dict__["_weights"] = weights_fn
         return output
 
@@ -510,7 +511,7 @@ class ScorerAttention(Attention):
             return None
         output, weights = projected
         if weights is not None:  # kept without its graph, which holds the caller's tensors
-            return output, ComputedWeights(_detached(weights))
+            return output, ComputedWeights(detached(weights))
         return output, _weights_later(*kept.owned(queries, keys), 1.0, m, causal=causal)
 
     def __getstate__(self) -> dict[str, object]:
@@ -748,11 +749,6 @@ def _submodule(module: nn.Module, name: str) -> nn.Module:
     """``module.<name>``, a submodule, as :func:`_held` reads tensors."""
     held = module._modules.get(name)
     return held if held is not None else getattr(module, name)
-
-
-def _detached(t: Tensor) -> Tensor:
-    """``t`` without its autograd graph: detached where it has one (an op of its own)."""
-    return t.detach() if t.requires_grad else t
 
 
 def _dropout_p(module: Attention) -> float:
