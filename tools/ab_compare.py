@@ -157,6 +157,17 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     Lg = lens_bn(8, 256, 256)
     case("general lengths (B, n) fwd", lambda: gen(qq, kk, vv, Lg))
     case("cosine none fwd", lambda: attnscore.CosineAttention()(qq, kk, vv))
+    gb = attnscore.MultiplicativeAttention(64, 64).to(torch.bfloat16).eval()
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (qq, kk, vv))
+    case("general none bf16 fwd", lambda: gb(qb, kb, vb))
+    # heads with a boolean mask (4, 8, 256, 256, 64), and the finite scan of such inputs
+    am = torch.rand(4, 1, 256, 256, generator=g) > 0.3
+    dpa_e = attnscore.DotProductAttention().eval()
+    case("heads bool f32 fwd", lambda: dpa_e(qc, kc, vc, attend_mask=am))
+    scan = importlib.import_module(f"{attnscore.__name__}.kernels._cpu").all_finite
+    for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        qkv = [t.to(dt) for t in (qc, kc, vc)]
+        case(f"finite scan (4, 8, 256, 64) x 3 {dt_name}", lambda qkv=qkv: scan(qkv))
     # masked softmax (32, 256, 1024)
     X = rn(32, 256, 1024)
     Ls = lens_b(32, 1024)

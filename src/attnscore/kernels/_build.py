@@ -250,7 +250,7 @@ def _build_and_load(cc: str) -> tuple[ctypes.CDLL, Path, bool]:
 def _load(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[ctypes.CDLL, Path, bool]:
     path, compiled = _build(cc, cflags, ldflags)
     lib = ctypes.CDLL(str(path))
-    if lib.attnscore_kernels_abi() != 14:
+    if lib.attnscore_kernels_abi() != 15:
         raise RuntimeError(f"unexpected kernel ABI in {path}")
     return lib, path, compiled
 
@@ -259,12 +259,12 @@ def _load(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[ctypes.CDLL, 
 # d a double; R a row range (r0, r1), which the function's driver ``<name>_par_<suffix>``
 # takes as (cuts, parts), and T a task counter (next, tasks), which its driver takes as
 # (tasks, threads): the drivers run them on OpenMP threads. After "|": what only the driver
-# takes. True: the function returns a count (an int64), else nothing.
+# takes. True: the function returns an int64 (a count, or 1 for yes), else nothing.
 _EVERY, _WIDE = ("f64", "f32", "bf16", "f16"), ("f64", "f32")
 _SIGNATURES: dict[str, tuple[tuple[str, ...], str, bool]] = {
-    "count_nonfinite": (_EVERY, "pi", True),  # (buffer, entries) -> count of inf and NaN
+    "any_nonfinite": (_EVERY, "pi", True),  # (buffer, entries) -> 1 if it holds inf or NaN
     # three (buffer, entries) at once, the first two copied to the last two (or NULL)
-    "count_nonfinite3": (_EVERY, "pi pi pi pp", True),
+    "any_nonfinite3": (_EVERY, "pi pi pi pp", True),
     # one call on the calling thread, returning a count of rows: (q, k, v, lengths, out,
     # weights or NULL, rows, n, m, d, dv, div, scale); additive's (q, k, w, v, ...) with w
     # the h weights, and no scale
@@ -288,7 +288,7 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], str, bool]] = {
 }
 #: The float16 functions that only move bits: in the library whether or not the compiler
 #: has float16 arithmetic (the others are left out without it).
-_BITS_ONLY = frozenset({"count_nonfinite", "count_nonfinite3", "mask_summary", "lengths_mask"})
+_BITS_ONLY = frozenset({"any_nonfinite", "any_nonfinite3", "mask_summary", "lengths_mask"})
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -505,11 +505,11 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     lib = load_library()
     if len(tensors) == 3:
         q, k, v = tensors
-        count = _count3_for(lib, q, k, v)
-        if count is not None:
+        scan = _scan3_for(lib, q, k, v)
+        if scan is not None:
             kp, vp = k.data_ptr(), v.data_ptr()
             vn = v.numel() * (vp != kp)
-            return not count(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None, None)
+            return not scan(q.data_ptr(), q.numel(), kp, k.numel(), vp, vn, None, None)
     read: set[tuple[int, int]] = set()
     for t in tensors:
         n = t.numel()
@@ -520,7 +520,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
         if lib is None or suffix is None or not t.is_contiguous():
             if not bool(torch.isfinite(t).all()):
                 return False
-        elif _function(lib, f"count_nonfinite_{suffix}")(t.data_ptr(), n):
+        elif _function(lib, f"any_nonfinite_{suffix}")(t.data_ptr(), n):
             return False
     return True
 
@@ -528,36 +528,36 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
     """Backend contract (C scan): the copies made by the same C call where the three are
     contiguous and of one dtype with a scan."""
-    count = _count3_for(load_library(), q, k, v)
-    if count is None:
+    scan = _scan3_for(load_library(), q, k, v)
+    if scan is None:
         return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
     kp, vp = k.data_ptr(), v.data_ptr()
     q_kept, k_kept = torch.empty_like(q), torch.empty_like(k)  # contiguous, as q and k
-    bad = count(
+    bad = scan(
         q.data_ptr(), q.numel(), kp, k.numel(), vp, v.numel() * (vp != kp),
         q_kept.data_ptr(), k_kept.data_ptr(),
     )  # fmt: skip
     return not bad, q_kept, k_kept
 
 
-_COUNT3: dict[torch.dtype, Callable[..., int]] = {}
+_SCAN3: dict[torch.dtype, Callable[..., int]] = {}
 
 
-def _count3_for(
+def _scan3_for(
     lib: ctypes.CDLL | None, q: Tensor, k: Tensor, v: Tensor
 ) -> Callable[..., int] | None:
     """The C scan of q, k, v at once (kept per dtype), where it reads them: the library
     loaded, one dtype with a scan, all three contiguous; else None."""
     if lib is None:
         return None
-    count = _COUNT3.get(q.dtype)
-    if count is None:
+    scan = _SCAN3.get(q.dtype)
+    if scan is None:
         suffix = _SUFFIX.get(q.dtype)
         if suffix is None:
             return None
-        count = _COUNT3[q.dtype] = _function(lib, f"count_nonfinite3_{suffix}")
+        scan = _SCAN3[q.dtype] = _function(lib, f"any_nonfinite3_{suffix}")
     same = k.dtype == v.dtype == q.dtype
-    return count if same and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() else None
+    return scan if same and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() else None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------

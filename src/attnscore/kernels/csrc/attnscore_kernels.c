@@ -1249,30 +1249,31 @@ DEFINE_ADDITIVE_DRIVERS(float, f32)
 DEFINE_ADDITIVE_DRIVERS(double, f64)
 
 /* ---- finiteness of inputs -----------------------------------------------------------------
- * The number of entries among the first n of p whose exponent bits are all ones (inf or NaN),
+ * 1 when an entry among the first n of p has all its exponent bits set (inf or NaN), else 0,
  * by their bits (-ffast-math may assume no float is NaN): a fused kernel takes a call only
  * when its inputs hold none, since where a query's mask differs from its neighbours' the
  * kernels (like SDPA) multiply exact zero weights into keys and values it does not attend,
- * and 0 x NaN is NaN. One read, vectorized; the caller passes each buffer it will read. */
+ * and 0 x NaN is NaN. One read, vectorized, an OR of comparisons in the entries' own width
+ * (a count would widen every lane to 64 bits); the caller passes each buffer it will read. */
 #define DEFINE_NONFINITE(UT, SUF, EXPONENT)                                                 \
-  int64_t count_nonfinite_##SUF(const UT *p, int64_t n) {                                   \
-    int64_t bad = 0;                                                                        \
-    _Pragma("omp simd reduction(+ : bad)") for (int64_t i = 0; i < n; ++i) {                \
-      bad += (p[i] & EXPONENT) == EXPONENT;                                                 \
+  int64_t any_nonfinite_##SUF(const UT *p, int64_t n) {                                     \
+    UT bad = 0;                                                                             \
+    _Pragma("omp simd reduction(| : bad)") for (int64_t i = 0; i < n; ++i) {                \
+      bad |= (UT)((p[i] & EXPONENT) == EXPONENT);                                           \
     }                                                                                       \
-    return bad;                                                                             \
+    return bad != 0;                                                                        \
   }                                                                                         \
   /* The three inputs of an attention call at once (one call from Python, not three); with \
    * `ka`, `kb` not NULL, a and b are also copied there: the copies of queries and keys a  \
    * call keeps for its weights, in the same call. */                                      \
-  int64_t count_nonfinite3_##SUF(const UT *a, int64_t na, const UT *b, int64_t nb,          \
-                                 const UT *c, int64_t nc, UT *ka, UT *kb) {                 \
+  int64_t any_nonfinite3_##SUF(const UT *a, int64_t na, const UT *b, int64_t nb,            \
+                               const UT *c, int64_t nc, UT *ka, UT *kb) {                   \
     if (ka && kb) {                                                                         \
       memcpy(ka, a, (size_t)na * sizeof(UT));                                               \
       memcpy(kb, b, (size_t)nb * sizeof(UT));                                               \
     }                                                                                       \
-    return count_nonfinite_##SUF(a, na) + count_nonfinite_##SUF(b, nb) +                    \
-           count_nonfinite_##SUF(c, nc);                                                    \
+    return any_nonfinite_##SUF(a, na) || any_nonfinite_##SUF(b, nb) ||                      \
+           any_nonfinite_##SUF(c, nc);                                                      \
   }
 DEFINE_NONFINITE(uint64_t, f64, UINT64_C(0x7ff0000000000000))
 DEFINE_NONFINITE(uint32_t, f32, UINT32_C(0x7f800000))
@@ -1308,4 +1309,4 @@ void attnscore_advise_huge(void *p, int64_t nbytes) {
 }
 
 /* Lets Python check it loaded the library built from the expected source. */
-int attnscore_kernels_abi(void) { return 14; }
+int attnscore_kernels_abi(void) { return 15; }
