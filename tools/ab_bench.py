@@ -93,11 +93,11 @@ def _verdict(core: Any, target: Any, samples: dict, peaks: dict) -> dict[str, An
     """Each side's value and verdict on ``target``, by the bench's own check, from the
     same rounds (each side's samples paired with the baseline's of the same rounds)."""
     out: dict[str, Any] = {"kind": target.kind, "vs": target.vs, "bound": target.bound}
+    base = {k: v for k, v in samples.items() if k not in ("old", "new")}
+    base_peaks = {k: v for k, v in peaks.items() if k not in ("old", "new")}
     for tag in ("old", "new"):
-        own = {k: v for k, v in samples.items() if k not in ("old", "new")}
-        own_peaks = {k: v for k, v in peaks.items() if k not in ("old", "new")}
         checked = core._check(
-            target, own | {"attnscore": samples[tag]}, own_peaks | {"attnscore": peaks[tag]},
+            target, base | {"attnscore": samples[tag]}, base_peaks | {"attnscore": peaks[tag]},
             {}, True,
         )  # fmt: skip
         out[tag], out[f"{tag}_met"] = checked["value"], checked["met"]

@@ -162,8 +162,8 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     case("general none bf16 fwd", lambda: gb(qb, kb, vb))
     # heads with a boolean mask (4, 8, 256, 256, 64), and the finite scan of such inputs
     am = torch.rand(4, 1, 256, 256, generator=g) > 0.3
-    dpa_e = attnscore.DotProductAttention().eval()
-    case("heads bool f32 fwd", lambda: dpa_e(qc, kc, vc, attend_mask=am))
+    heads_e = attnscore.DotProductAttention().eval()
+    case("heads bool f32 fwd", lambda: heads_e(qc, kc, vc, attend_mask=am))
     scan = importlib.import_module(f"{attnscore.__name__}.kernels._cpu").all_finite
     for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
         qkv = [t.to(dt) for t in (qc, kc, vc)]
