@@ -41,6 +41,7 @@ __all__ = [
     "MASK_NAMES",
     "ComputedWeights",
     "FusedPath",
+    "Guarded",
     "MaskOptions",
     "Prepared",
     "Scoring",
@@ -49,8 +50,10 @@ __all__ = [
     "detached",
     "dot_weights_later",
     "fused_dot_product",
+    "guarded",
+    "kept",
+    "kept_mask",
     "owned",
-    "owned_mask",
     "prepare",
     "zero_padding",
 ]
@@ -285,8 +288,10 @@ def fused_dot_product(
             )
             if not weights:
                 return out, _not_kept
-            bias = None if score_bias is None else owned(score_bias)
-            return out, dot_weights_later(owned(q), owned(k), scale_, owned_mask(mask), bias=bias)
+            later = dot_weights_later(
+                kept(q), kept(k), scale_, kept_mask(mask), bias=kept(score_bias)
+            )
+            return out, guarded(later, q, k, score_bias, mask.lengths, mask.attend)
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             _pipeline_ran(q, "a projected scorer with dropout, a boolean mask or a score bias")
             return None
@@ -295,17 +300,18 @@ def fused_dot_product(
             made = zero_padding(Prepared(q, k, v, mask))
             return made.queries, made.keys, made.values
 
-        kept = KeptProjections(project)
+        kept_projections = KeptProjections(project)
         projected = _attention.projected(
-            q, k, v, mask, project=kept, scale=scale_,
+            q, k, v, mask, project=kept_projections, scale=scale_,
             inert=inert if torch.is_grad_enabled() else None,
         )  # fmt: skip
         if projected is None:
             return None
         if not weights:
             return projected, _not_kept
-        qp, kp = kept.owned(q, k)
-        return projected, dot_weights_later(qp, kp, scale_, owned_mask(mask), q.shape[:-2])
+        qp, kp = kept_projections.owned(q, k)
+        later = dot_weights_later(qp, kp, scale_, kept_mask(mask), q.shape[:-2])
+        return projected, guarded(later, q, k, mask.lengths, mask.attend)
 
     return fused
 
@@ -345,12 +351,56 @@ def owned(t: Tensor) -> Tensor:
     return t.clone()
 
 
-def owned_mask(mask: AttentionMask) -> AttentionMask:
-    """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), in copies
-    the call owns (:func:`owned`): the caller's lengths and boolean mask are not kept."""
-    lengths = None if mask.lengths is None else owned(mask.lengths)
-    attend = None if mask.attend is None else owned(mask.attend)
-    return AttentionMask(mask.n, mask.m, lengths, attend, causal=mask.causal)
+def kept(t: Tensor | None) -> Tensor | None:
+    """``t`` as a call keeps it to compute its weights later (:func:`guarded`): the call's
+    own tensor, detached, no copy; a copy (:func:`owned`) only where ``t`` has no version
+    counter to guard it by (an inference tensor, made under ``torch.inference_mode``)."""
+    if t is None:
+        return None
+    return owned(t) if t.is_inference() else detached(t)
+
+
+def kept_mask(mask: AttentionMask) -> AttentionMask:
+    """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), kept as
+    :func:`kept` keeps tensors."""
+    return AttentionMask(mask.n, mask.m, kept(mask.lengths), kept(mask.attend), causal=mask.causal)
+
+
+#: What reading the weights of a call whose tensors changed afterwards raises.
+STALE = (
+    "attention_weights: a tensor of the last call (its queries, keys, lengths or mask) was "
+    "changed in place after the call (a KV cache written in place?), so its weights can no "
+    "longer be computed from it. Read attention_weights before changing the inputs, or set "
+    "`keep_weights='eager'` on the module to compute the weights during each call."
+)
+
+
+class Guarded:
+    """A weights function over tensors the call did not copy, which refuses (``RuntimeError``,
+    :data:`STALE`) once any of them changed in place after the call: their version
+    counters (PyTorch's, bumped by every in-place write to a tensor or a view of it) are
+    read at the call and compared on access. Never other weights than the call's."""
+
+    __slots__ = ("tensors", "versions", "weights")
+
+    def __init__(self, weights: WeightsFn, tensors: tuple[Tensor, ...]) -> None:
+        self.weights, self.tensors = weights, tensors
+        self.versions = tuple(t._version for t in tensors)
+
+    def __call__(self) -> Tensor:
+        if any(t._version != v for t, v in zip(self.tensors, self.versions, strict=True)):
+            raise RuntimeError(STALE)
+        return self.weights()
+
+
+def guarded(weights: WeightsFn, *tensors: Tensor | None) -> WeightsFn:
+    """``weights``, guarded (:class:`Guarded`) by ``tensors``, the call's inputs its
+    weights are computed from (None and inference tensors, which :func:`kept` copied,
+    skipped)."""
+    watched = tuple(
+        t for t in tensors if t is not None and not t.is_inference() and not in_transform(t)
+    )
+    return Guarded(weights, watched) if watched else weights
 
 
 class KeptProjections:
@@ -368,26 +418,17 @@ class KeptProjections:
         return projected
 
     def owned(self, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """The projections the call made from the caller's ``queries`` and ``keys``, as the
-        call owns them: detached, copied (:func:`owned`) where they share memory with the
-        caller's (a projection returning its input or a view of it); where the path did not
-        project, the projections of copies of ``queries`` and ``keys``."""
-        kept, self.kept = self.kept, None
-        if kept is None:
+        """The projections the call made from the caller's ``queries`` and ``keys``,
+        detached (kept as :func:`kept` keeps tensors: a projection returning a view of its
+        input is guarded by the input's version); where the path did not project, the
+        projections of ``queries`` and ``keys`` made now."""
+        projected, self.kept = self.kept, None
+        if projected is None:
             with torch.no_grad():
-                return self.project(owned(queries), owned(keys))
-        qp, kp = kept
-        return _owned_unless_new(qp, queries, keys), _owned_unless_new(kp, queries, keys)
-
-
-def _owned_unless_new(t: Tensor, *inputs: Tensor) -> Tensor:
-    """``t`` detached where the call made it (memory unlike the caller's ``inputs``), else
-    a copy the call owns (:func:`owned`)."""
-    if type(t) is Tensor and not in_transform(t):
-        storage = t.untyped_storage().data_ptr()
-        if all(x.untyped_storage().data_ptr() != storage for x in inputs):
-            return detached(t)
-    return owned(t)
+                projected = self.project(queries, keys)
+        qp, kp = kept(projected[0]), kept(projected[1])
+        assert qp is not None and kp is not None
+        return qp, kp
 
 
 def dot_weights_later(
@@ -402,7 +443,7 @@ def dot_weights_later(
     """The weights function of a call that ran dot-product attention without computing its
     weights: ``softmax(qp kpᵀ · scale, mask)`` computed when asked from ``qp`` (..., n, d)
     and ``kp`` (..., m', d), which the call owns (:func:`owned`; the mask too,
-    :func:`owned_mask`), never from the caller's tensors. ``batch``: the weights' leading
+    :func:`kept_mask`), guarded by the caller (:func:`guarded`). ``batch``: the weights' leading
     shape where the projections were laid out otherwise (4-D); m' < m: the keys causal
     masking left unseen were cut off (their weights are zero). ``bias``: the call's score
     bias (owned), added to the scores (its calls cut off no key)."""

@@ -31,7 +31,8 @@ from ._engine import (
     detached,
     dot_weights_later,
     fused_dot_product,
-    owned,
+    guarded,
+    kept,
     prepare,
 )
 from ._lazy import LazyLinear
@@ -83,10 +84,14 @@ class Attention(nn.Module):
 
     After each call, :attr:`attention_weights` holds that call's (..., n, m) weights before
     dropout (rows sum to 1 over the keys they may attend, or are zero without any),
-    detached; fast paths compute them on first access, from copies the call made of what
-    they need, so later in-place changes of the inputs do not reach them and the module
-    keeps none of the caller's tensors. With several threads calling one module, they are
-    the last call's (``forward`` keeps no other state).
+    detached. ``keep_weights`` says how: ``"lazy"`` (default) fast paths compute them on
+    first access from the call's own tensors, copying none (the module holds them until
+    the next call); a tensor of the call changed in place before that access (a KV cache
+    written in place) makes the access raise ``RuntimeError`` saying so, never give other
+    weights. ``"eager"`` computes them during the call; ``"none"`` keeps nothing (the
+    module holds no tensor of the call; reading them raises ``RuntimeError``). With several
+    threads calling one module, they are the last call's (``forward`` keeps no other
+    state).
 
     Args:
         scoring: a callable ``(queries, keys) -> scores (..., n, m)``: a plain function
@@ -96,10 +101,12 @@ class Attention(nn.Module):
         dropout: dropout probability on the weights, in [0, 1).
         normalizer: ``"softmax"`` (default), ``"sparsemax"``, ``"entmax15"`` (optional
             ``entmax`` package), ``"hardmax"``, or a callable ``(scores, mask) -> weights``.
+        keep_weights: ``"lazy"``, ``"eager"`` or ``"none"``: what :attr:`attention_weights`
+            keeps (above).
 
     Raises:
-        TypeError, ValueError: bad ``dropout`` or ``normalizer`` here; bad inputs or masks
-            in ``forward`` (see :func:`attnscore.functional.attention`).
+        TypeError, ValueError: bad ``dropout``, ``normalizer`` or ``keep_weights`` here;
+            bad inputs or masks in ``forward`` (see :func:`attnscore.functional.attention`).
 
     >>> attn = Attention(lambda q, k: -torch.cdist(q, k))   # a user's own scoring function
     >>> attn(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)).shape
@@ -108,6 +115,8 @@ class Attention(nn.Module):
 
     #: Whether queries and keys must share their feature size (dot-product-like scores).
     same_feature_size: bool = False
+    #: What :attr:`attention_weights` keeps: ``"lazy"``, ``"eager"`` or ``"none"``.
+    keep_weights: str = "lazy"
 
     def __init__(
         self,
@@ -115,6 +124,7 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         *,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
         super().__init__()
         if scoring is not None and not callable(scoring):
@@ -126,6 +136,7 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(dropout))
         get_normalizer(normalizer)  # fail at construction, not at the first call
         self.normalizer = normalizer
+        self.keep_weights = _check_keep(keep_weights)
         # The last call's weights, or the function computing them (fast paths), or None: one
         # attribute, replaced whole, so that concurrent calls never mix two calls' halves.
         self._weights: Tensor | WeightsFn | None = None
@@ -194,7 +205,10 @@ class Attention(nn.Module):
             causal = masks.get("causal", False)
             taken = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
         if taken is not None:
-            output, self.__dict__["_weights"] = taken
+            output, weights = taken
+            self.__dict__["_weights"] = (
+                weights if self.keep_weights == "lazy" else self._kept(weights)
+            )
             return output
         prepared = prepare(
             queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
@@ -209,15 +223,27 @@ class Attention(nn.Module):
         )
         if return_weights:
             weights = weights_fn()
-            self.__dict__["_weights"] = weights.detach()
+            self.__dict__["_weights"] = self._kept(weights.detach())
             return output, weights
         # Straight into __dict__ (nn.Module.__setattr__ is slow). Plain-path weights are kept
         # detached (their graph holds the caller's tensors), in a function still: a tensor
         # attribute set while exporting draws a warning.
         if type(weights_fn) is ComputedWeights:
             weights_fn = ComputedWeights(detached(weights_fn.weights))
-        self.__dict__["_weights"] = weights_fn
+        self.__dict__["_weights"] = (
+            weights_fn if self.keep_weights == "lazy" else self._kept(weights_fn)
+        )
         return output
+
+    def _kept(self, weights: Tensor | WeightsFn) -> Tensor | WeightsFn | None:
+        """What :attr:`keep_weights` keeps of a call's ``weights`` (or weights function):
+        ``"eager"`` the weights, computed now; ``"none"`` nothing (:func:`_not_kept`)."""
+        if self.keep_weights == "none":
+            return _not_kept
+        if isinstance(weights, Tensor) or type(weights) is ComputedWeights:
+            return weights
+        with torch.no_grad():
+            return ComputedWeights(weights().detach())
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
@@ -235,7 +261,12 @@ class Attention(nn.Module):
 
     @property
     def attention_weights(self) -> Tensor | None:
-        """The last call's weights (..., n, m), before dropout and detached; None before."""
+        """The last call's weights (..., n, m), before dropout and detached; None before.
+
+        Raises:
+            RuntimeError: a tensor of the call was changed in place since (``keep_weights``
+                ``"lazy"``), or the module keeps no weights (``"none"``).
+        """
         weights = self._weights
         if weights is None or isinstance(weights, Tensor):
             return weights
@@ -269,7 +300,7 @@ class ScorerAttention(Attention):
         query_size: q; may be None where only a matrix's input size depends on it.
         key_size: k; likewise.
         num_hiddens: h, for scorers with hidden units.
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
 
     Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
 
@@ -294,8 +325,9 @@ class ScorerAttention(Attention):
         dropout: float = 0.0,
         *,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
-        super().__init__(dropout=dropout, normalizer=normalizer)
+        super().__init__(dropout=dropout, normalizer=normalizer, keep_weights=keep_weights)
         spec = scoring if isinstance(scoring, ScorerSpec) else get_scorer(scoring)
         self.spec = spec
         self.same_feature_size = spec.same_feature_size
@@ -471,16 +503,17 @@ class ScorerAttention(Attention):
         if lane is None:
             return None
         project, scale = lane
-        kept = None if project is None else KeptProjections(project)
-        taken = small_dot_product_attention(queries, keys, values, valid_lens, scale, kept)
+        projections = None if project is None else KeptProjections(project)
+        taken = small_dot_product_attention(queries, keys, values, valid_lens, scale, projections)
         if taken is None:
             return None
         output, weights = taken  # the weights the pass wrote, if it did
         if weights is not None:
             return output, weights
-        # from the call's projections (or copies of them), or copies of the queries and keys
-        qp, kp = (owned(queries), owned(keys)) if kept is None else kept.owned(queries, keys)
-        return output, _weights_later(qp, kp, scale, keys.shape[-2], valid_lens)
+        # from the call's projections, or its queries and keys (guarded, not copied)
+        qp, kp = (queries, keys) if projections is None else projections.owned(queries, keys)
+        later = _weights_later(qp, kp, scale, keys.shape[-2], valid_lens)
+        return output, guarded(later, queries, keys, valid_lens)
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
@@ -495,24 +528,25 @@ class ScorerAttention(Attention):
         dropout_p = _dropout_p(self)
         n, m = queries.shape[-2], keys.shape[-2]
         if project is None:
-            taken = unpadded_call(
+            output = unpadded_call(
                 queries, keys, values, causal=causal, scale=scale, dropout_p=dropout_p
             )
-            if taken is None:
+            if output is None:
                 return None
-            output, q_kept, k_kept = taken  # copies the call made
-            seen = k_kept[..., :n, :] if causal and n < m else k_kept  # no query sees the rest
-            return output, _weights_later(q_kept, seen, scale, m, causal=causal)
-        kept = KeptProjections(project)
+            seen = keys[..., :n, :] if causal and n < m else keys  # no query sees the rest
+            later = _weights_later(queries, seen, scale, m, causal=causal)
+            return output, guarded(later, queries, keys)
+        projections = KeptProjections(project)
         projected = projected_call(
-            queries, keys, values, causal=causal, project=kept, dropout_p=dropout_p
+            queries, keys, values, causal=causal, project=projections, dropout_p=dropout_p
         )
         if projected is None:
             return None
         output, weights = projected
         if weights is not None:  # kept without its graph, which holds the caller's tensors
             return output, ComputedWeights(detached(weights))
-        return output, _weights_later(*kept.owned(queries, keys), 1.0, m, causal=causal)
+        qp, kp = projections.owned(queries, keys)
+        return output, guarded(_weights_later(qp, kp, 1.0, m, causal=causal), queries, keys)
 
     def __getstate__(self) -> dict[str, object]:
         # A spec may hold a user's lambda (not picklable): pickle its name.
@@ -556,7 +590,7 @@ class AdditiveAttention(ScorerAttention):
         normalize: weight-normalise ``w_v`` as ``g · w_v / ‖w_v‖`` with a learned scalar
             gain ``g`` (init 1/sqrt(h)); implies ``bias`` (TensorFlow Addons'
             ``BahdanauAttention(normalize=True)``; Salimans & Kingma 2016).
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
 
     Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
 
@@ -590,9 +624,16 @@ class AdditiveAttention(ScorerAttention):
         bias: bool = False,
         normalize: bool = False,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
         super().__init__(
-            _ADDITIVE, query_size, key_size, num_hiddens, dropout, normalizer=normalizer
+            _ADDITIVE,
+            query_size,
+            key_size,
+            num_hiddens,
+            dropout,
+            normalizer=normalizer,
+            keep_weights=keep_weights,
         )
         h = self.w_v.in_features
         self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
@@ -673,7 +714,7 @@ class DotProductAttention(ScorerAttention):
     (``scale=None``) and ``"dot"`` (``scale=1.0``), and any other fixed scale.
 
     Args:
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
         scale: None for 1/sqrt(d) (scaled dot product); 1.0 for Luong et al. 2015's "dot".
 
     Shapes: queries (..., n, d), keys (..., m, d), values (..., m, v) -> (..., n, v).
@@ -697,10 +738,13 @@ class DotProductAttention(ScorerAttention):
         *,
         scale: float | None = None,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
             raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
-        super().__init__(_SCALED_DOT, dropout=dropout, normalizer=normalizer)
+        super().__init__(
+            _SCALED_DOT, dropout=dropout, normalizer=normalizer, keep_weights=keep_weights
+        )
         self.scale = None if scale is None else float(scale)
 
     def score(self, queries: Tensor, keys: Tensor, lengths: Tensor | None) -> Tensor:
@@ -723,9 +767,12 @@ def _weights_later(
     causal: bool = False,
 ) -> WeightsFn:
     """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
-    (..., m', d), owned by the call, by key lengths (copied here) or causal masking, computed
-    when asked (:func:`attnscore._engine.dot_weights_later`); ``m``: the number of keys."""
-    lengths = None if valid_lens is None else owned(valid_lens)
+    (..., m', d), by key lengths or causal masking, computed when asked
+    (:func:`attnscore._engine.dot_weights_later`) from the call's tensors, kept
+    (:func:`attnscore._engine.kept`: the caller guards them, :func:`~attnscore._engine.guarded`);
+    ``m``: the number of keys."""
+    qp, kp, lengths = kept(qp), kept(kp), kept(valid_lens)
+    assert qp is not None and kp is not None
 
     def weights() -> Tensor:
         n = qp.shape[-2]
@@ -733,6 +780,25 @@ def _weights_later(
         return dot_weights_later(qp, kp, scale, mask)()
 
     return weights
+
+
+_KEEP = ("lazy", "eager", "none")
+
+
+def _check_keep(keep_weights: object) -> str:
+    if keep_weights not in _KEEP:
+        raise ValueError(
+            f"Expected `keep_weights` among {list(_KEEP)}, but got {keep_weights!r} instead."
+        )
+    return str(keep_weights)
+
+
+def _not_kept() -> Tensor:
+    """The weights function of a module that keeps no weights (``keep_weights="none"``)."""
+    raise RuntimeError(
+        "attention_weights: this module keeps no weights (keep_weights='none'); set "
+        "`keep_weights='lazy'` or 'eager' to read them, or call it with return_weights=True."
+    )
 
 
 def _held(module: nn.Module, name: str) -> Tensor:
@@ -779,7 +845,7 @@ class MultiplicativeAttention(ScorerAttention):
     Args:
         query_size: q (required).
         key_size: k; None infers it on the first call.
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
 
     Shapes: queries (..., n, q), keys (..., m, k), values (..., m, v) -> (..., n, v).
     ``W_a`` is ``nn.Linear(key_size, query_size, bias=False)``.
@@ -802,9 +868,18 @@ class MultiplicativeAttention(ScorerAttention):
         dropout: float = 0.0,
         *,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
         _check_size(query_size, "query_size")
-        super().__init__(_GENERAL, query_size, key_size, None, dropout, normalizer=normalizer)
+        super().__init__(
+            _GENERAL,
+            query_size,
+            key_size,
+            None,
+            dropout,
+            normalizer=normalizer,
+            keep_weights=keep_weights,
+        )
 
 
 class CosineAttention(ScorerAttention):
@@ -815,7 +890,7 @@ class CosineAttention(ScorerAttention):
     that a learned one stays positive.
 
     Args:
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
         scale: s, the inverse temperature (default 10).
         learn_scale: learn s (``log_scale`` a parameter; else a buffer).
 
@@ -837,10 +912,11 @@ class CosineAttention(ScorerAttention):
         scale: float = 10.0,
         learn_scale: bool = False,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
     ) -> None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
             raise ValueError(f"Expected `scale` to be a positive float, but got {scale!r} instead.")
-        super().__init__(_COSINE, dropout=dropout, normalizer=normalizer)
+        super().__init__(_COSINE, dropout=dropout, normalizer=normalizer, keep_weights=keep_weights)
         log_scale = torch.tensor(math.log(scale))
         if learn_scale:
             self.log_scale = nn.Parameter(log_scale)
@@ -857,6 +933,7 @@ def make_scorer(
     num_hiddens: int | None = None,
     dropout: float = 0.0,
     normalizer: str | Normalizer = "softmax",
+    keep_weights: str = "lazy",
 ) -> ScorerAttention:
     """Build the attention module of the scorer registered as ``name``.
 
@@ -870,7 +947,7 @@ def make_scorer(
         query_size: q, the queries' feature size.
         key_size: k, the keys' feature size (default: ``query_size``).
         num_hiddens: h for scorers with hidden units (additive; default: ``query_size``).
-        dropout, normalizer: as :class:`Attention`.
+        dropout, normalizer, keep_weights: as :class:`Attention`.
 
     Returns:
         A module taking queries (..., n, q) and keys (..., m, k).
@@ -891,12 +968,22 @@ def make_scorer(
     k = query_size if key_size is None else key_size
     h = query_size if num_hiddens is None else num_hiddens
     if spec is _ADDITIVE:
-        return AdditiveAttention(k, query_size, h, dropout, normalizer=normalizer)
+        return AdditiveAttention(
+            k, query_size, h, dropout, normalizer=normalizer, keep_weights=keep_weights
+        )
     if spec is _DOT or spec is _SCALED_DOT:
         scale = 1.0 if spec is _DOT else None
-        return DotProductAttention(dropout, scale=scale, normalizer=normalizer)
+        return DotProductAttention(
+            dropout, scale=scale, normalizer=normalizer, keep_weights=keep_weights
+        )
     if spec is _GENERAL:
-        return MultiplicativeAttention(query_size, k, dropout, normalizer=normalizer)
+        return MultiplicativeAttention(
+            query_size, k, dropout, normalizer=normalizer, keep_weights=keep_weights
+        )
     if spec is _COSINE:
-        return CosineAttention(dropout, learn_scale=True, normalizer=normalizer)
-    return ScorerAttention(spec, query_size, k, h, dropout, normalizer=normalizer)
+        return CosineAttention(
+            dropout, learn_scale=True, normalizer=normalizer, keep_weights=keep_weights
+        )
+    return ScorerAttention(
+        spec, query_size, k, h, dropout, normalizer=normalizer, keep_weights=keep_weights
+    )

@@ -47,6 +47,9 @@ class MultiHeadAttention(nn.Module):
         normalizer: the probability function of a scorer built from its name
             (:func:`attnscore.normalizers.normalizer_names` or a callable); an
             :class:`~attnscore.Attention` given as ``scoring`` keeps its own.
+        keep_weights: ``"lazy"``, ``"eager"`` or ``"none"``, what
+            :attr:`attention_weights` keeps (:class:`~attnscore.Attention`) of a scorer
+            built from its name; a given :class:`~attnscore.Attention` keeps its own.
         query_size: q, the queries' feature size (``nn.MultiheadAttention``'s
             ``embed_dim``); None (default) infers all three sizes on the first call.
         key_size: k (default ``query_size``, as ``kdim`` defaults to ``embed_dim``).
@@ -86,6 +89,7 @@ class MultiHeadAttention(nn.Module):
         scoring: str | Attention = "scaled_dot",
         *,
         normalizer: str | Normalizer = "softmax",
+        keep_weights: str = "lazy",
         query_size: int | None = None,
         key_size: int | None = None,
         value_size: int | None = None,
@@ -105,8 +109,9 @@ class MultiHeadAttention(nn.Module):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in scorer_names():
             self.attention = make_scorer(
-                scoring, size, size, num_hiddens=size, dropout=dropout, normalizer=normalizer
-            )
+                scoring, size, size, num_hiddens=size, dropout=dropout, normalizer=normalizer,
+                keep_weights=keep_weights,
+            )  # fmt: skip
         else:
             raise ValueError(
                 f"Expected `scoring` to be one of {scorer_names()} or an Attention module, "

@@ -1,17 +1,15 @@
-"""A module's ``attention_weights`` are the weights its call used (issue 37, item 8/7).
+"""A module's ``attention_weights`` are the weights its call used.
 
 Fast lanes (small calls by key lengths, calls with nothing padded, fused paths) compute
-the weights only when asked. They must compute them from values the call owns (copies of
-the queries and keys, or the projections the call made, and of the masks), never from the
-caller's tensors: after the call, in-place changes of the inputs must not reach the
-weights, and the module must not keep the caller's tensors alive.
+the weights only when asked, from the call's own tensors (no copy): the module holds them
+until its next call, and reading the weights after one of them changed in place raises a
+clear error instead of giving other weights. ``keep_weights="eager"`` computes them in the
+call, ``"none"`` keeps nothing; with either the module keeps none of the caller's tensors.
 
 Every case checks, against an independent float64 reference (the textbook formulation:
 softmax of the masked scores, zero rows for queries that may attend nothing), computed
-from copies of the inputs taken before the call: the call, then in-place changes of
-queries, keys, values, lengths and boolean mask, then ``del`` of the caller's names and a
-garbage collection: the caller's tensors are gone, and ``attention_weights`` equal the
-reference of the original values.
+from copies of the inputs taken before the call, each ``keep_weights`` (see
+:func:`_check_owned`).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import attnscore
 from attnscore import (
     AdditiveAttention,
     Attention,
@@ -232,20 +231,53 @@ def _check_owned(
     *,
     return_weights: bool = False,
 ) -> None:
-    """Call, change the inputs in place, drop them: ``module`` holds none of them, and its
-    weights are ``expected(original inputs)``."""
+    """The weights of every ``keep_weights`` against ``expected(original inputs)``:
+
+    - ``"lazy"`` (default): read after the call, the reference; read after the inputs
+      changed in place, the reference or the clear error, never other weights;
+    - ``"eager"``: the reference after the inputs changed in place and were dropped, and
+      the module keeps none of them;
+    - ``"none"``: the module keeps none of them, and reading raises."""
+    inner = module.attention if isinstance(module, MultiHeadAttention) else module
+    assert isinstance(inner, Attention)
     original = {name: t.detach().clone() for name, t in made.items()}
-    result = _call(module, made, case, return_weights=return_weights)
-    _change_in_place(made)
-    refs = {name: weakref.ref(t) for name, t in made.items()}
-    del result
-    made.clear()
-    _collect(refs.values())
-    alive = [name for name, ref in refs.items() if ref() is not None]
-    assert not alive, f"the module keeps the caller's {alive}"
+    grads = {name: t.requires_grad for name, t in made.items()}
+
+    def fresh() -> dict[str, Tensor]:
+        return {n: t.clone().requires_grad_(grads[n]) for n, t in original.items()}
+
+    _call(module, fresh(), case, return_weights=return_weights)
     weights = module.attention_weights
     assert weights is not None and not weights.requires_grad
     torch.testing.assert_close(weights.double(), expected(original), **TOL)
+    _call(module, made, case, return_weights=return_weights)
+    _change_in_place(made)
+    try:
+        weights = module.attention_weights
+    except RuntimeError as error:
+        assert "changed in place after the call" in str(error)
+    else:
+        assert weights is not None
+        torch.testing.assert_close(weights.double(), expected(original), **TOL)
+    for keep in ("eager", "none"):
+        inner.keep_weights = keep
+        inputs = fresh()
+        result = _call(module, inputs, case, return_weights=return_weights)
+        _change_in_place(inputs)
+        refs = {name: weakref.ref(t) for name, t in inputs.items()}
+        del result
+        inputs.clear()
+        _collect(refs.values())
+        alive = [name for name, ref in refs.items() if ref() is not None]
+        assert not alive, f"keep_weights={keep!r}: the module keeps the caller's {alive}"
+        if keep == "none":
+            with pytest.raises(RuntimeError, match="keeps no weights"):
+                module.attention_weights  # noqa: B018
+            continue
+        weights = module.attention_weights
+        assert weights is not None and not weights.requires_grad
+        torch.testing.assert_close(weights.double(), expected(original), **TOL)
+    inner.keep_weights = "lazy"
 
 
 MODES = ("inference", "training", "return_weights")
@@ -426,10 +458,8 @@ class _Copies(TorchDispatchMode):
 
 @pytest.mark.parametrize("scorer", ["dot", "scaled_dot"])
 def test_functions_copy_no_input_for_weights_they_do_not_return(scorer: str) -> None:
-    """The functions never return a fused call's weights (``return_weights`` takes the plain
-    path), so they copy neither queries nor keys for them; the module, which keeps its
-    weights, does (the check of this test). (Projected scorers keep the projections the
-    call made, no copy, in either form.)"""
+    """Neither the functions (which never return a fused call's weights) nor the module
+    (which computes them on access from the call's own tensors) copy queries or keys."""
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(3, 2, s, 16, generator=g) for s in (24, 40, 40))
     lengths = torch.tensor([5, 40, 0])
@@ -437,10 +467,54 @@ def test_functions_copy_no_input_for_weights_they_do_not_return(scorer: str) -> 
     params = dict(module.named_parameters())
     for form, expect_copies in (
         (lambda: attention(q, k, v, scorer, lengths, params=params or None), False),
-        (lambda: module(q, k, v, lengths), True),
+        (lambda: module(q, k, v, lengths), False),
     ):
         with torch.no_grad(), _Copies() as copies:
             form()
         shapes = {tuple(q.shape), tuple(k.shape)}
         copied = [s for s in copies.shapes if s in shapes]
         assert bool(copied) == expect_copies, (scorer, copies.shapes)
+
+
+@pytest.mark.parametrize("lens", [None, [10, 64]], ids=["no_mask", "lengths"])
+def test_a_cache_written_in_place_gives_the_clear_error(lens: list[int] | None) -> None:
+    """A decode step against a KV cache: the weights read before the next write are the
+    step's; read after it, one clear error that says how to keep them (never other
+    weights); with ``keep_weights="eager"`` the step's; under ``torch.inference_mode``
+    (no version counters) the call copies what it needs and gives the step's."""
+    g = torch.Generator().manual_seed(11)
+    keys, values = torch.randn(2, 4, 64, 16, generator=g), torch.randn(2, 4, 64, 8, generator=g)
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    valid_lens = None if lens is None else torch.tensor(lens)
+    expected = reference_weights(
+        _double(q) @ _double(keys).transpose(-1, -2) / 4.0,
+        None if valid_lens is None else valid_lens,
+    )
+    module = DotProductAttention().eval()
+    # (the one C pass of small calls writes its weights: steer past it)
+    with torch.no_grad(), attnscore.kernels.thresholds(small_work=-1):
+        module(q, keys, values, valid_lens)
+        torch.testing.assert_close(module.attention_weights.double(), expected, **TOL)
+        module(q, keys, values, valid_lens)
+        keys[:, :, 5] = 1.0  # the next step writes the cache
+        with pytest.raises(RuntimeError, match=r"changed in place after the call.*keep_weights"):
+            module.attention_weights  # noqa: B018
+        keys[:, :, 5] = torch.randn(2, 4, 16, generator=g)
+    expected = reference_weights(
+        _double(q) @ _double(keys).transpose(-1, -2) / 4.0,
+        None if valid_lens is None else valid_lens,
+    )
+    eager = DotProductAttention(keep_weights="eager").eval()
+    for mod, context in ((eager, torch.no_grad()), (module, torch.inference_mode())):
+        with context:
+            k, v, qi = keys.clone(), values.clone(), q.clone()
+            mod(qi, k, v, valid_lens)
+            k.add_(1.0)
+        torch.testing.assert_close(mod.attention_weights.double(), expected, **TOL)
+
+
+def test_keep_weights_is_checked() -> None:
+    with pytest.raises(ValueError, match="Expected `keep_weights` among"):
+        DotProductAttention(keep_weights="copy")
+    with pytest.raises(ValueError, match="Expected `keep_weights` among"):
+        MultiHeadAttention(8, 2, keep_weights=True)  # type: ignore[arg-type]

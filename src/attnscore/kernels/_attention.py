@@ -44,8 +44,10 @@ __all__ = [
     "dot_product_attention",
     "finite_inputs",
     "may_hold_garbage",
+    "presumed_finite",
     "projected",
     "projected_call",
+    "result_finite",
     "small_additive_attention",
     "small_dot_product_attention",
     "unpadded_call",
@@ -210,7 +212,55 @@ def dot_product_attention(
     Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
     that attend nothing) changes nothing, whatever it holds.
     """
+    presumed = presumed_finite(q, k, v)
+    if not presumed:
+        (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
+        return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
+    out = _run(q, k, v, mask, scale, dropout_p, score_bias, True)
+    if result_finite(q, out):
+        return out
+    # Something the result read is not finite: look at the inputs, as the plain formulation
+    # must carry NaN and inf exactly (padding made inert, the rest run as it is).
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
+    return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
+
+
+def presumed_finite(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether a call runs before anything looks at its inputs, its result checked instead
+    (:func:`result_finite`): eager calls on the CPU that compute no gradient. The NaN
+    contract then costs a read of the queries and the output, never of the keys and values
+    (a decode step's whole cache). Calls that compute gradients look at their inputs first
+    (:func:`finite_inputs`): a finite output does not make the backward's products finite."""
+    return (
+        q.is_cpu
+        and not (
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        )
+        and not in_transform(q, k, v)
+    )
+
+
+def result_finite(q: Tensor, out: Tensor) -> bool:
+    """Whether a fused call on inputs presumed finite (:func:`presumed_finite`) gave what the
+    plain formulation gives: its queries and output finite. Non-finite keys or values that a
+    query's result reads make its output non-finite in every implementation (SDPA adds its
+    mask to NaN scores, 0 x NaN is NaN in the products, the C kernels keep NaN through
+    their softmax); what none reads changes nothing. A NaN query is the one case a result
+    hides: SDPA without a mask returns zeros for it, hence the queries' read."""
+    return backend_for(q, "all_finite")((q, out))  # type: ignore[no-any-return]
+
+
+def _run(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    scale: float,
+    dropout_p: float,
+    score_bias: Tensor | None,
+    finite: bool,
+) -> Tensor:
+    """:func:`dot_product_attention` on inputs whose padding is inert unless ``finite``."""
     batch = tuple(q.shape[:-2])
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     # (causal masking alone needs no mask laid out where its implementations take it whole)
@@ -340,20 +390,20 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
 
 def unpadded_call(
     q: object, k: object, v: object, *, causal: bool, scale: float, dropout_p: float
-) -> tuple[Tensor, Tensor, Tensor] | None:
+) -> Tensor | None:
     """An eager call of dot-product attention with nothing padded (no mask, or causal
     masking alone), taken whole from the caller's arguments before the checks and the
     mask (at mid sizes those layers cost as much as the work), on the implementation the
     checked path would choose. Only well-formed calls are taken (:func:`_well_formed`, one
     d for q and k); None for every other call, which then takes the checks (and their
-    errors). Returns (output, copies of q and k): what the call keeps to compute its
-    weights later, made in the same read as the check that its inputs are finite
-    (:func:`finite_inputs`; inputs that are not take the checked path)."""
+    errors), and for calls whose inputs are not all finite (the checked path carries them:
+    a call without gradients finds out from its result, :func:`result_finite`; one with
+    gradients from its inputs, :func:`finite_inputs`)."""
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    finite, q_kept, k_kept = backend_for(q, "finite_copies")(q, k, v)
-    if not finite:  # eager (well-formed): finite_inputs
+    presumed = presumed_finite(q, k, v)
+    if not presumed and not backend_for(q, "all_finite")((q, k, v)):
         return None
     call = AttentionCall(
         q,
@@ -366,7 +416,7 @@ def unpadded_call(
     )
     out = choose(call, route="unpadded lane")
     assert out is not None
-    return out, q_kept, k_kept
+    return out if not presumed or result_finite(q, out) else None
 
 
 def projected_call(

@@ -43,7 +43,6 @@ __all__ = [
     "additive_scores",
     "additive_scores_backward",
     "all_finite",
-    "finite_copies",
     "lengths_mask",
     "mask_summary",
     "masked_softmax",
@@ -525,21 +524,6 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     return True
 
 
-def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
-    """Backend contract (C scan): the copies made by the same C call where the three are
-    contiguous and of one dtype with a scan."""
-    scan = _scan3_for(load_library(), q, k, v)
-    if scan is None:
-        return all_finite((q, k, v)), q.detach().clone(), k.detach().clone()
-    kp, vp = k.data_ptr(), v.data_ptr()
-    q_kept, k_kept = torch.empty_like(q), torch.empty_like(k)  # contiguous, as q and k
-    bad = scan(
-        q.data_ptr(), q.numel(), kp, k.numel(), vp, v.numel() * (vp != kp),
-        q_kept.data_ptr(), k_kept.data_ptr(),
-    )  # fmt: skip
-    return not bad, q_kept, k_kept
-
-
 _SCAN3: dict[torch.dtype, Callable[..., int]] = {}
 
 
@@ -633,23 +617,6 @@ def _small_layout(
     return read[0], q.numel() // d * m * (features + dv)
 
 
-def _unread_only(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> bool:
-    """Whether what is not finite in q, k, v (lengths one per query row) lies where the
-    kernel by lengths never reads: keys and values beyond each (example, head)'s longest
-    length, queries of length 0; or whether each (example, head)'s queries share one
-    length (then every key a tile reads is attended by all its rows)."""
-    n, m = q.shape[-2], k.shape[-2]
-    rows = lengths.reshape(-1, n)
-    if bool((rows == rows[:, :1]).all()):
-        return True
-    seen = torch.arange(m) < rows.amax(-1, keepdim=True)  # (groups, m)
-    keys = (torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1)).expand(*q.shape[:-2], m)
-    queries = torch.isfinite(q).all(-1)  # (..., n)
-    return bool((keys.reshape(-1, m) | ~seen).all()) and bool(
-        (queries.reshape(-1, n) | (rows == 0)).all()
-    )
-
-
 def small_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -672,17 +639,6 @@ def small_dot_product_attention(
     whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
     if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_declines(q, k, v) is not None):
         return None
-    # Queries of different lengths share the kernel's tiles: there NaN in a key or value
-    # one of them attends would reach the others (0 x NaN), so such inputs take the plain
-    # pipeline; lengths shared by an (example, head)'s queries carry NaN exactly. The small
-    # pass checks its own scores and output.
-    if (
-        not whole
-        and div < q.shape[-2]
-        and not all_finite((q, k, v))
-        and not _unread_only(q, k, v, valid_lens)
-    ):
-        return None
     if project is not None:
         q, k = project(q, k)
     if whole:
@@ -693,7 +649,14 @@ def small_dot_product_attention(
     B, n = q.shape[0], q.shape[-2]
     H = q.shape[1] if q.ndim == 4 else 1
     lengths = valid_lens.view(B, 1, 1) if valid_lens.ndim == 1 else valid_lens.view(B, H, n)
-    return _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0], None
+    out = _by_lengths_forward(q, k, v, _ByLength.of(lengths, n), scale, logsumexp=False)[0]
+    # Queries of different lengths share the kernel's tiles: there NaN in a key or value
+    # one of them attends reaches the others (0 x NaN), and shows in the output, which the
+    # checked path then computes again (lengths shared by an (example, head)'s queries
+    # carry NaN exactly). The small pass checks its own scores and output.
+    if div < n and not all_finite((q, out)):
+        return None
+    return out, None
 
 
 def small_additive_attention(

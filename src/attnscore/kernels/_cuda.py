@@ -44,7 +44,6 @@ from torch import Tensor
 # checked by mypy), ten of them the plain backend's, re-exported as they are.
 from . import _triton_softmax
 from ._plain import all_finite as all_finite
-from ._plain import finite_copies as finite_copies
 from ._plain import lengths_mask as lengths_mask
 from ._plain import mask_summary as mask_summary
 from ._plain import masked_softmax_dense as masked_softmax_dense

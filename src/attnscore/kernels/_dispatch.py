@@ -150,10 +150,6 @@ class Backend(Protocol):
         Fused kernels take a call only then (see :func:`attnscore.kernels._attention.
         finite_inputs`)."""
 
-    def finite_copies(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
-        """:meth:`all_finite` of q, k, v, and detached copies of q and k (what a call keeps
-        to compute its weights later), made in the same read where the backend can."""
-
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """float16 a (..., r, k) @ b (k, c), or (..., k, c) with a's leading dimensions ->
         (..., r, c) in float16, accumulated in float32 as ``torch.matmul`` does. Asked for

@@ -27,7 +27,6 @@ __all__ = [
     "additive_scores_dense",
     "additive_scores_whole",
     "all_finite",
-    "finite_copies",
     "lengths_mask",
     "mask_summary",
     "masked_softmax",
@@ -244,17 +243,6 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     if not first.is_cpu:
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.numel())
-
-
-def finite_copies(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor, Tensor]:
-    """Backend contract: :func:`all_finite` of q, k, v, and detached copies of q and k."""
-    return all_finite((q, k, v)), _copy(q), _copy(k)
-
-
-def _copy(t: Tensor) -> Tensor:
-    """A detached copy of ``t``: detaching is an op of its own, which a GPU's host pays
-    for, so only a tensor that requires gradients is detached first."""
-    return t.detach().clone() if t.requires_grad else t.clone()
 
 
 # ---- matrix products -----------------------------------------------------------------------
