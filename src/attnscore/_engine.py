@@ -19,6 +19,7 @@ needed at once. The public forms are in
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
@@ -39,9 +40,9 @@ from .scoring import default_scale, dot_product_scores
 
 __all__ = [
     "MASK_NAMES",
+    "VERSIONS",
     "ComputedWeights",
     "FusedPath",
-    "Guarded",
     "MaskOptions",
     "Prepared",
     "Scoring",
@@ -55,6 +56,7 @@ __all__ = [
     "kept_mask",
     "owned",
     "prepare",
+    "refuse_if_changed",
     "zero_padding",
 ]
 
@@ -288,9 +290,8 @@ def fused_dot_product(
             )
             if not weights:
                 return out, _not_kept
-            later = dot_weights_later(
-                kept(q), kept(k), scale_, kept_mask(mask), bias=kept(score_bias)
-            )
+            bias = None if score_bias is None else kept(score_bias)
+            later = dot_weights_later(kept(q), kept(k), scale_, kept_mask(mask), bias=bias)
             return out, guarded(later, q, k, score_bias, mask.lengths, mask.attend)
         if dropout_p != 0.0 or mask.attend is not None or score_bias is not None:  # never taken
             _pipeline_ran(q, "a projected scorer with dropout, a boolean mask or a score bias")
@@ -351,19 +352,21 @@ def owned(t: Tensor) -> Tensor:
     return t.clone()
 
 
-def kept(t: Tensor | None) -> Tensor | None:
+def kept(t: Tensor) -> Tensor:
     """``t`` as a call keeps it to compute its weights later (:func:`guarded`): the call's
     own tensor, detached, no copy; a copy (:func:`owned`) only where ``t`` has no version
     counter to guard it by (an inference tensor, made under ``torch.inference_mode``)."""
-    if t is None:
-        return None
     return owned(t) if t.is_inference() else detached(t)
 
 
 def kept_mask(mask: AttentionMask) -> AttentionMask:
     """What the softmax reads of ``mask`` (its folded ``lengths`` and ``attend``), kept as
     :func:`kept` keeps tensors."""
-    return AttentionMask(mask.n, mask.m, kept(mask.lengths), kept(mask.attend), causal=mask.causal)
+    lengths, attend = mask.lengths, mask.attend
+    lengths = None if lengths is None else kept(lengths)
+    return AttentionMask(
+        mask.n, mask.m, lengths, None if attend is None else kept(attend), causal=mask.causal
+    )
 
 
 #: What reading the weights of a call whose tensors changed afterwards raises.
@@ -375,32 +378,35 @@ STALE = (
 )
 
 
-class Guarded:
-    """A weights function over tensors the call did not copy, which refuses (``RuntimeError``,
-    :data:`STALE`) once any of them changed in place after the call: their version
-    counters (PyTorch's, bumped by every in-place write to a tensor or a view of it) are
-    read at the call and compared on access. Never other weights than the call's."""
+VERSIONS = operator.attrgetter("_version")
+"""The version counters of tensors (PyTorch's, bumped by every in-place write to a tensor or
+a view of it): ``tuple(map(VERSIONS, tensors))``, read with no Python call per tensor."""
 
-    __slots__ = ("tensors", "versions", "weights")
 
-    def __init__(self, weights: WeightsFn, tensors: tuple[Tensor, ...]) -> None:
-        self.weights, self.tensors = weights, tensors
-        self.versions = tuple(t._version for t in tensors)
-
-    def __call__(self) -> Tensor:
-        if any(t._version != v for t, v in zip(self.tensors, self.versions, strict=True)):
-            raise RuntimeError(STALE)
-        return self.weights()
+def refuse_if_changed(tensors: tuple[Tensor, ...], versions: tuple[int, ...]) -> None:
+    """Raise ``RuntimeError`` (:data:`STALE`) where one of ``tensors`` changed in place since
+    its ``versions`` were read (at the call): the weights computed from them now would not
+    be the call's."""
+    if tuple(map(VERSIONS, tensors)) != versions:
+        raise RuntimeError(STALE)
 
 
 def guarded(weights: WeightsFn, *tensors: Tensor | None) -> WeightsFn:
-    """``weights``, guarded (:class:`Guarded`) by ``tensors``, the call's inputs its
-    weights are computed from (None and inference tensors, which :func:`kept` copied,
-    skipped)."""
+    """``weights``, refused once one of ``tensors`` (the call's inputs they are computed
+    from; None and inference tensors, which :func:`kept` copied, skipped) changed in place
+    after the call (:func:`refuse_if_changed`): never other weights than the call's."""
     watched = tuple(
         t for t in tensors if t is not None and not t.is_inference() and not in_transform(t)
     )
-    return Guarded(weights, watched) if watched else weights
+    if not watched:
+        return weights
+    versions = tuple(map(VERSIONS, watched))
+
+    def checked() -> Tensor:
+        refuse_if_changed(watched, versions)
+        return weights()
+
+    return checked
 
 
 class KeptProjections:
@@ -426,9 +432,7 @@ class KeptProjections:
         if projected is None:
             with torch.no_grad():
                 projected = self.project(queries, keys)
-        qp, kp = kept(projected[0]), kept(projected[1])
-        assert qp is not None and kp is not None
-        return qp, kp
+        return kept(projected[0]), kept(projected[1])
 
 
 def dot_weights_later(

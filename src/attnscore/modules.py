@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 
 from ._checks import check_dropout, in_transform
 from ._engine import (
+    VERSIONS,
     ComputedWeights,
     FusedPath,
     KeptProjections,
@@ -31,12 +32,13 @@ from ._engine import (
     detached,
     dot_weights_later,
     fused_dot_product,
-    guarded,
-    kept,
+    owned,
     prepare,
+    refuse_if_changed,
 )
 from ._lazy import LazyLinear
 from .kernels._attention import (
+    lengths_call,
     projected_call,
     small_additive_attention,
     small_dot_product_attention,
@@ -46,7 +48,7 @@ from .kernels._dispatch import Projection
 from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import Param, ScorerSpec, get_scorer, unprojected
-from .scoring import additive_scores_from_projections, default_scale, dot_product_scores
+from .scoring import additive_scores_from_projections, dot_product_scores
 
 __all__ = [
     "AdditiveAttention",
@@ -435,7 +437,10 @@ class ScorerAttention(Attention):
         qs, ks = queries.shape, keys.shape  # (read once: each read makes a torch.Size)
         if len(qs) < 3 or len(ks) < 3 or (self.same_feature_size and qs[-1] != ks[-1]):
             return None
-        return None if small and _dropout_p(self) > 0.0 else (qs[-1], ks[-1])
+        dropout = self._modules["dropout"]  # (no attribute lookup call)
+        if small and self.training and isinstance(dropout, nn.Dropout) and dropout.p > 0.0:
+            return None
+        return qs[-1], ks[-1]
 
     def _lane(
         self, queries: Tensor, keys: Tensor, *, small: bool
@@ -451,8 +456,8 @@ class ScorerAttention(Attention):
             return None
         qd, kd = sizes
         if projection is unprojected:
-            scale = self._dot_scale()
-            return None, default_scale(qd) if scale is None else scale
+            scale = self._dot_scale()  # (None: default_scale(qd), inline on every lane call)
+            return None, 1.0 / math.sqrt(max(qd, 1)) if scale is None else scale
         # One pass over the parameters: a lane runs this on every call.
         grad = small and torch.is_grad_enabled()
         dtype, on_cpu = queries.dtype, queries.is_cpu
@@ -503,6 +508,16 @@ class ScorerAttention(Attention):
         if lane is None:
             return None
         project, scale = lane
+        m = keys.shape[-2]
+        if (
+            project is None
+            and torch.is_grad_enabled()
+            and (queries.requires_grad or keys.requires_grad or values.requires_grad)
+        ):  # training: the lane by lengths (the small pass is inference only)
+            by_lengths = lengths_call(queries, keys, values, valid_lens, scale=scale)
+            if by_lengths is None:
+                return None
+            return by_lengths[0], _weights_later(queries, keys, scale, m, valid_lens)
         projections = None if project is None else KeptProjections(project)
         taken = small_dot_product_attention(queries, keys, values, valid_lens, scale, projections)
         if taken is None:
@@ -512,8 +527,7 @@ class ScorerAttention(Attention):
             return output, weights
         # from the call's projections, or its queries and keys (guarded, not copied)
         qp, kp = (queries, keys) if projections is None else projections.owned(queries, keys)
-        later = _weights_later(qp, kp, scale, keys.shape[-2], valid_lens)
-        return output, guarded(later, queries, keys, valid_lens)
+        return output, _weights_later(qp, kp, scale, m, valid_lens, guard=(queries, keys))
 
     def _unpadded(
         self, queries: Tensor, keys: Tensor, values: Tensor, causal: bool
@@ -534,8 +548,7 @@ class ScorerAttention(Attention):
             if output is None:
                 return None
             seen = keys[..., :n, :] if causal and n < m else keys  # no query sees the rest
-            later = _weights_later(queries, seen, scale, m, causal=causal)
-            return output, guarded(later, queries, keys)
+            return output, _weights_later(queries, seen, scale, m, causal=causal)
         projections = KeptProjections(project)
         projected = projected_call(
             queries, keys, values, causal=causal, project=projections, dropout_p=dropout_p
@@ -546,7 +559,7 @@ class ScorerAttention(Attention):
         if weights is not None:  # kept without its graph, which holds the caller's tensors
             return output, ComputedWeights(detached(weights))
         qp, kp = projections.owned(queries, keys)
-        return output, guarded(_weights_later(qp, kp, 1.0, m, causal=causal), queries, keys)
+        return output, _weights_later(qp, kp, 1.0, m, causal=causal, guard=(queries, keys))
 
     def __getstate__(self) -> dict[str, object]:
         # A spec may hold a user's lambda (not picklable): pickle its name.
@@ -765,21 +778,35 @@ def _weights_later(
     valid_lens: Tensor | None = None,
     *,
     causal: bool = False,
+    guard: tuple[Tensor, Tensor] | None = None,
 ) -> WeightsFn:
     """The weights of a fast lane's dot-product attention of ``qp`` (..., n, d) and ``kp``
-    (..., m', d), by key lengths or causal masking, computed when asked
-    (:func:`attnscore._engine.dot_weights_later`) from the call's tensors, kept
-    (:func:`attnscore._engine.kept`: the caller guards them, :func:`~attnscore._engine.guarded`);
-    ``m``: the number of keys."""
-    qp, kp, lengths = kept(qp), kept(kp), kept(valid_lens)
-    assert qp is not None and kp is not None
+    (..., m', d) by key lengths or causal masking, computed when asked
+    (:func:`attnscore._engine.dot_weights_later`) from the call's own tensors, refused once
+    one of them (or of ``guard``, the queries and keys projections were made from) changed
+    in place (:func:`~attnscore._engine.refuse_if_changed`); copies of inference tensors (no version
+    counter to guard them by) made now. ``m``: the number of keys."""
+    tensors = (qp, kp) if valid_lens is None else (qp, kp, valid_lens)
+    inference = any(map(Tensor.is_inference, tensors))
+    if inference:
+        qp, kp, valid_lens = owned(qp), owned(kp), None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
-        n = qp.shape[-2]
-        mask = build_mask(qp.shape[:-2], n, m, qp.device, valid_lens=lengths, causal=causal)
-        return dot_weights_later(qp, kp, scale, mask)()
+        q, k = qp.detach(), kp.detach()
+        n = q.shape[-2]
+        mask = build_mask(q.shape[:-2], n, m, q.device, valid_lens=valid_lens, causal=causal)
+        return dot_weights_later(q, k, scale, mask)()
 
-    return weights
+    if inference:
+        return weights
+    watched = tensors if guard is None else (*tensors, *guard)
+    versions = tuple(map(VERSIONS, watched))
+
+    def checked() -> Tensor:
+        refuse_if_changed(watched, versions)
+        return weights()
+
+    return checked
 
 
 _KEEP = ("lazy", "eager", "none")

@@ -471,6 +471,7 @@ def first_load(monkeypatch, tmp_path):
 
     monkeypatch.setattr(_build, "_tried", False)
     monkeypatch.setattr(_build, "_lib", None)
+    monkeypatch.setattr(_build, "state", _build._State())
     monkeypatch.setattr(_build, "_info", _build.BuildInfo())
     monkeypatch.setenv("ATTNSCORE_CACHE", str(tmp_path / "cache"))
     return _build

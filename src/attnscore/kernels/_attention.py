@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import in_transform
+from .._checks import in_transform, value_range
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from . import _ops, _sdpa
@@ -43,6 +43,7 @@ __all__ = [
     "declines",
     "dot_product_attention",
     "finite_inputs",
+    "lengths_call",
     "may_hold_garbage",
     "presumed_finite",
     "projected",
@@ -417,6 +418,47 @@ def unpadded_call(
     out = choose(call, route="unpadded lane")
     assert out is not None
     return out if not presumed or result_finite(q, out) else None
+
+
+def lengths_call(
+    q: object, k: object, v: object, valid_lens: object, *, scale: float
+) -> tuple[Tensor, int] | None:
+    """An eager CPU call of dot-product attention by key lengths alone, taken whole from the
+    caller's arguments before the checks, the mask and the fused path (at mid sizes those
+    layers cost as much as the work), on the implementation the checked path would choose:
+    q (B, n, d) or (B, H, n, d), k and v alike, ``valid_lens`` int64 (B,), (B, n) or q's
+    (B, H, n), none negative, none above m. Returns (output, the shortest length); None for
+    every other call, which then takes the checks (and their errors), and for inputs that
+    are not all finite (:func:`unpadded_call`)."""
+    if not _well_formed(q, k, v, same_d=True) or type(valid_lens) is not Tensor:
+        return None
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    qs, ls = q.shape, valid_lens.shape
+    if not (q.is_cpu and valid_lens.is_cpu and valid_lens.dtype == torch.int64 and ls):
+        return None
+    B, n, m, heads = qs[0], qs[-2], k.shape[-2], len(qs) == 4
+    H = qs[1] if heads else 1
+    if ls == (B,):
+        lengths = valid_lens.view(B, 1, 1)
+    elif ls == (B, n) or (heads and ls == qs[:-1]):
+        lengths = valid_lens.view(B, -1, n)
+    else:
+        return None
+    shortest, longest = value_range(valid_lens)  # (the checks' one read of the lengths)
+    if shortest < 0 or longest > m:
+        return None
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and not backend_for(q, "all_finite")((q, k, v)):
+        return None
+    full = lengths.expand(B, H, n)
+    mask = AttentionMask(n=n, m=m, lengths=full, key_lengths=full)
+    q4, k4, v4 = (q, k, v) if heads else (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
+    call = AttentionCall(q4, k4, v4, mask, scale=scale, traced=False, lengths=(lengths, shortest))
+    out = choose(call, route="lengths lane")
+    assert out is not None
+    if not heads:
+        out = out.squeeze(1)
+    return (out, shortest) if needs_grad or result_finite(q, out) else None
 
 
 def projected_call(

@@ -147,10 +147,20 @@ def has_float16() -> bool:
 def parallel_in_c() -> bool:
     """Whether the loaded kernels run their row ranges on torch's OpenMP threads (else on
     Python threads); False when the library is not loaded, or inside
-    :func:`python_threads`."""
+    :func:`python_threads`. (:data:`state` holds it for the kernels' every call.)"""
     return _lib is not None and _info.openmp and not _python_threads
 
 
+class _State:
+    """What the kernels read on every call, as attributes (no call): ``lib``, the loaded
+    library (None before, or without one), and ``parallel``, the value of
+    :func:`parallel_in_c`, set again whenever it may change."""
+
+    lib: ctypes.CDLL | None = None
+    parallel = False
+
+
+state = _State()
 _python_threads = 0
 
 
@@ -169,10 +179,12 @@ def python_threads() -> Iterator[None]:
     """
     global _python_threads
     _python_threads += 1
+    state.parallel = parallel_in_c()
     try:
         yield
     finally:
         _python_threads -= 1
+        state.parallel = parallel_in_c()
 
 
 def _build(cc: str, cflags: list[str], ldflags: list[str]) -> tuple[Path, bool]:
@@ -233,6 +245,7 @@ def load_library() -> ctypes.CDLL | None:
             )
         _info.seconds = time.perf_counter() - start
         _tried = True
+        state.lib, state.parallel = _lib, parallel_in_c()
         return _lib
 
 

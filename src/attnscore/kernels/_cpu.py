@@ -30,8 +30,8 @@ from torch import Tensor
 from .._checks import compute_dtype, value_range
 from .._mask import AttentionMask
 from .._thresholds import value
-from . import _plain, _sdpa
-from ._build import has_float16, load_library, parallel_in_c
+from . import _build, _plain, _sdpa
+from ._build import has_float16, load_library
 from ._dispatch import enabled
 from ._select import AttentionCall, Implementation
 
@@ -63,7 +63,7 @@ _MIN_WORK_PER_THREAD: int = value("min_work_per_thread")
 
 
 def _lib() -> ctypes.CDLL:
-    lib = load_library()
+    lib = _build.state.lib or load_library()  # (loaded: read without a call)
     if lib is None:  # callers check availability first
         raise RuntimeError("attnscore C kernels are not available")
     return lib
@@ -166,7 +166,7 @@ def _run(
     head, tail = args(0)
     if len(ranges) == 1:
         fn(*head, *ranges[0], *tail)
-    elif parallel_in_c():
+    elif _build.state.parallel:
         cuts = torch.tensor([ranges[0][0], *(r1 for _, r1 in ranges)], dtype=torch.int64)
         _function(lib, _driver(kernel))(*head, cuts.data_ptr(), len(ranges), *tail, *driver_tail)
     else:
@@ -501,7 +501,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     """Backend contract (C scan): an attention call's three contiguous inputs of one dtype
     take one C call; a tensor passed twice (self-attention's keys and values) is read once;
     other layouts take PyTorch's reduction."""
-    lib = load_library()
+    lib = _build.state.lib or load_library()
     if len(tensors) == 3:
         q, k, v = tensors
         scan = _scan3_for(lib, q, k, v)
@@ -966,7 +966,9 @@ def _by_lengths_declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
         return f"{q.dtype} (float32, bfloat16, float16 only)"
     if k.shape[-2] > _BY_LENGTHS_KEYS:
         return f"{k.shape[-2]} keys, above by_lengths_keys ({_BY_LENGTHS_KEYS})"
-    if load_library() is None or (suffix == "f16" and not has_float16()):
+    if (_build.state.lib is None and load_library() is None) or (
+        suffix == "f16" and not has_float16()
+    ):
         return "the C library is not loaded (or has no float16)"
     return None
 
@@ -1049,7 +1051,7 @@ def _run_tasks(
     threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
     if threads <= 1:
         _function(lib, kernel)(*head, None, tasks, *tail)
-    elif parallel_in_c():
+    elif _build.state.parallel:
         _function(lib, _driver(kernel))(*head, tasks, threads, *tail)
     else:  # Python threads sharing one task counter
         counter = torch.zeros(1, dtype=torch.int64)
@@ -1092,7 +1094,8 @@ def _by_lengths_forward(
     output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
     n, dv) without H) and, with ``logsumexp``, each row's logsumexp of its scaled scores
     (B, H, n) float32 as that op keeps it (0 for rows of length 0)."""
-    q, k, v = _last_contiguous(q, k, v)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = _last_contiguous(q, k, v)
     shape = q.shape
     B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])  # (B, n, d): one head
     m, dv = k.shape[-2], v.shape[-1]
@@ -1230,16 +1233,21 @@ def _kernel_declines(call: AttentionCall) -> str | None:
 
 
 def _lengths_decline(call: AttentionCall) -> str | None:
-    """Why lengths give nothing to skip: no lengths, this torch's SDPA not giving zeros
-    for rows with no key (the loop relies on it), or lengths that cut no key."""
+    """Why lengths give the per-example loops nothing to skip: no lengths, this torch's
+    SDPA not giving zeros for rows with no key (the loops rely on it), or lengths that cut
+    no key."""
     kind = call.kind
     if kind != "lengths":
         return f"no lengths to skip by (mask: {kind})"
     if not _sdpa.empty_rows_are_zero("cpu"):
         return "this torch's SDPA gives no zeros for rows with no key"
-    if call.shortest >= call.k.shape[-2]:
-        return "the lengths cut no key"
-    return None
+    return _cuts_no_key(call)
+
+
+def _cuts_no_key(call: AttentionCall) -> str | None:
+    """Why a C kernel's lengths give it nothing to skip: lengths that cut no key (the C
+    kernels write zeros for rows with no key themselves)."""
+    return "the lengths cut no key" if call.shortest >= call.k.shape[-2] else None
 
 
 class SmallPass(Implementation):
@@ -1252,17 +1260,17 @@ class SmallPass(Implementation):
     kinds = frozenset({"lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
+        if call.needs_grad or call.dropout_p:  # (first: training calls are decided here)
+            return "gradients or dropout (the pass is inference only)"
         if (why := _kernel_declines(call)) is not None:
             return why
-        if call.needs_grad or call.dropout_p:
-            return "gradients or dropout (the pass is inference only)"
         if call.q.dtype not in _SMALL_SUFFIX:
             return f"{call.q.dtype} (float32 and float64 only)"
         if call.work > _SMALL_WORK:
             return f"{call.work} multiply-adds, above small_work ({_SMALL_WORK})"
         if load_library() is None:
             return "the C library is not loaded"
-        return _lengths_decline(call)
+        return _cuts_no_key(call)
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
@@ -1307,15 +1315,17 @@ class ByLengths(Implementation):
             return _by_lengths_declines(call.q, call.k, call.v)
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
-        return _by_lengths_declines(call.q, call.k, call.v) or _lengths_decline(call)
+        return _by_lengths_declines(call.q, call.k, call.v) or _cuts_no_key(call)
 
     def run(self, call: AttentionCall) -> Tensor | None:
-        q, k, v = call.projected()
+        direct = call.project is None and call.inert is None
+        q, k, v = (call.q, call.k, call.v) if direct else call.projected()
         # projections the kernel does not take (autocast's dtypes; supports read the inputs')
         if not (q.dtype == k.dtype == call.q.dtype) and _by_lengths_declines(q, k, v):
             return None
         if call.kind == "lengths":
-            by = _ByLength.of(call.lengths, q.shape[-2], ascending=_in_order(call.mask))
+            ordered = call.mask.causal and _in_order(call.mask)
+            by = _ByLength.of(call.lengths, q.shape[-2], ascending=ordered)
             needs_grad = call.needs_grad
         else:
             _, n, m, _, _ = call.sizes  # (projections keep n and m)

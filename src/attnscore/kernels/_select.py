@@ -108,8 +108,9 @@ class AttentionCall:
 
     Facts that cost a read of the lengths (``shortest``, the lengths :func:`compact
     <attnscore._mask.compact>`) are found once, on first use, and shared by every
-    candidate; an implementation may keep what its ``supports`` worked out (``notes``) for
-    its ``run``.
+    candidate (or given: ``lengths``, (compact lengths, the shortest), by a caller that read
+    them); an implementation may keep what its ``supports`` worked out (``notes``) for its
+    ``run``.
     """
 
     __slots__ = (
@@ -149,6 +150,7 @@ class AttentionCall:
         inert: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
         finite: bool = True,
         traced: bool | None = None,
+        lengths: tuple[Tensor, int] | None = None,
     ) -> None:
         self.q, self.k, self.v, self.mask = q, k, v, mask
         self.scale, self.dropout_p, self.bias = scale, dropout_p, bias
@@ -167,8 +169,9 @@ class AttentionCall:
             project is not None or q.requires_grad or k.requires_grad or v.requires_grad
         )
         self.notes: dict[str, Any] = {}
-        self._lengths: Tensor | None = None
-        self._shortest: int | None = None
+        # (a caller that read the lengths passes them compact, with the shortest)
+        self._lengths: Tensor | None = None if lengths is None else lengths[0]
+        self._shortest: int | None = None if lengths is None else lengths[1]
         self._sizes: tuple[int, int, int, int, int] | None = None
         self._work: int | None = None
         self._projected: tuple[Tensor, Tensor, Tensor] | None = None
