@@ -139,6 +139,30 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
         "dot causal + lengths f32 fwd+bwd",
         fwdbwd(lambda: dpa(qg, kg, vg, L8, causal=True), qg, kg, vg),
     )
+    # decode steps against a KV cache: one query, no_grad (B, H, m, d): the keys and values
+    # are the cache, whatever else the call reads of them is what a step pays on top
+    for B, H, m, d in ((1, 32, 4096, 128), (8, 32, 4096, 128), (4, 8, 512, 64)):
+        for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+            qd, kd, vd = rn(B, H, 1, d, dt=dt), rn(B, H, m, d, dt=dt), rn(B, H, m, d, dt=dt)
+            Ld = torch.randint(m // 2, m + 1, (B,), generator=g)
+            maskd = (torch.arange(m) < Ld.view(B, 1, 1, 1)).expand(B, 1, 1, m)
+            dec = attnscore.DotProductAttention().eval()
+            shape = f"({B}, {H}, {m}, {d}) {dt_name}"
+
+            def step(dec=dec, qd=qd, kd=kd, vd=vd, L=None):
+                with torch.no_grad():
+                    return dec(qd, kd, vd, L)
+
+            def sdpa_step(qd=qd, kd=kd, vd=vd, mask=None):
+                with torch.no_grad():
+                    return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
+
+            case(f"decode none {shape}", step, sdpa_step)
+            case(
+                f"decode lengths (B,) {shape}",
+                lambda step=step, Ld=Ld: step(L=Ld),
+                lambda sdpa_step=sdpa_step, maskd=maskd: sdpa_step(mask=maskd),
+            )
     # multihead B=8 n=256 E=256 H=4
     mha = attnscore.MultiHeadAttention(256, 4)
     x = rn(8, 256, 256)

@@ -27,6 +27,7 @@ from typing import TypedDict
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor
 from typing_extensions import Unpack
 
 from ._checks import LOOK_NUMEL, check_attention_inputs, check_dropout, garbage_in, in_transform
@@ -355,8 +356,13 @@ def owned(t: Tensor) -> Tensor:
 def kept(t: Tensor) -> Tensor:
     """``t`` as a call keeps it to compute its weights later (:func:`guarded`): the call's
     own tensor, detached, no copy; a copy (:func:`owned`) only where ``t`` has no version
-    counter to guard it by (an inference tensor, made under ``torch.inference_mode``)."""
-    return owned(t) if t.is_inference() else detached(t)
+    counter to guard it by (an inference tensor, made under ``torch.inference_mode``) and
+    while compiling."""
+    if torch.compiler.is_compiling() or t.is_inference():  # (traced: no state to read)
+        return owned(t)
+    # detached where it may carry autograd history (a fake tensor, which has none, never:
+    # its ops are counted as a GPU's would be)
+    return t.detach() if t.requires_grad or is_functorch_wrapped_tensor(t) else t
 
 
 def kept_mask(mask: AttentionMask) -> AttentionMask:
@@ -395,8 +401,10 @@ def guarded(weights: WeightsFn, *tensors: Tensor | None) -> WeightsFn:
     """``weights``, refused once one of ``tensors`` (the call's inputs they are computed
     from; None and inference tensors, which :func:`kept` copied, skipped) changed in place
     after the call (:func:`refuse_if_changed`): never other weights than the call's."""
+    if in_transform():  # traced: kept copies (:func:`kept`), no state to read
+        return weights
     watched = tuple(
-        t for t in tensors if t is not None and not t.is_inference() and not in_transform(t)
+        t for t in tensors if t is not None and not in_transform(t) and not t.is_inference()
     )
     if not watched:
         return weights

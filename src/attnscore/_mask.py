@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from ._checks import in_transform
 
@@ -23,7 +24,8 @@ def compact(t: Tensor) -> Tensor:
     sizes = [1 if stride == 0 else size for size, stride in zip(t.shape, strides, strict=True)]
     if sizes == list(t.shape):
         return t
-    if type(t) is Tensor and not in_transform(t):  # one view op (slicing takes one per dim)
+    # one view op (slicing takes one per dim), where nothing traces or wraps ``t``
+    if not (in_transform() or is_functorch_wrapped_tensor(t)):
         return t.as_strided(sizes, strides)
     return t[tuple(slice(0, size) for size in sizes)]
 

@@ -118,7 +118,7 @@ class Attention(nn.Module):
     #: Whether queries and keys must share their feature size (dot-product-like scores).
     same_feature_size: bool = False
     #: What :attr:`attention_weights` keeps: ``"lazy"``, ``"eager"`` or ``"none"``.
-    keep_weights: str = "lazy"
+    keep_weights = "lazy"
 
     def __init__(
         self,
@@ -511,6 +511,7 @@ class ScorerAttention(Attention):
         m = keys.shape[-2]
         if (
             project is None
+            and self.spec.own_fused
             and torch.is_grad_enabled()
             and (queries.requires_grad or keys.requires_grad or values.requires_grad)
         ):  # training: the lane by lengths (the small pass is inference only)

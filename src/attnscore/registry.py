@@ -147,6 +147,9 @@ class ScorerSpec:
         init=False, compare=False, repr=False
     )
     """(name, whether a matrix, shape) per parameter, read once for the fast lanes' checks."""
+    own_fused: bool = field(init=False, compare=False, repr=False, default=False)
+    """True when :attr:`fused` is the fused path made from the declared projection (no
+    user's): a fast lane may then run its calls as that path would."""
     _fused_unkept: FusedPath | None = field(init=False, compare=False, repr=False, default=None)
     # The default fused path of an unprojected scorer, made for callers that never ask for
     # the weights (fused_path(weights=False)); None where the fused path is a user's.
@@ -162,6 +165,7 @@ class ScorerSpec:
         if self.fused is None and self.projection is unprojected:
             object.__setattr__(self, "fused", fused_dot_product(self.scale))
             object.__setattr__(self, "_fused_unkept", fused_dot_product(self.scale, weights=False))
+            object.__setattr__(self, "own_fused", True)
 
     def __copy__(self) -> ScorerSpec:
         return self  # immutable: modules that are copied share their spec

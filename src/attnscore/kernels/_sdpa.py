@@ -87,7 +87,7 @@ def causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -
     read (so whatever they hold cannot leak in) and never computed."""
     n, m = q.shape[-2], k.shape[-2]
     if n < m:
-        k, v = k[..., :n, :], v[..., :n, :]
+        k, v = k.narrow(-2, 0, n), v.narrow(-2, 0, n)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
 
 
