@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .._memory import keep_freed_memory
-from . import cpu, matrix
+from . import _core, cpu, matrix
 from ._core import describe, measure, missed, ratio_text, render_rows, render_summary, slower
 from .load import LoadWatch, load_average
 
@@ -83,6 +83,8 @@ def run(
     result: dict[str, Any] = {
         "device": dev.type,
         "device_name": describe(dev),
+        "cpu": _core.processor(),
+        **({"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else {}),
         "quick": quick,
         "torch": torch.__version__,
         "threads": threads,
@@ -146,8 +148,11 @@ def case_names(device_type: str) -> list[str]:
 def render(result: dict[str, Any]) -> str:
     """The results as a Markdown table with a heading line and notes."""
     quick = result["quick"]
+    load = result.get("load") or {}
+    at_most = load.get("max_load_1min")
+    seen = "" if at_most is None else f", load average up to {at_most:.1f} on {load['cores']} cores"
     lines = [
-        f"attnscore bench on {result['device_name']}, {result['threads']} CPU threads",
+        f"attnscore bench on {result['device_name']}, {result['threads']} CPU threads{seen}",
         *([SMOKE_NOTE] if quick else []),
         "",
         *render_summary(result["rows"]),
@@ -176,7 +181,6 @@ def render(result: dict[str, Any]) -> str:
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "
             "allocated before it (inputs and parameters), reset per case and implementation.",
         ]
-    load = result.get("load") or {}
     if load.get("busy"):
         lines += [
             "",

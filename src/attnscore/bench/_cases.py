@@ -8,13 +8,14 @@ their plain formulation: the textbook's scores, ``masked_fill(-inf)``, softmax, 
 
 Masks (the matrix's columns): ``none``; ``lengths (B,)`` and ``lengths (B, n)``, uniform in
 [1, m]; ``bool``, a (B, n, m) mask letting each query attend a random half of the keys (key
-0 always); ``causal``; ``causal + lengths`` (lengths (B,)). Every mask is built inside the
-timed call, on both sides, as a user's code builds it per batch.
+0 always); ``causal``; ``causal + lengths`` (lengths (B,)); outside the matrix, ``cache
+lengths (B,)``, uniform in [m/2, m] (a KV cache's filled lengths). Every mask is built inside
+the timed call, on both sides, as a user's code builds it per batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,9 @@ from ._core import Built, Forward, Shapes, lengths
 MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")
 """The matrix's mask columns."""
 
+CACHE = "cache lengths (B,)"
+"""Decoding's mask (outside the matrix): the lengths a KV cache holds, uniform in [m/2, m]."""
+
 SOFTMAX_MASKS = ("none", "lengths (B,)", "lengths (B, n)")
 """``masked_softmax(X, valid_lens)`` takes lengths only."""
 
@@ -45,8 +49,8 @@ class Masks:
         self.valid_lens: Tensor | None = None
         self.attend: Tensor | None = None
         self.causal = kind.startswith("causal")
-        if kind in ("lengths (B,)", "causal + lengths"):
-            self.valid_lens = lengths(B, m, device)
+        if kind in ("lengths (B,)", "causal + lengths", CACHE):
+            self.valid_lens = lengths(B, m, device, low=max(1, m // 2) if kind == CACHE else 1)
         elif kind == "lengths (B, n)":
             self.valid_lens = torch.randint(1, m + 1, (B, n), generator=gen).to(device)
         elif kind == "bool":
@@ -54,7 +58,7 @@ class Masks:
             attend[..., 0] = True
             self.attend = attend.to(device)
         elif kind != "none" and kind != "causal":
-            raise ValueError(f"Expected a mask among {MASKS}, but got {kind!r} instead.")
+            raise ValueError(f"Expected a mask among {(*MASKS, CACHE)}, but got {kind!r} instead.")
 
     def kwargs(self) -> dict[str, Any]:
         """attnscore's mask arguments (``valid_lens`` positional as the textbook's)."""
@@ -103,7 +107,7 @@ def _plain_pool(scores: Tensor, v: Tensor, masks: Masks) -> Tensor:
 
 
 def _inputs(
-    shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device, grad: bool
+    shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, device: torch.device, grad: bool
 ) -> list[Tensor]:
     torch.manual_seed(0)
     return [torch.randn(*s, device=device).to(dtype).requires_grad_(grad) for s in shapes]
@@ -151,14 +155,17 @@ def dot(s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backw
 def multihead(
     s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
 ) -> Built:
-    """Multi-head self-attention (B, n, E), H heads: attnscore's ``MultiHeadAttention`` and
-    ``nn.MultiheadAttention`` with the same weights (no biases), ``need_weights=False``."""
+    """Multi-head self-attention (B, n, E), H heads (cross-attention to (B, m, E) where ``s``
+    has m): attnscore's ``MultiHeadAttention`` and ``nn.MultiheadAttention`` with the same
+    weights (no biases), ``need_weights=False``."""
     B, n, E, H = s["B"], s["n"], s["E"], s["H"]
-    (x,) = _inputs([(B, n, E)], dtype, device, backward)
-    masks = Masks(mask, B, n, n, device)
+    x, *memory = _inputs([(B, n, E)] + [(B, s["m"], E)] * ("m" in s), dtype, device, backward)
+    kv = memory[0] if memory else x
+    m = kv.shape[1]
+    masks = Masks(mask, B, n, m, device)
     ours = attnscore.MultiHeadAttention(E, H).to(device)
     with torch.no_grad():
-        ours(x.float().to(device), x.float().to(device), x.float().to(device))  # materialize
+        ours(x.float(), kv.float(), kv.float())  # materialize
     ours = ours.to(dtype)
     theirs = nn.MultiheadAttention(E, H, bias=False, batch_first=True).to(device)
     with torch.no_grad():
@@ -171,9 +178,8 @@ def multihead(
 
     def torch_mha() -> Tensor:
         padding, attn_mask = None, None
-        if masks.kind in ("lengths (B,)", "causal + lengths"):
-            assert valid_lens is not None
-            padding = torch.arange(n, device=device) >= valid_lens[:, None]  # True = ignore
+        if valid_lens is not None and valid_lens.ndim == 1:
+            padding = torch.arange(m, device=device) >= valid_lens[:, None]  # True = ignore
         elif masks.kind in ("lengths (B, n)", "bool"):
             allowed = masks.dense()
             assert allowed is not None
@@ -183,8 +189,8 @@ def multihead(
         out: Tensor
         out, _ = theirs(
             x,
-            x,
-            x,
+            kv,
+            kv,
             key_padding_mask=padding,
             attn_mask=attn_mask,
             need_weights=False,
@@ -193,14 +199,14 @@ def multihead(
         return out
 
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(x, x, x, valid_lens, **kwargs),
+        "attnscore": lambda: ours(x, kv, kv, valid_lens, **kwargs),
         "torch_mha": torch_mha,
     }
     return Built(
         forwards,
         grad_inputs={
-            "attnscore": [x, *ours.parameters()],
-            "torch_mha": [x, *theirs.parameters()],
+            "attnscore": [x, *memory, *ours.parameters()],
+            "torch_mha": [x, *memory, *theirs.parameters()],
         },
         same=("torch_mha",),
     )

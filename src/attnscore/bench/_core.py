@@ -81,17 +81,35 @@ class Case:
     mask: str = ""
 
 
-def lengths(B: int, m: int, device: torch.device | str = "cpu", seed: int = 0) -> Tensor:
-    """(B,) int64 valid lengths, uniform in [1, m], from a fixed seed."""
+def lengths(
+    B: int, m: int, device: torch.device | str = "cpu", seed: int = 0, low: int = 1
+) -> Tensor:
+    """(B,) int64 valid lengths, uniform in [low, m], from a fixed seed."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, m + 1, (B,), generator=gen).to(device)
+    return torch.randint(low, m + 1, (B,), generator=gen).to(device)
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""The CPU flags a run records: the vector and matrix units PyTorch's kernels may use."""
+
+
+def processor() -> dict[str, Any]:
+    """The CPU's model name and :data:`ISA_FLAGS` (``/proc/cpuinfo``; elsewhere the platform's
+    name, no flags), and the instruction set torch's CPU kernels run (``capability``)."""
+    model, flags = platform.processor() or platform.machine() or "CPU", []
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in f)}
+        model, flags = info.get("model name", model), info.get("flags", "").split()
+    capability = torch.backends.cpu.get_cpu_capability()
+    return {"model": model, "flags": [x for x in ISA_FLAGS if x in flags], "capability": capability}
 
 
 def device_name(device: torch.device) -> str:
-    """The GPU's name for CUDA, the processor's for the CPU."""
+    """The GPU's name for CUDA; for the CPU its model, ISA flags and torch's capability."""
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
-    return platform.processor() or platform.machine() or "CPU"
+    cpu = processor()
+    return f"{cpu['model']} ({' '.join(cpu['flags']) or 'no avx2'}; ATen {cpu['capability']})"
 
 
 def describe(device: torch.device) -> str:

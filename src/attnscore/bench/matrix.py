@@ -11,6 +11,7 @@ only) x dtypes x steps {eval forward, forward + backward}, each cell with the ta
 from __future__ import annotations
 
 from functools import partial
+from itertools import product
 
 import torch
 
@@ -147,6 +148,30 @@ MID: Shapes = {"B": 2, "n": 64, "m": 64, "d": 32, "H": 2, "E": 64, "h": 32}
 work) of the dot-product-like rows, without a mask, by lengths (B,) and causal, forward."""
 MID_MASKS = ("none", "lengths (B,)", "causal")
 
+_DECODE = [{"B": B, "H": H, "n": 1, "m": m, "d": d} for m, H, d in ((512, 8, 64), (4096, 32, 128))
+           for B in (1, 8)]  # fmt: skip
+_DECODE_QUICK = [{"B": B, "H": 4, "n": 1, "m": 128, "d": 32} for B in (1, 4)]
+_CROSS = [{"B": 1, "n": 1, "m": 50, "E": 256, "H": 8}]
+_SERVING = [{"B": 8, "H": 12, "n": 128, "m": 128, "d": 64}]
+_F32_BF16 = ("float32", "bfloat16")
+
+_Names = tuple[str, ...]
+USE: list[tuple[str, str, list[Shapes], list[Shapes], _Names, _Names, tuple[bool, ...]]] = [
+    # (name, builder row, shapes, shapes of --quick (none: skipped), masks, dtypes, backward)
+    ("decode", "heads", _DECODE, _DECODE_QUICK, (_cases.CACHE, "none"), _F32_BF16, (False,)),
+    ("decode_multihead", "multihead", _CROSS, _CROSS, (_cases.CACHE, "none"), _F32_BF16, (False,)),
+    ("long_causal", "heads", [{"B": 1, "H": 8, "n": 4096, "m": 4096, "d": 128}], [], ("causal",),
+     _F32_BF16, (False, True)),
+    ("serving", "heads", _SERVING, _SERVING, (_LENGTHS,), ("bfloat16",), (False,)),
+]  # fmt: skip
+"""What users run, each against the PyTorch call they would write instead: a decoding step
+against a KV cache (n = 1; ``DotProductAttention`` with the cache's lengths or none against
+SDPA with the key mask or none; ``decode_multihead``: a cross-attention step over 50 encoder
+outputs against ``nn.MultiheadAttention``), long causal attention (SDPA ``is_causal``;
+skipped by ``--quick``) and a small model serving padded batches. Targets: <= 1.0x the
+baseline in time with lengths (attnscore skips the padding), 1.05x without, and 1.05x in
+peak memory."""
+
 DECODER: Shapes = {"B": 128, "m": 20, "h": 256}
 ADDITIVE_MEMORY: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
 ADDITIVE_MEMORY_QUICK: Shapes = {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}
@@ -178,6 +203,11 @@ def extras(device_type: str, quick: bool) -> list[Case]:
         for mask in MID_MASKS:
             tgts = [Target("time", 1.05, BASELINE[row])]
             out.append(_cell(row, s, mask, "float32", device, False, tgts, f"{row} (mid)"))
+    for name, row, full, small, masks, dtypes, steps in USE:
+        for s, mask, dtype, backward in product(small if quick else full, masks, dtypes, steps):
+            bound = 1.0 if "lengths" in mask else 1.05
+            tgts = [Target("time", bound, BASELINE[row]), Target("peak", 1.05, BASELINE[row])]
+            out.append(_cell(row, s, mask, dtype, device, backward, tgts, name))
     out.append(
         Case(
             "decoder_step",
