@@ -158,10 +158,9 @@ def multihead(
     """Multi-head self-attention (B, n, E), H heads (cross-attention to (B, m, E) where ``s``
     has m): attnscore's ``MultiHeadAttention`` and ``nn.MultiheadAttention`` with the same
     weights (no biases), ``need_weights=False``."""
-    B, n, E, H = s["B"], s["n"], s["E"], s["H"]
-    x, *memory = _inputs([(B, n, E)] + [(B, s["m"], E)] * ("m" in s), dtype, device, backward)
+    B, n, E, H, m = s["B"], s["n"], s["E"], s["H"], s.get("m", s["n"])
+    x, *memory = _inputs([(B, n, E), *[(B, m, E)] * ("m" in s)], dtype, device, backward)
     kv = memory[0] if memory else x
-    m = kv.shape[1]
     masks = Masks(mask, B, n, m, device)
     ours = attnscore.MultiHeadAttention(E, H).to(device)
     with torch.no_grad():
@@ -202,14 +201,9 @@ def multihead(
         "attnscore": lambda: ours(x, kv, kv, valid_lens, **kwargs),
         "torch_mha": torch_mha,
     }
-    return Built(
-        forwards,
-        grad_inputs={
-            "attnscore": [x, *memory, *ours.parameters()],
-            "torch_mha": [x, *memory, *theirs.parameters()],
-        },
-        same=("torch_mha",),
-    )
+    modules = {"attnscore": ours, "torch_mha": theirs}
+    grads = {name: [x, *memory, *module.parameters()] for name, module in modules.items()}
+    return Built(forwards, grads, same=("torch_mha",))
 
 
 def _scorer_row(
@@ -237,11 +231,7 @@ def _scorer_row(
         "plain": lambda: _plain_pool(plain_scores(ours, q, k), v, masks),
     }
     params = list(ours.parameters())
-    return Built(
-        forwards,
-        {key: [q, k, v, *params] for key in forwards},
-        same=("plain",),
-    )
+    return Built(forwards, {key: [q, k, v, *params] for key in forwards}, same=("plain",))
 
 
 def _additive_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:
