@@ -89,12 +89,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> Tensor:
     three_d = q.ndim == 3
     if three_d:
         q, k, v = q[:, None], k[:, None], v[:, None]
-    if masks.kind == "causal":
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:
-        allowed = masks.dense()
-        mask = None if allowed is None else allowed.unsqueeze(1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    causal = masks.kind == "causal"  # is_causal, as a user writes it; else the dense mask
+    allowed = None if causal else masks.dense()
+    mask = None if allowed is None else allowed.unsqueeze(1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     return out[:, 0] if three_d else out
 
 

@@ -28,7 +28,8 @@ DESCRIPTION = """\
 Time attnscore against the PyTorch call a user would write instead (SDPA,
 nn.MultiheadAttention, torch.softmax, the plain formulation), side by side in
 one process, over rows x masks x dtypes x {forward, forward+backward}, with the
-peak memory of each; then large, tiny and mid-size calls and a decoder step.
+peak memory of each; then large, tiny and mid-size calls, what users run
+(decode: one query against a KV cache; long_causal; serving), a decoder step.
 
   --device cpu    the CPU run (about 10 minutes on 2 idle cores)
   --device cuda   the same cells on a GPU, at larger shapes
@@ -90,7 +91,7 @@ def _add_arguments(parser: ArgumentParser) -> ArgumentParser:
         "--quiet", action="store_true", help="no progress lines (one per cell, on stderr)"
     )
     parser.add_argument(
-        "--cases", nargs="+", metavar="ROW", help="run only these rows (e.g. dot multihead)"
+        "--cases", nargs="+", metavar="ROW", help="run only these rows (e.g. dot decode serving)"
     )
     parser.add_argument("--child", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
