@@ -180,10 +180,10 @@ def _tiny_shapes(row: str, sizes: Shapes = TINY) -> Shapes:
 
 
 def extras(device_type: str, quick: bool) -> list[Case]:
-    """The rows outside the matrix: large calls at their shapes, tiny and mid-size calls,
-    the decoder step, a tiny Hugging Face Llama trained with ``"attnscore"`` against
-    ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU, full run) additive
-    attention's peak RSS and the compiled rows."""
+    """The rows outside the matrix: large calls at their shapes, tiny and mid-size calls, what
+    users run (:data:`USE`), the decoder step, a tiny Hugging Face Llama trained with
+    ``"attnscore"`` against ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU,
+    full run) additive attention's peak RSS and the compiled rows."""
     device = torch.device(device_type)
     out: list[Case] = []
     if not quick:
