@@ -48,7 +48,7 @@ def test_every_baseline_computes_what_attnscore_computes(row, shapes, mask):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("kind", _cases.MASKS)
+@pytest.mark.parametrize("kind", [*_cases.MASKS, _cases.CACHE])
 def test_mask_columns_against_the_lengths_they_come_from(kind):
     masks = _cases.Masks(kind, 3, 4, 6, CPU)
     dense = masks.dense()
@@ -60,7 +60,8 @@ def test_mask_columns_against_the_lengths_they_come_from(kind):
     if masks.valid_lens is not None:
         lens = masks.valid_lens if masks.valid_lens.ndim == 2 else masks.valid_lens[:, None]
         expected &= torch.arange(6) < lens[..., None]
-        assert masks.valid_lens.min() >= 1 and masks.valid_lens.max() <= 6
+        low = 3 if kind == _cases.CACHE else 1  # a KV cache's lengths: in [m/2, m]
+        assert masks.valid_lens.min() >= low and masks.valid_lens.max() <= 6
     if masks.causal:
         expected &= torch.ones(4, 6, dtype=torch.bool).tril()
     if masks.attend is not None:
@@ -122,15 +123,92 @@ def test_extra_rows_build_and_agree():
         if case.name == "additive_memory" or (case.name == "hf_llama" and not _hf.available()):
             continue
         built = case.build()
+        tol = 1e-5 if case.dtype == "float32" else 2e-2
         with torch.no_grad():
             ours = built.forwards["attnscore"]()
             for name in built.same:
-                torch.testing.assert_close(ours, built.forwards[name](), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(ours, built.forwards[name](), atol=tol, rtol=tol)
     names = [c.name for c in matrix.extras("cpu", quick=False)]
     assert "additive_compiled" in names and "masked_softmax_compiled" in names
     assert [c.name for c in matrix.extras("cuda", quick=False)].count("additive_memory") == 0
     built = _cases.compiled_softmax({"B": 2, "n": 3, "m": 5}, device=CPU)
     assert list(built.forwards) == ["attnscore", "eager"] and built.same == ("eager",)
+
+
+_USERS = ("decode", "decode_multihead", "long_causal", "serving")
+
+
+def test_rows_users_run_at_their_shapes_and_targets():
+    """Decoding against a KV cache (n = 1), long causal attention (full runs only), small-model
+    serving: each cell against its PyTorch call, <= 1.0x with lengths, 1.05x without, and
+    1.05x in peak memory; each row selectable by name."""
+    full = [c for c in matrix.extras("cpu", quick=False) if c.name in _USERS]
+    quick = [c for c in matrix.extras("cpu", quick=True) if c.name in _USERS]
+    assert {c.name for c in full} == set(_USERS) <= set(bench.case_names("cpu"))
+    assert "long_causal" not in {c.name for c in quick}
+    masks, dtypes = (_cases.CACHE, "none"), ("float32", "bfloat16")
+    sizes = ((512, 8, 64), (4096, 32, 128))  # m, H, d
+    decode = {(c.shapes["B"], c.shapes["m"], c.shapes["H"], c.shapes["d"], c.mask, c.dtype)
+              for c in full if c.name == "decode"}  # fmt: skip
+    assert decode == {(B, *size, mask, dtype) for B in (1, 8) for size in sizes
+                      for mask in masks for dtype in dtypes}  # fmt: skip
+    assert all(c.shapes["n"] == 1 and not c.backward for c in full if c.name.startswith("decode"))
+    long = [(c.shapes, c.mask, c.dtype, c.backward) for c in full if c.name == "long_causal"]
+    assert {(dtype, bwd) for _, _, dtype, bwd in long} == set(
+        itertools.product(dtypes, (False, True))
+    )
+    assert all(
+        s == {"B": 1, "H": 8, "n": 4096, "m": 4096, "d": 128} and m == "causal" for s, m, *_ in long
+    )
+    (serving,) = [c for c in full if c.name == "serving"]
+    assert (serving.shapes, serving.mask, serving.dtype) == (
+        {"B": 8, "H": 12, "n": 128, "m": 128, "d": 64},
+        "lengths (B,)",
+        "bfloat16",
+    )
+    for c in full + quick:
+        base = "torch_mha" if c.name == "decode_multihead" else "sdpa"
+        bound = 1.0 if "lengths" in c.mask else 1.05
+        assert [(t.kind, t.bound, t.vs) for t in c.targets] == [
+            ("time", bound, base),
+            ("peak", 1.05, base),
+        ]
+
+
+@pytest.mark.parametrize("mask", ["none", _cases.CACHE])
+@pytest.mark.parametrize(
+    ("row", "shapes"),
+    [("heads", {"B": 3, "H": 2, "n": 1, "m": 7, "d": 4}),
+     ("multihead", {"B": 3, "n": 1, "m": 7, "E": 8, "H": 2})],
+)  # fmt: skip
+def test_decode_steps_compute_what_their_baselines_compute(row, shapes, mask):
+    """One query against m cached keys (cross-attention for multihead), in float64."""
+    built = _cases.BUILDERS[row](shapes, mask, dtype=torch.float64, device=CPU, backward=True)
+    (name,) = built.same
+    ours, theirs = built.forwards["attnscore"](), built.forwards[name]()
+    assert ours.shape[-2] == 1
+    torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-10)
+    inputs = [t for t in built.grad_inputs[name] if t.ndim >= 3]  # not the parameters
+    grads = [torch.autograd.grad(out.sum(), inputs) for out in (ours, theirs)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_processor_names_the_cpu_and_its_isa_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "flags\t\t: fpu sse2 amx_tile avx2 avx512f amx_bf16 avx512_bf16 avx512bw\n"
+    )
+    found = _core.processor(str(cpuinfo))
+    assert found["model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert found["flags"] == ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
+    assert found["capability"] == torch.backends.cpu.get_cpu_capability()
+    elsewhere = _core.processor(str(tmp_path / "missing"))  # no /proc: the platform's name
+    assert elsewhere["flags"] == [] and elsewhere["model"]
+    here = _core.processor()
+    assert set(here["flags"]) <= set(_core.ISA_FLAGS)
+    assert _core.describe(CPU).startswith(f"{here['model']} (")
 
 
 def test_measure_interleaves_and_reads_peak_memory():
@@ -206,7 +284,7 @@ def test_measure_reads_cuda_peaks_and_judges_memory_targets(monkeypatch):
         lambda: _core.Built({"attnscore": fake.run(2), "textbook": fake.run(8)}),
         [
             _core.Target("peak", 0.5, "textbook"),
-            _core.Target("peak_mib", 1.0),
+            _core.Target("peak", 0.2, "textbook"),
             _core.Target("peak", 0.5, "missing"),
         ],
         timed=False,
@@ -215,10 +293,10 @@ def test_measure_reads_cuda_peaks_and_judges_memory_targets(monkeypatch):
     assert row["peak_mib"] == {"attnscore": 2.0, "textbook": 8.0} and row["median_s"] == {}
     assert [(c["value"], c["met"]) for c in row["targets"]] == [
         (0.25, True),
-        (2.0, False),
+        (0.25, False),
         (None, None),
     ]
-    assert _core.device_name(torch.device("cuda")) == "Fake GPU 80GB"
+    assert _core.describe(torch.device("cuda")).startswith("Fake GPU 80GB, torch ")
 
 
 def test_measure_leaves_out_an_implementation_that_fails():
@@ -257,7 +335,11 @@ def test_render_missed_and_slower():
     }
     result = {"device": "cuda", "device_name": "Fake GPU", "threads": 2, "quick": False}
     text = bench.render({**result, "rows": [row]})
-    assert text.startswith("attnscore bench on Fake GPU, 2 CPU threads")
+    assert text.startswith("attnscore bench on Fake GPU, 2 CPU threads\n")
+    load = {"cores": 2, "max_load_1min": 1.5, "busy": False}
+    assert bench.render({**result, "rows": [row], "load": load}).startswith(
+        "attnscore bench on Fake GPU, 2 CPU threads, load average up to 1.5 on 2 cores\n"
+    )
     assert "| dot | bool | float32 | fwd | B=2 | attnscore 2.000, sdpa 1.000 |" in text
     assert "2.00x sdpa; peak RSS 500 MiB" in text and "**NO**; yes" in text
     assert _core.missed({"rows": [row]}) == [
@@ -271,7 +353,7 @@ def test_render_missed_and_slower():
 
 def test_run_refuses_unknown_cases():
     with pytest.raises(
-        ValueError, match=r"Expected `cases` among \[.*\] for cpu, but got \['nope'\]"
+        ValueError, match=r"Expected names among \[.*\] for cpu, but got \['nope'\]"
     ):
         bench.run(cases=["nope"], memory=False, threads=1)
 

@@ -37,6 +37,9 @@ def test_quick_run_is_a_smoke_run(tmp_path, capsys):
     (memory,) = [row for row in result["rows"] if row["case"] == "additive_memory"]
     assert memory["peak_rss_mib"]["attnscore"] > 0
     assert result["torch"] == torch.__version__
+    assert set(result["cpu"]) == {"model", "flags", "capability"} and "gpu" not in result
+    assert table.startswith(f"attnscore bench on {result['cpu']['model']} (")
+    assert f", load average up to {result['load']['max_load_1min']:.1f} on " in table
     if result["kernel_build"]["path"] is not None:  # measured here only: see below
         assert result["kernel_cold_compile_s"] > 0
 
@@ -47,7 +50,7 @@ def test_quick_run_is_a_smoke_run(tmp_path, capsys):
         (["--device", "cuda"], "no GPU"),
         (["--device", "tpu"], "--device"),
         (["--threads", "0"], "--threads"),
-        (["--cases", "nope"], "--cases: expected names among ['masked_softmax'"),
+        (["--cases", "nope"], "--cases: Expected names among ['masked_softmax'"),
         (["--json", "out.txt"], "--json"),
         (["--plot", "out.txt"], "--plot: expected a file ending in .png, .pdf or .svg"),
         (["--from-json", "run.json", "--cases", "dot"], "--from-json: renders a saved run"),

@@ -19,17 +19,14 @@ from typing import Any
 import torch
 
 from .._memory import keep_freed_memory
-from . import cpu, matrix
+from . import _core, cpu, matrix
 from ._core import describe, measure, missed, ratio_text, render_rows, render_summary, slower
 from .load import LoadWatch, load_average
 
-__all__ = ["case_names", "missed", "render", "run"]
+__all__ = ["case_names", "check_cases", "missed", "render", "run"]
 
 MIN_RUN_TIME = {
-    ("cpu", True): 0.05,
-    ("cpu", False): 0.5,
-    ("cuda", True): 0.05,
-    ("cuda", False): 0.5,
+    (device, quick): 0.05 if quick else 0.5 for device in ("cpu", "cuda") for quick in (True, False)
 }
 """Timed seconds per implementation and cell (over all rounds), by (device type, quick)."""
 
@@ -74,15 +71,12 @@ def run(
     # Freed blocks stay in the heap: otherwise whether a call's buffers happen to fault in
     # fresh pages decides its time, on both sides.
     result_notes = ["malloc keeps freed memory"] if keep_freed_memory() else []
-    names = case_names(dev.type)
-    unknown = sorted(set(cases or ()) - set(names))
-    if unknown:
-        raise ValueError(
-            f"Expected `cases` among {names} for {dev.type}, but got {unknown} instead"
-        )
+    check_cases(dev.type, cases)
     result: dict[str, Any] = {
         "device": dev.type,
         "device_name": describe(dev),
+        "cpu": _core.processor(),
+        **({"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else {}),
         "quick": quick,
         "torch": torch.__version__,
         "threads": threads,
@@ -143,11 +137,24 @@ def case_names(device_type: str) -> list[str]:
     return list(dict.fromkeys(c.name for c in matrix.cases(device_type, quick=False)))
 
 
+def check_cases(device_type: str, cases: Sequence[str] | None) -> None:
+    """Raise ValueError naming the names in ``cases`` that are no row of the device's run."""
+    names = case_names(device_type)
+    unknown = sorted(set(cases or ()) - set(names))
+    if unknown:
+        raise ValueError(
+            f"Expected names among {names} for {device_type}, but got {unknown} instead"
+        )
+
+
 def render(result: dict[str, Any]) -> str:
     """The results as a Markdown table with a heading line and notes."""
     quick = result["quick"]
+    load = result.get("load") or {}
+    at_most = load.get("max_load_1min")
+    seen = "" if at_most is None else f", load average up to {at_most:.1f} on {load['cores']} cores"
     lines = [
-        f"attnscore bench on {result['device_name']}, {result['threads']} CPU threads",
+        f"attnscore bench on {result['device_name']}, {result['threads']} CPU threads{seen}",
         *([SMOKE_NOTE] if quick else []),
         "",
         *render_summary(result["rows"]),
@@ -176,23 +183,21 @@ def render(result: dict[str, Any]) -> str:
             "Peak MiB: torch.cuda.max_memory_allocated during one step, above what was "
             "allocated before it (inputs and parameters), reset per case and implementation.",
         ]
-    load = result.get("load") or {}
     if load.get("busy"):
         lines += [
             "",
             f"**Busy machine**: the load average reached {load['max_load_1min']:.1f} on "
-            f"{load['cores']} cores during this run, so its timings are slower and noisier "
-            "than on an idle machine; rerun when it is idle before reading the ratios.",
+            f"{load['cores']} cores during this run, so its timings are slower and noisier than "
+            "on an idle machine; rerun when it is idle before reading the ratios.",
         ]
     if "malloc keeps freed memory" in result.get("notes", ()):
         lines += [
             "",
-            "Allocator: glibc keeps freed blocks of up to 32 MiB for reuse (mallopt), for "
-            "every implementation alike, so no timing below that depends on faulting in fresh "
-            "pages. Blocks of 32 MiB and more (glibc's limit) are fresh pages on every call: "
-            "the float32 (32, 256, 1024) tensors of the masked_softmax rows, whose baselines' "
-            "times vary between runs with how those faults land; the C kernels hint huge "
-            "pages for large outputs.",
+            "Allocator: glibc keeps freed blocks of up to 32 MiB for reuse (mallopt), for every "
+            "implementation alike, so no timing below that depends on faulting in fresh pages. "
+            "Larger blocks (the float32 (32, 256, 1024) tensors of masked_softmax, decode's KV "
+            "caches at m = 4096) are fresh pages on every call, whose cost varies between runs; "
+            "the C kernels hint huge pages for large outputs.",
         ]
     notes = sorted({note for row in result["rows"] for note in row["notes"]})
     lines += ["", *(f"- {note}" for note in notes)] if notes else []

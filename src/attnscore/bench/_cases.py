@@ -8,13 +8,14 @@ their plain formulation: the textbook's scores, ``masked_fill(-inf)``, softmax, 
 
 Masks (the matrix's columns): ``none``; ``lengths (B,)`` and ``lengths (B, n)``, uniform in
 [1, m]; ``bool``, a (B, n, m) mask letting each query attend a random half of the keys (key
-0 always); ``causal``; ``causal + lengths`` (lengths (B,)). Every mask is built inside the
-timed call, on both sides, as a user's code builds it per batch.
+0 always); ``causal``; ``causal + lengths`` (lengths (B,)); outside the matrix, ``cache
+lengths (B,)``, uniform in [m/2, m] (a KV cache's filled lengths). Every mask is built inside
+the timed call, on both sides, as a user's code builds it per batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,9 @@ from ._core import Built, Forward, Shapes, lengths
 MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + lengths")
 """The matrix's mask columns."""
 
+CACHE = "cache lengths (B,)"
+"""Decoding's mask (outside the matrix): the lengths a KV cache holds, uniform in [m/2, m]."""
+
 SOFTMAX_MASKS = ("none", "lengths (B,)", "lengths (B, n)")
 """``masked_softmax(X, valid_lens)`` takes lengths only."""
 
@@ -45,8 +49,8 @@ class Masks:
         self.valid_lens: Tensor | None = None
         self.attend: Tensor | None = None
         self.causal = kind.startswith("causal")
-        if kind in ("lengths (B,)", "causal + lengths"):
-            self.valid_lens = lengths(B, m, device)
+        if kind in ("lengths (B,)", "causal + lengths", CACHE):
+            self.valid_lens = lengths(B, m, device, low=max(1, m // 2) if kind == CACHE else 1)
         elif kind == "lengths (B, n)":
             self.valid_lens = torch.randint(1, m + 1, (B, n), generator=gen).to(device)
         elif kind == "bool":
@@ -54,7 +58,7 @@ class Masks:
             attend[..., 0] = True
             self.attend = attend.to(device)
         elif kind != "none" and kind != "causal":
-            raise ValueError(f"Expected a mask among {MASKS}, but got {kind!r} instead.")
+            raise ValueError(f"Expected a mask among {(*MASKS, CACHE)}, but got {kind!r} instead.")
 
     def kwargs(self) -> dict[str, Any]:
         """attnscore's mask arguments (``valid_lens`` positional as the textbook's)."""
@@ -85,12 +89,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> Tensor:
     three_d = q.ndim == 3
     if three_d:
         q, k, v = q[:, None], k[:, None], v[:, None]
-    if masks.kind == "causal":
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:
-        allowed = masks.dense()
-        mask = None if allowed is None else allowed.unsqueeze(1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    causal = masks.kind == "causal"  # is_causal, as a user writes it; else the dense mask
+    allowed = None if causal else masks.dense()
+    mask = None if allowed is None else allowed.unsqueeze(1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     return out[:, 0] if three_d else out
 
 
@@ -103,7 +105,7 @@ def _plain_pool(scores: Tensor, v: Tensor, masks: Masks) -> Tensor:
 
 
 def _inputs(
-    shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device, grad: bool
+    shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, device: torch.device, grad: bool
 ) -> list[Tensor]:
     torch.manual_seed(0)
     return [torch.randn(*s, device=device).to(dtype).requires_grad_(grad) for s in shapes]
@@ -151,14 +153,16 @@ def dot(s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backw
 def multihead(
     s: Shapes, mask: str, *, dtype: torch.dtype, device: torch.device, backward: bool
 ) -> Built:
-    """Multi-head self-attention (B, n, E), H heads: attnscore's ``MultiHeadAttention`` and
-    ``nn.MultiheadAttention`` with the same weights (no biases), ``need_weights=False``."""
-    B, n, E, H = s["B"], s["n"], s["E"], s["H"]
-    (x,) = _inputs([(B, n, E)], dtype, device, backward)
-    masks = Masks(mask, B, n, n, device)
+    """Multi-head self-attention (B, n, E), H heads (cross-attention to (B, m, E) where ``s``
+    has m): attnscore's ``MultiHeadAttention`` and ``nn.MultiheadAttention`` with the same
+    weights (no biases), ``need_weights=False``."""
+    B, n, E, H, m = s["B"], s["n"], s["E"], s["H"], s.get("m", s["n"])
+    x, *memory = _inputs([(B, n, E), *[(B, m, E)] * ("m" in s)], dtype, device, backward)
+    kv = memory[0] if memory else x
+    masks = Masks(mask, B, n, m, device)
     ours = attnscore.MultiHeadAttention(E, H).to(device)
     with torch.no_grad():
-        ours(x.float().to(device), x.float().to(device), x.float().to(device))  # materialize
+        ours(x.float(), kv.float(), kv.float())  # materialize
     ours = ours.to(dtype)
     theirs = nn.MultiheadAttention(E, H, bias=False, batch_first=True).to(device)
     with torch.no_grad():
@@ -171,9 +175,8 @@ def multihead(
 
     def torch_mha() -> Tensor:
         padding, attn_mask = None, None
-        if masks.kind in ("lengths (B,)", "causal + lengths"):
-            assert valid_lens is not None
-            padding = torch.arange(n, device=device) >= valid_lens[:, None]  # True = ignore
+        if valid_lens is not None and valid_lens.ndim == 1:
+            padding = torch.arange(m, device=device) >= valid_lens[:, None]  # True = ignore
         elif masks.kind in ("lengths (B, n)", "bool"):
             allowed = masks.dense()
             assert allowed is not None
@@ -183,8 +186,8 @@ def multihead(
         out: Tensor
         out, _ = theirs(
             x,
-            x,
-            x,
+            kv,
+            kv,
             key_padding_mask=padding,
             attn_mask=attn_mask,
             need_weights=False,
@@ -193,17 +196,12 @@ def multihead(
         return out
 
     forwards: dict[str, Forward] = {
-        "attnscore": lambda: ours(x, x, x, valid_lens, **kwargs),
+        "attnscore": lambda: ours(x, kv, kv, valid_lens, **kwargs),
         "torch_mha": torch_mha,
     }
-    return Built(
-        forwards,
-        grad_inputs={
-            "attnscore": [x, *ours.parameters()],
-            "torch_mha": [x, *theirs.parameters()],
-        },
-        same=("torch_mha",),
-    )
+    modules = {"attnscore": ours, "torch_mha": theirs}
+    grads = {name: [x, *memory, *module.parameters()] for name, module in modules.items()}
+    return Built(forwards, grads, same=("torch_mha",))
 
 
 def _scorer_row(
@@ -231,11 +229,7 @@ def _scorer_row(
         "plain": lambda: _plain_pool(plain_scores(ours, q, k), v, masks),
     }
     params = list(ours.parameters())
-    return Built(
-        forwards,
-        {key: [q, k, v, *params] for key in forwards},
-        same=("plain",),
-    )
+    return Built(forwards, {key: [q, k, v, *params] for key in forwards}, same=("plain",))
 
 
 def _additive_scores(module: Any, q: Tensor, k: Tensor) -> Tensor:

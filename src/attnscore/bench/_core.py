@@ -42,9 +42,8 @@ class Target:
     """One target of a cell.
 
     ``kind``: ``"time"`` (attnscore's median / ``vs``'s median <= ``bound``), ``"peak"``
-    (attnscore's peak memory / ``vs``'s <= ``bound``), ``"peak_mib"`` (attnscore's peak
-    <= ``bound`` MiB), ``"rss_mib"`` (attnscore's peak RSS <= ``bound`` MiB), ``"us"``
-    (attnscore's median <= ``bound`` microseconds).
+    (attnscore's peak memory / ``vs``'s <= ``bound``), ``"rss_mib"`` (attnscore's peak RSS
+    <= ``bound`` MiB), ``"us"`` (attnscore's median <= ``bound`` microseconds).
     """
 
     kind: str
@@ -81,23 +80,37 @@ class Case:
     mask: str = ""
 
 
-def lengths(B: int, m: int, device: torch.device | str = "cpu", seed: int = 0) -> Tensor:
-    """(B,) int64 valid lengths, uniform in [1, m], from a fixed seed."""
+def lengths(
+    B: int, m: int, device: torch.device | str = "cpu", seed: int = 0, low: int = 1
+) -> Tensor:
+    """(B,) int64 valid lengths, uniform in [low, m], from a fixed seed."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, m + 1, (B,), generator=gen).to(device)
+    return torch.randint(low, m + 1, (B,), generator=gen).to(device)
 
 
-def device_name(device: torch.device) -> str:
-    """The GPU's name for CUDA, the processor's for the CPU."""
-    if device.type == "cuda":
-        return str(torch.cuda.get_device_name(device))
-    return platform.processor() or platform.machine() or "CPU"
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""The CPU flags a run records: the vector and matrix units PyTorch's kernels may use."""
+
+
+def processor(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """The CPU's model name and :data:`ISA_FLAGS` (from ``cpuinfo``; without it the platform's
+    name, no flags), and the instruction set torch's CPU kernels run (``capability``)."""
+    model, flags = platform.processor() or platform.machine() or "CPU", []
+    with contextlib.suppress(OSError), open(cpuinfo) as f:
+        info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in f)}
+        model, flags = info.get("model name", model), info.get("flags", "").split()
+    capability = torch.backends.cpu.get_cpu_capability()
+    return {"model": model, "flags": [x for x in ISA_FLAGS if x in flags], "capability": capability}
 
 
 def describe(device: torch.device) -> str:
-    """One line naming the GPU (or CPU), torch and CUDA versions."""
-    cuda = torch.version.cuda
-    return f"{device_name(device)}, torch {torch.__version__}" + (f", CUDA {cuda}" if cuda else "")
+    """One line naming the GPU, or the CPU with its ISA flags and torch's capability; the
+    torch and CUDA versions."""
+    cpu, cuda = processor(), torch.version.cuda
+    name = f"{cpu['model']} ({' '.join(cpu['flags']) or 'no avx2'}; ATen {cpu['capability']})"
+    if device.type == "cuda":
+        name = str(torch.cuda.get_device_name(device))
+    return f"{name}, torch {torch.__version__}" + (f", CUDA {cuda}" if cuda else "")
 
 
 def make_step(
@@ -268,13 +281,11 @@ def _check(
         if ours_mib is not None and base_mib:
             # Below 1 MiB both ways the ratio says nothing (allocator granularity).
             value = max(ours_mib, 1.0) / max(base_mib, 1.0)
-    elif t.kind == "peak_mib":
-        value = peaks.get("attnscore")
     elif t.kind == "rss_mib":
         value = rss.get("attnscore")
     elif t.kind == "us" and "attnscore" in samples:
         value = statistics.median(samples["attnscore"]) * 1e6
-    if (t.kind in ("peak", "peak_mib") and not peaks) or (t.kind == "rss_mib" and not rss):
+    if (t.kind == "peak" and not peaks) or (t.kind == "rss_mib" and not rss):
         judged = False  # memory not measured (--no-memory): no verdict
     met = (value is not None and value <= t.bound) if judged else None
     return {"kind": t.kind, "vs": t.vs, "value": value, "bound": t.bound, "met": met}
@@ -292,7 +303,6 @@ _FORMATS = {
     "time": ("{v:.2f}x {vs}", "<= {b:.2f}"),
     "peak": ("mem {v:.2f}x {vs}", "mem <= {b:.2f}"),
     "us": ("{v:.1f} us", "<= {b:.0f} us"),
-    "peak_mib": ("peak {v:.0f} MiB", "<= {b:.0f} MiB"),
     "rss_mib": ("peak RSS {v:.0f} MiB", "<= {b:.0f} MiB"),
 }
 

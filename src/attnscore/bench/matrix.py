@@ -11,6 +11,7 @@ only) x dtypes x steps {eval forward, forward + backward}, each cell with the ta
 from __future__ import annotations
 
 from functools import partial
+from itertools import product
 
 import torch
 
@@ -147,6 +148,26 @@ MID: Shapes = {"B": 2, "n": 64, "m": 64, "d": 32, "H": 2, "E": 64, "h": 32}
 work) of the dot-product-like rows, without a mask, by lengths (B,) and causal, forward."""
 MID_MASKS = ("none", "lengths (B,)", "causal")
 
+_DECODE = [{"B": B, "H": H, "n": 1, "m": m, "d": d} for m, H, d in ((512, 8, 64), (4096, 32, 128))
+           for B in (1, 8)]  # fmt: skip
+_DECODE_QUICK = [{"B": B, "H": 4, "n": 1, "m": 128, "d": 32} for B in (1, 4)]
+_CROSS = [{"B": 1, "n": 1, "m": 50, "E": 256, "H": 8}]
+_SERVING = [{"B": 8, "H": 12, "n": 128, "m": 128, "d": 64}]
+_F32_BF16 = ("float32", "bfloat16")
+
+USE = [
+    # (name, builder row, shapes, shapes of --quick (none: skipped), masks, dtypes, backward)
+    ("decode", "heads", _DECODE, _DECODE_QUICK, (_cases.CACHE, "none"), _F32_BF16, (False,)),
+    ("decode_multihead", "multihead", _CROSS, _CROSS, (_cases.CACHE, "none"), _F32_BF16, (False,)),
+    ("long_causal", "heads", [{"B": 1, "H": 8, "n": 4096, "m": 4096, "d": 128}], [], ("causal",),
+     _F32_BF16, (False, True)),
+    ("serving", "heads", _SERVING, _SERVING, (_LENGTHS,), ("bfloat16",), (False,)),
+]  # fmt: skip
+"""What users run: a decoding step against a KV cache (n = 1, the cache's lengths or none;
+``decode_multihead``: cross-attention to 50 encoder outputs), long causal attention (skipped
+by ``--quick``), a small model serving padded batches. Targets: <= 1.0x the baseline in time
+with lengths, 1.05x without, 1.05x in peak memory."""
+
 DECODER: Shapes = {"B": 128, "m": 20, "h": 256}
 ADDITIVE_MEMORY: Shapes = {"B": 4, "n": 1024, "m": 1024, "h": 256, "d": 64}
 ADDITIVE_MEMORY_QUICK: Shapes = {"B": 1, "n": 256, "m": 256, "h": 64, "d": 16}
@@ -159,61 +180,39 @@ def _tiny_shapes(row: str, sizes: Shapes = TINY) -> Shapes:
 
 
 def extras(device_type: str, quick: bool) -> list[Case]:
-    """The rows outside the matrix: large calls at their shapes, tiny and mid-size calls,
-    the decoder step, a tiny Hugging Face Llama trained with ``"attnscore"`` against
-    ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU, full run) additive
-    attention's peak RSS and the compiled rows."""
+    """The rows outside the matrix: large calls at their shapes, tiny and mid-size calls, what
+    users run (:data:`USE`), the decoder step, a tiny Hugging Face Llama trained with
+    ``"attnscore"`` against ``"sdpa"`` (issue 18; no verdict without transformers), and (CPU,
+    full run) additive attention's peak RSS and the compiled rows."""
     device = torch.device(device_type)
     out: list[Case] = []
     if not quick:
         for row, mask, s, dtype, backward, tgts in LARGE_ROWS:
             size = "tiny" if s.get("m", 1024) <= 8 else "large"
             out.append(_cell(row, s, mask, dtype, device, backward, tgts, f"{row} ({size})"))
-    for row in ("dot", "heads", "multihead", "additive", "general", "cosine"):
-        tgts = [Target("time", 1.05, BASELINE[row])]
-        s = _tiny_shapes(row)
-        out.append(_cell(row, s, _LENGTHS, "float32", device, False, tgts, f"{row} (tiny)"))
-    for row in ("dot", "heads", "multihead", "general", "cosine"):
-        s = _tiny_shapes(row, MID)
-        for mask in MID_MASKS:
-            tgts = [Target("time", 1.05, BASELINE[row])]
-            out.append(_cell(row, s, mask, "float32", device, False, tgts, f"{row} (mid)"))
-    out.append(
-        Case(
-            "decoder_step",
-            DECODER,
-            "float32",
-            partial(_cases.decoder_step, DECODER, device=device),
-            [Target("time", 1 / 1.5, "textbook")],
-            mask="lengths (B,)",
-        )
-    )
+    rows = [row for row in BASELINE if row != "masked_softmax"]
+    calls = [(row, TINY, _LENGTHS, "tiny") for row in rows]
+    calls += [(row, MID, mask, "mid") for row in rows if row != "additive" for mask in MID_MASKS]
+    for row, sizes, mask, size in calls:
+        tgts, s = [Target("time", 1.05, BASELINE[row])], _tiny_shapes(row, sizes)
+        out.append(_cell(row, s, mask, "float32", device, False, tgts, f"{row} ({size})"))
+    for name, row, full, small, masks, dtypes, steps in USE:
+        for s, mask, dtype, backward in product(small if quick else full, masks, dtypes, steps):
+            bound = 1.0 if "lengths" in mask else 1.05
+            tgts = [Target("time", bound, BASELINE[row]), Target("peak", 1.05, BASELINE[row])]
+            out.append(_cell(row, s, mask, dtype, device, backward, tgts, name))
+    step = partial(_cases.decoder_step, DECODER, device=device)
+    faster = [Target("time", 1 / 1.5, "textbook")]
+    out.append(Case("decoder_step", DECODER, "float32", step, faster, mask=_LENGTHS))
     hf = _hf.LLAMA_QUICK if quick else _hf.LLAMA
-    out.append(
-        Case(
-            "hf_llama",
-            hf,
-            "float32",
-            partial(_hf.llama, hf, device=device),
-            [Target("time", 1.05, "sdpa"), Target("peak", 1.05, "sdpa")],
-            backward=True,
-            mask="padded",
-        )
-    )
+    tgts = [Target("time", 1.05, "sdpa"), Target("peak", 1.05, "sdpa")]
+    llama = partial(_hf.llama, hf, device=device)
+    out.append(Case("hf_llama", hf, "float32", llama, tgts, backward=True, mask="padded"))
     if device_type == "cpu":
         s = ADDITIVE_MEMORY_QUICK if quick else ADDITIVE_MEMORY
-        out.append(
-            Case(
-                "additive_memory",
-                s,
-                "float32",
-                partial(_cases.additive_memory, s, device=device),
-                [Target("rss_mib", 1024.0)],
-                backward=True,
-                timed=False,
-                mask="lengths (B,)",
-            )
-        )
+        build = partial(_cases.additive_memory, s, device=device)
+        rss = [Target("rss_mib", 1024.0)]  # one fwd+bwd step's peak RSS (backward, not timed)
+        out.append(Case("additive_memory", s, "float32", build, rss, True, False, _LENGTHS))
     if device_type == "cpu" and not quick:
         compiled = (  # (row, shapes, builder, bound, baseline); the additive one is fwd+bwd
             ("additive_compiled", ADDITIVE_COMPILED, _cases.compiled_additive, 0.1, "textbook"),
