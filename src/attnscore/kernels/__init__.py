@@ -49,6 +49,8 @@ Shapes: B batch, H heads, n queries, m keys, h hidden units, d query/key size, v
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -66,6 +68,7 @@ from ._dispatch import (
     set_enabled,
     use_backend,
 )
+from ._measured import tuned
 from ._select import (
     PIPELINE,
     PRIORITY,
@@ -92,6 +95,7 @@ __all__ = [
     "additive_scores",
     "available",
     "backend_name",
+    "benchmark",
     "build_info",
     "disabled",
     "dot_product_attention",
@@ -104,9 +108,19 @@ __all__ = [
     "python_threads",
     "set_enabled",
     "thresholds",
+    "tuned",
     "use",
     "use_backend",
 ]
+
+#: Measure on first call: where the C kernel and SDPA both take a dense CPU call (no mask,
+#: or causal masking alone) and no ``thresholds`` block decides, the first call of each
+#: bucket (mask kind, dtype, training or not, work to within 4x) times both on its own
+#: inputs and the faster runs that bucket for the rest of the process, as
+#: ``torch.backends.cudnn.benchmark`` does. Off by default (then: this machine's tune file,
+#: written by ``attnscore tune``, else the thresholds shipped for this CPU, else SDPA);
+#: ``ATTNSCORE_BENCHMARK=1`` turns it on.
+benchmark: bool = os.environ.get("ATTNSCORE_BENCHMARK", "") not in ("", "0")
 
 
 def available(*tensors: Tensor) -> bool:

@@ -1,0 +1,112 @@
+"""``attnscore tune``: measure, on this machine, which of the C kernel by lengths and SDPA
+runs dense CPU attention faster (no mask, or causal masking alone), per bucket, and write
+the tune file the selection reads (:mod:`attnscore.kernels._measured`).
+
+Buckets: mask (none, causal) x dtype (float32, bfloat16) x step (inference, training) x
+work ((B·H) · n · m · (d + dv) to within 4x, 2^16 to 2^26), each timed at one shape (B = 1,
+B·H = torch's threads (at least 2), n = m, d = 64), best of 3 per implementation, twice
+interleaved. At most 2 minutes: buckets left when it is spent are not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..g2p.progress import Progress
+from ..kernels import _measured, load_library
+from ..kernels._cpu import ByLengths
+from ..kernels._sdpa import Sdpa
+from ..kernels._select import AttentionCall
+from ..masking import build_mask
+from ._files import check_output, write_atomic
+from ._usage import ArgumentParser, UsageError, add_overwrite
+
+__all__ = ["add_parser", "tune"]
+
+BUDGET_S = 110.0  # of the 2 minutes; the rest for the C build and the file
+
+
+def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> ArgumentParser:
+    """Add ``attnscore tune`` to ``subparsers``; its ``handler`` runs :func:`tune`.
+
+    >>> parser = ArgumentParser(prog="attnscore")
+    >>> _ = add_parser(parser.add_subparsers())
+    >>> parser.parse_args(["tune", "--out", "t.json"]).out
+    PosixPath('t.json')
+    """
+    tune_ = subparsers.add_parser(
+        "tune",
+        help="measure the C kernel against SDPA on this machine for the selection (<= 2 min)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune_.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="write here (.json) instead of the cache dir's tune.json ($ATTNSCORE_CACHE or "
+        "~/.cache/attnscore), which the selection reads",
+    )
+    add_overwrite(tune_, "--out if it exists")
+    tune_.set_defaults(handler=tune)
+    return tune_
+
+
+def _call(kind: str, dtype: torch.dtype, grad: bool, work: int) -> AttentionCall:
+    pairs = max(2, torch.get_num_threads())
+    n = min(max(round(math.sqrt(work / (128 * pairs))), 8), 4096)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, pairs, n, 64, generator=g, dtype=dtype) for _ in range(3))
+    mask = build_mask(torch.Size([1, pairs]), n, n, q.device, causal=kind == "causal")
+    with torch.set_grad_enabled(grad):
+        q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+        return AttentionCall(q, k, v, mask, scale=0.125)
+
+
+def tune(args: argparse.Namespace) -> int:
+    """Measure every bucket and write the tune file; prints one line (where, how long)."""
+    out = args.out
+    if out is not None:
+        check_output(out, "--out", (".json",), overwrite=args.overwrite)
+    if load_library() is None:
+        raise UsageError("the C kernels cannot be built or loaded here: nothing to tune")
+    cells = [
+        (kind, dtype, grad, 1 << (16 + 2 * b))
+        for b in range(_measured.WORK_BUCKETS)
+        for kind in ("none", "causal")
+        for dtype in (torch.float32, torch.bfloat16)
+        for grad in (False, True)
+    ]
+    start, buckets = time.perf_counter(), {}
+    progress = Progress(len(cells), "attnscore tune", interval=10.0)
+    for done, cell in enumerate(cells, 1):
+        if time.perf_counter() - start > BUDGET_S:
+            progress.write(f"time budget spent: {len(cells) - done + 1} buckets not measured")
+            break
+        call = _call(*cell)
+        buckets[_measured.bucket(call.kind, cell[1], cell[2], call.work)] = _measured.measure(
+            call, ByLengths(), Sdpa()
+        )
+        progress.update(done)
+    progress.close()
+    seconds = time.perf_counter() - start
+    load = os.getloadavg()[0]
+    found = {"key": _measured.machine(), "seconds": round(seconds, 1), "load_average": load}
+    found["buckets"] = buckets
+    path = out or _measured.default_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(found, indent=1).encode()
+    write_atomic(path, lambda f: f.write(text), "--out", overwrite=out is None or args.overwrite)
+    faster = sum(b["winner"] == "c_by_lengths" for b in buckets.values())
+    print(
+        f"wrote {path}: {len(buckets)} buckets in {seconds:.0f} s, the C kernel faster in "
+        f"{faster}; load average {load:.1f} on {os.cpu_count()} cores"
+    )
+    return 0
