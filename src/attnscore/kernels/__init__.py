@@ -122,13 +122,9 @@ __all__ = [
     "use_backend",
 ]
 
-#: Measure on first call: where the C kernel and SDPA both take a dense CPU call (no mask,
-#: or causal masking alone) and no ``thresholds`` block decides, the first call of each
-#: bucket (mask kind, dtype, training or not, work to within 4x) times both on its own
-#: inputs and the faster runs that bucket for the rest of the process, as
-#: ``torch.backends.cudnn.benchmark`` does. Off by default (then: this machine's tune file,
-#: written by ``attnscore tune``, else the thresholds shipped for this CPU, else SDPA);
-#: ``ATTNSCORE_BENCHMARK=1`` turns it on.
+#: Measure on first call (``ATTNSCORE_BENCHMARK=1`` sets it): a dense CPU call that no
+#: ``thresholds`` block decides times the C kernel and SDPA on its own inputs, once per
+#: bucket (:func:`._measured.bucket`), and the faster runs that bucket for the process.
 benchmark: bool = os.environ.get("ATTNSCORE_BENCHMARK", "") not in ("", "0")
 
 

@@ -1,19 +1,8 @@
-"""Which of two implementations that both take a dense CPU call (no mask or causal masking
-alone: the C kernel by lengths or SDPA, neither faster by construction) runs it: a choice
-measured on the machine it runs on, as ``torch.backends.cudnn.benchmark`` makes for
-convolutions. :func:`verdict` asks, in order:
-
-1. a :func:`~attnscore.kernels.thresholds` block that sets ``unpadded_work`` and
-   ``unpadded_inference`` to ints (every CPU);
-2. the first-call benchmark (``attnscore.kernels.benchmark = True`` or
-   ``ATTNSCORE_BENCHMARK=1``): each bucket's first call times both on its own inputs;
-3. the tune file of this machine (``attnscore tune``; :func:`tuned`), per :func:`bucket`;
-4. the thresholds shipped for this CPU (``unpadded_*``, one value per CPU measured);
-5. none of these: PyTorch's call (SDPA).
-
-The machine is identified once, lazily (:func:`machine`: /proc/cpuinfo, else
-:mod:`platform`); a tune file of another machine, or of other torch or attnscore versions
-or thread counts, is ignored; a corrupted one is ignored with one warning (JSON only).
+"""Where the C kernel by lengths and SDPA both take a dense CPU call (no mask, or causal
+masking alone) and neither wins by construction, the choice measured on this machine, as
+``torch.backends.cudnn.benchmark`` makes it for convolutions (:func:`verdict`: a
+``thresholds`` block, the first-call benchmark, this machine's tune file, the thresholds
+shipped for this CPU, else SDPA). The machine is read once, lazily (:func:`machine`).
 """
 
 from __future__ import annotations
@@ -181,16 +170,17 @@ def verdict(
     if isinstance(work, int) and isinstance(inference, int):
         return shipped(work, inference), "thresholds set by attnscore.kernels.thresholds"
     key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
-    if sys.modules[__package__].benchmark:
+    measured = call.project is None  # (projected calls compare with their own pipeline)
+    if measured and sys.modules[__package__].benchmark:
         found = _Tuning.first_calls.get(key)
         if found is None:
             ms = measure(call, kernel, Sdpa())
             found = ms["winner"] == "c_by_lengths", f"first-call benchmark of {key}: {_ms(ms)}"
             _Tuning.first_calls[key] = found
         return found
-    measured = _buckets().get(key)
-    if measured is not None:
-        return measured["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(measured)})"
+    timed = _buckets().get(key) if measured else None
+    if timed is not None:
+        return timed["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(timed)})"
     here = cpu_name()
     if here is not None and _per_cpu(work) is not None and _per_cpu(inference) is not None:
         return shipped(_per_cpu(work), _per_cpu(inference)), f"thresholds shipped for {here}"  # type: ignore[arg-type]
