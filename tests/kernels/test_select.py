@@ -169,8 +169,13 @@ def test_dense_calls_follow_this_machines_measurements(thresholds, tmp_path):
     over both; a file of another machine is ignored, a corrupted one with a warning."""
     from attnscore.kernels._measured import cpu_name, machine
 
+    shipped = {t.name: t.value for t in K.THRESHOLDS}
+    assert all(shipped[n]["Intel Xeon with AMX (amx_bf16)"] >= 1 << 62 for n in NOT_MEASURED)
     if cpu_name() is not None:
         assert _dense() == ("c_by_lengths", f"chosen (thresholds shipped for {cpu_name()})")
+        with K.thresholds(**{n: {cpu_name(): 1 << 62} for n in NOT_MEASURED}):  # as the Xeon's
+            reason = f"declined: SDPA faster here (thresholds shipped for {cpu_name()})"
+            assert _dense() == _dense(causal=True) == ("sdpa", reason)
     thresholds(**NOT_MEASURED)
     not_measured = "declined: not measured on this machine: PyTorch's call"
     assert _dense() == _dense(causal=True) == ("sdpa", not_measured)
