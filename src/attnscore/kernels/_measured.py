@@ -169,18 +169,21 @@ def verdict(
     ``inference`` are the thresholds in force, ``shipped(work, inference)`` their rule."""
     if isinstance(work, int) and isinstance(inference, int):
         return shipped(work, inference), "thresholds set by attnscore.kernels.thresholds"
-    key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
     measured = call.project is None  # (projected calls compare with their own pipeline)
     if measured and sys.modules[__package__].benchmark:
+        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
         found = _Tuning.first_calls.get(key)
         if found is None:
             ms = measure(call, kernel, Sdpa())
             found = ms["winner"] == "c_by_lengths", f"first-call benchmark of {key}: {_ms(ms)}"
             _Tuning.first_calls[key] = found
         return found
-    timed = _buckets().get(key) if measured else None
-    if timed is not None:
-        return timed["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(timed)})"
+    tuned = _buckets() if measured else None
+    if tuned:  # (no file, or another machine's: {})
+        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
+        timed = tuned.get(key)
+        if timed is not None:
+            return timed["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(timed)})"
     here = cpu_name()
     if here is not None and _per_cpu(work) is not None and _per_cpu(inference) is not None:
         return shipped(_per_cpu(work), _per_cpu(inference)), f"thresholds shipped for {here}"  # type: ignore[arg-type]
