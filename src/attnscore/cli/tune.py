@@ -4,9 +4,10 @@ the tune file the selection reads (:mod:`attnscore.kernels._measured`).
 
 Buckets: mask (none, causal) x dtype (float32, bfloat16) x step (inference, training) x
 work ((B·H) · n · m · (d + dv) to within 4x, 2^16 to 2^26), each timed at one shape (B = 1,
-B·H = torch's threads (at least 2), n = m, d = 64), best of 3 per implementation, twice
-interleaved; buckets slower than the next larger one (disturbed by other processes) are
-measured again. At most 2 minutes: buckets left when it is spent are not measured.
+B·H = torch's threads (at least 2), n = m, d = 64): one run of each implementation in turn,
+the fastest of at least 10 each; buckets out of line with their neighbours (disturbed by
+other processes) are measured again. At most 2 minutes: buckets left when it is spent are
+not measured.
 """
 
 from __future__ import annotations
