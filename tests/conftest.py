@@ -17,6 +17,17 @@ if os.environ.get("CI"):
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_tune_file(tmp_path_factory):
+    """Choices as shipped: no tune file of this machine (``attnscore tune``) and no
+    first-call benchmark (ATTNSCORE_BENCHMARK) steer the tests."""
+    from attnscore import kernels
+
+    kernels.benchmark = False
+    with kernels.tuned(tmp_path_factory.mktemp("tune") / "none.json"):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

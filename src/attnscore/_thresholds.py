@@ -22,10 +22,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["THRESHOLDS", "Threshold", "markdown", "thresholds", "value"]
+__all__ = ["CPUS", "NEVER", "THRESHOLDS", "Threshold", "markdown", "thresholds", "value"]
 
 _ZEN4 = "2-core AMD EPYC Zen 4 VM (family 25), torch 2.13.0+cpu, 2 threads"
 _ZEN5 = "2-core AMD EPYC Zen 5 VM (family 26), torch 2.13.0+cpu, 2 threads"
+_XEON = "Intel Xeon with AMX, torch 2.13.0+cpu (the issue's run)"
+#: The CPUs the per-CPU entries (mappings keyed by these names) were measured on, and what
+#: identifies each in /proc/cpuinfo: (vendor_id, cpu family or None, a flag it has).
+ZEN4 = "AMD EPYC Zen 4 (family 25, avx512f)"
+XEON_AMX = "Intel Xeon with AMX (amx_bf16)"
+CPUS: dict[str, tuple[str, int | None, str]] = {
+    ZEN4: ("AuthenticAMD", 25, "avx512f"),
+    XEON_AMX: ("GenuineIntel", None, "amx_bf16"),
+}
+NEVER = 1 << 62  # a work no call reaches: SDPA always
 _CPU_RUN = "docs/benchmarks.md, 'The CPU run of 25 November 2026 (commit 481b016)'"
 
 
@@ -38,7 +48,7 @@ class Threshold:
     the smallest value an override may take (``minimum``, ints only)."""
 
     name: str
-    value: int | frozenset[torch.dtype] | Mapping[tuple[torch.dtype, bool], int]
+    value: int | frozenset[torch.dtype] | Mapping[tuple[torch.dtype, bool], int] | Mapping[str, int]
     decides: str
     why: str
     machine: str | None
@@ -170,15 +180,17 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
     Threshold(
         "unpadded_work",
-        1 << 22,
+        MappingProxyType({ZEN4: 1 << 22, XEON_AMX: NEVER}),
         "CPU attention with nothing padded (no mask, causal alone) in training, and causal "
-        "masking in any step, runs the kernel by lengths from this many multiply-adds on.",
+        "masking in any step, runs the kernel by lengths from this many multiply-adds on, "
+        "per CPU measured (elsewhere: a tune file, else SDPA).",
         "Below it SDPA's fixed cost is small and its own loop fast; above, the kernel skips "
         "the keys causal masking excludes, which SDPA's CPU kernel skips only by 512.",
-        _ZEN4,
+        f"{_ZEN4}; {_XEON}",
         f"general (mid), cosine (mid), mask causal, fwd ({_CPU_RUN})",
         "The crossover for dot-product attention was measured at shapes outside the matrix "
-        "(commit dad3afa).",
+        "(commit dad3afa). On the Xeon SDPA beat the kernel on dense and bfloat16 work "
+        "(dot bfloat16 no mask 3.11x, causal 1.88x, causal (1, 8, 4096, 4096, 128) 1.69x).",
         (f"{_CPU}:_UNPADDED_WORK",),
     ),
     Threshold(
@@ -195,11 +207,11 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
     Threshold(
         "unpadded_inference",
-        1 << 17,
+        MappingProxyType({ZEN4: 1 << 17, XEON_AMX: NEVER}),
         "The same in inference (no gradients), with or without causal masking: the kernel "
-        "by lengths from this many multiply-adds on.",
-        "Without gradients the kernel's call costs less than SDPA's from here on.",
-        _ZEN4,
+        "by lengths from this many multiply-adds on, per CPU measured.",
+        "Without gradients the kernel's call costs less than SDPA's from here on (Zen 4).",
+        f"{_ZEN4}; {_XEON}",
         None,
         "The crossover was measured by a scratch script that is not in the repository "
         "(commit 92e345a); the rows dot / heads / general / cosine (mid), masks none and "
@@ -335,6 +347,17 @@ def _checked(name: str, given: object) -> Any:
             f"Expected a threshold name ({', '.join(sorted(_BY_NAME))}), but got `{name}` instead."
         )
     default = entry.value
+    if isinstance(default, Mapping) and all(isinstance(k, str) for k in default):
+        if isinstance(given, int) and not isinstance(given, bool):  # on every CPU
+            return given
+        if not isinstance(given, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in given.items()
+        ):
+            raise TypeError(
+                f"Expected threshold `{name}` to be an int or a mapping CPU -> int, but got "
+                f"{given!r} instead."
+            )
+        return MappingProxyType(dict(given))
     if isinstance(default, int):
         if not isinstance(given, int) or isinstance(given, bool):
             raise TypeError(
@@ -413,13 +436,15 @@ def thresholds(**overrides: Any) -> Iterator[Mapping[str, Any]]:
 
 def _shown(v: object) -> str:
     if isinstance(v, int):
+        if v == NEVER:
+            return "never (SDPA)"
         if v >= 1 << 14 and v & (v - 1) == 0:
             return f"2^{v.bit_length() - 1}"
         return str(v)
     if isinstance(v, frozenset):
         return ", ".join(sorted(str(d).removeprefix("torch.") for d in v))
     assert isinstance(v, Mapping)
-    return "{} (none)" if not v else ", ".join(f"{k}: {n}" for k, n in v.items())
+    return "{} (none)" if not v else ", ".join(f"{k}: {_shown(n)}" for k, n in v.items())
 
 
 def markdown() -> str:

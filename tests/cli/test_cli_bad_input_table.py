@@ -44,6 +44,7 @@ EXISTING = [
      _exists("--json", "b.json")),
     ("export", "--out", ["export", "--scoring", "dot", "--out", "m.pt2"], ["m.pt2"],
      _exists("--out", "m.pt2")),
+    ("tune", "--out", ["tune", "--out", "t.json"], ["t.json"], _exists("--out", "t.json")),
     ("demo", "--out", ["demo", "--out", "d"], ["d/additive_attention.png"],
      _exists("--out", "d/additive_attention.png")),
     ("demo", "--out", ["demo", "--out", "d", "--format", "svg"], ["d/exercise3_summation.svg"],
@@ -285,7 +286,7 @@ def test_every_output_option_is_in_the_table():
             found.add((command, option))
             assert "--overwrite" in options, command
     assert found == {(command, option) for command, option, *_ in EXISTING}
-    assert len(found) == 11
+    assert len(found) == 12
 
 
 # --- --overwrite replaces -----------------------------------------------------------------

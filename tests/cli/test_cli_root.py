@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_one_tree_with_every_subcommand():
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    assert list(sub.choices) == ["demo", "run", "bench", "g2p", "export"]
+    assert list(sub.choices) == ["demo", "run", "bench", "g2p", "export", "tune"]
     assert all(type(p) is type(parser) for p in sub.choices.values())
     for argv in (["demo"], ["run", "--input", "x.npz"], ["bench"], ["g2p", "table", "r"]):
         assert callable(parser.parse_args(argv).handler)
@@ -40,6 +40,7 @@ def test_one_tree_with_every_subcommand():
         (["bench", "--threads", "0"], "--threads: expected a positive integer"),
         (["g2p", "--no-such-option"], "required"),
         (["g2p", "train", "--steps", "0"], "--steps: expected a positive integer"),
+        (["tune", "--out", "t.txt"], "--out"),
     ],
 )
 def test_usage_errors_while_parsing_are_one_line_exit_2(capsys, argv, message):

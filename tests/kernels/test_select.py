@@ -5,6 +5,7 @@ say what ran."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -14,7 +15,7 @@ from test_dot_dispatch import MASKS, TOL, _inputs, reference
 
 import attnscore
 from attnscore import kernels as K
-from attnscore.kernels import _select
+from attnscore.kernels import _measured, _select
 from attnscore.masking import build_mask
 
 CPU = _select.PRIORITY["cpu"]
@@ -116,8 +117,101 @@ def test_explain_says_why_each_one_ahead_declined():
     assert list(declined) == list(CPU[: CPU.index(choice.chosen)])
     assert "gradients" in declined["c_small"] and "torch.float64" in declined["c_by_lengths"]
     text = str(seen)
-    assert text.startswith(f"attention on cpu (checked): {choice.chosen}")
-    assert all(f"declined {n}: {why}" in text for n, why in choice.declined)
+    assert text.startswith(f"attention on cpu (checked): {choice.chosen}\n  call: mask lengths")
+    assert [n for n, _ in choice.rows] == list(CPU)
+    rows = dict(choice.rows)
+    assert all(rows[n] == f"declined: {why}" for n, why in choice.declined)
+    assert rows[choice.chosen] == "chosen" and rows["plain"].startswith("not asked")
+    assert all(f". {n} " in text and f"declined: {why}" in text for n, why in choice.declined)
+
+
+def test_explain_is_a_table_of_every_candidate_with_the_call():
+    """One row per candidate in priority order: excluded by ``use``, chosen, not asked;
+    the call's mask kind and sizes above them."""
+    q = torch.randn(2, 8, 256, 64)
+    with K.use("sdpa", "plain"):
+        (choice,) = attnscore.explain(attnscore.DotProductAttention().eval(), q, q, q).choices
+    assert choice.call == "mask none, B·H 16, n 256, m 256, d 64, float32, inference"
+    assert dict(choice.rows) == {
+        **{n: "excluded by attnscore.kernels.use" for n in CPU[:4]},
+        "sdpa": "chosen",
+        "plain": "not asked (sdpa took the call first)",
+    }
+    assert str(choice).splitlines()[2] == "  1. c_small        excluded by attnscore.kernels.use"
+
+
+DENSE = torch.randn(2, 8, 256, 64)  # 2^26 multiply-adds, no mask: both take it
+NOT_MEASURED = {"unpadded_work": {}, "unpadded_inference": {}}  # shipped for no CPU
+
+
+def _dense(causal=False):
+    """The implementation of a dense inference call, and what its row says."""
+    (choice,) = K.explain(
+        attnscore.dot_product_attention, DENSE, DENSE, DENSE, causal=causal
+    ).choices
+    return choice.chosen, dict(choice.rows)["c_by_lengths"]
+
+
+def _tune_file(path, key, winner):
+    buckets = {
+        _measured.bucket(kind, torch.float32, False, 1 << 26): {
+            "c_by_lengths": 1.0, "sdpa": 2.0, "winner": winner
+        }
+        for kind in ("none", "causal")
+    }  # fmt: skip
+    path.write_text(json.dumps({"key": key, "buckets": buckets}))
+    return path
+
+
+def test_dense_calls_follow_this_machines_measurements(thresholds, tmp_path):
+    """No mask or causal alone (the kernel and SDPA both take them): the thresholds shipped
+    for this CPU; a CPU none was measured on gets SDPA; this machine's tune file decides
+    over both; a file of another machine is ignored, a corrupted one with a warning."""
+    from attnscore.kernels._measured import cpu_name, machine
+
+    shipped = {t.name: t.value for t in K.THRESHOLDS}
+    assert all(shipped[n]["Intel Xeon with AMX (amx_bf16)"] >= 1 << 62 for n in NOT_MEASURED)
+    if cpu_name() is not None:
+        assert _dense() == ("c_by_lengths", f"chosen (thresholds shipped for {cpu_name()})")
+        with K.thresholds(**{n: {cpu_name(): 1 << 62} for n in NOT_MEASURED}):  # as the Xeon's
+            reason = f"declined: SDPA faster here (thresholds shipped for {cpu_name()})"
+            assert _dense() == _dense(causal=True) == ("sdpa", reason)
+    thresholds(**NOT_MEASURED)
+    not_measured = "declined: not measured on this machine: PyTorch's call"
+    assert _dense() == _dense(causal=True) == ("sdpa", not_measured)
+    mine = _tune_file(tmp_path / "mine.json", machine(), "c_by_lengths")
+    with K.tuned(mine):
+        chosen, row = _dense(causal=True)
+        assert chosen == "c_by_lengths" and f"tune file {mine} (causal float32 inference" in row
+    with K.tuned(_tune_file(tmp_path / "sdpa.json", machine(), "sdpa")):
+        chosen, row = _dense()
+        assert chosen == "sdpa" and row.startswith("declined: SDPA faster here (tune file")
+    other = _tune_file(tmp_path / "other.json", {**machine(), "cpu": "another"}, "c_by_lengths")
+    with K.tuned(other):
+        assert _dense() == ("sdpa", not_measured)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"key": ')
+    with K.tuned(broken):
+        with pytest.warns(UserWarning, match="ignored the tune file") as warned:
+            assert _dense() == _dense() == ("sdpa", not_measured)
+        assert len(warned) == 1
+    thresholds(unpadded_work=0, unpadded_inference=0)  # a thresholds block decides over all
+    with K.tuned(_tune_file(tmp_path / "sdpa.json", machine(), "sdpa")):
+        assert _dense()[0] == "c_by_lengths"
+
+
+def test_the_first_call_benchmark_measures_a_bucket_once(thresholds):
+    """``kernels.benchmark = True``: the first call of a bucket times both on its inputs,
+    keeps the winner for the process and says so."""
+    thresholds(**NOT_MEASURED)
+    K.benchmark = True
+    try:
+        chosen, row = _dense()
+        again = _dense()
+    finally:
+        K.benchmark = False
+    assert "first-call benchmark of none float32 inference 2^26: c_by_lengths " in row
+    assert again == (chosen, row)
 
 
 def test_use_restricts_orders_and_fails_with_every_reason(thresholds):

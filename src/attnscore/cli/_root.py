@@ -16,8 +16,8 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> ArgumentParser:
-    """The whole command tree: ``demo``, ``run``, ``bench`` and ``g2p`` with their own
-    subcommands, and ``--version``.
+    """The whole command tree: ``demo``, ``run``, ``bench``, ``g2p`` with their own
+    subcommands, ``export``, ``tune``, and ``--version``.
 
     Returns:
         The ``attnscore`` parser; every parser in it raises
@@ -28,7 +28,7 @@ def build_parser() -> ArgumentParser:
     ('scaled_dot', '_run')
     """
     from .. import __version__
-    from . import bench, demo, export, g2p, run
+    from . import bench, demo, export, g2p, run, tune
 
     parser = ArgumentParser(
         prog="attnscore",
@@ -39,7 +39,7 @@ def build_parser() -> ArgumentParser:
         "--version", action="version", version=f"attnscore {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (demo, run, bench, g2p, export):
+    for command in (demo, run, bench, g2p, export, tune):
         command.add_parser(sub)
     return parser
 

@@ -24,7 +24,16 @@ a device type is a module (:data:`attnscore.kernels._dispatch.BACKENDS`, contrac
 PyTorch twin (:mod:`attnscore.kernels._plain`). Dot-product attention runs on the first
 implementation of the device's priority list that takes the call (:mod:`._select`:
 :func:`use` restricts them, :func:`explain` says which ran); where nothing can be skipped,
-that is PyTorch's ``scaled_dot_product_attention``.
+that is PyTorch's ``scaled_dot_product_attention``, unless this machine measured ours
+faster (:mod:`._measured`: ``attnscore tune``, :func:`tuned`, :data:`benchmark`). The names:
+
+- ``c_small``: one C pass for small inference calls by lengths (float32, float64);
+- ``c_by_lengths``: the C kernel by lengths, forward and backward (float32, bfloat16, float16);
+- ``flash_cut``: PyTorch's flash kernel per example, on keys cut to its longest length;
+- ``flash_grouped``: the same per group of examples of similar length (training);
+- ``flash_varlen`` (CUDA): flash attention's variable-length kernel, padded keys never read;
+- ``sdpa``: PyTorch's scaled_dot_product_attention, padding zeroed, empty rows zeros;
+- ``plain``: the textbook formulation; carries NaN and inf exactly.
 
 The plain twins run instead, as differentiable PyTorch ops, when kernels are disabled
 (``ATTNSCORE_DISABLE_KERNELS=1``, :func:`set_enabled`, :func:`disabled`) and inside
@@ -49,6 +58,8 @@ Shapes: B batch, H heads, n queries, m keys, h hidden units, d query/key size, v
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -66,6 +77,7 @@ from ._dispatch import (
     set_enabled,
     use_backend,
 )
+from ._measured import tuned
 from ._select import (
     PIPELINE,
     PRIORITY,
@@ -92,6 +104,7 @@ __all__ = [
     "additive_scores",
     "available",
     "backend_name",
+    "benchmark",
     "build_info",
     "disabled",
     "dot_product_attention",
@@ -104,9 +117,15 @@ __all__ = [
     "python_threads",
     "set_enabled",
     "thresholds",
+    "tuned",
     "use",
     "use_backend",
 ]
+
+#: Measure on first call (``ATTNSCORE_BENCHMARK=1`` sets it): a dense CPU call that no
+#: ``thresholds`` block decides times the C kernel and SDPA on its own inputs, once per
+#: bucket (:func:`._measured.bucket`), and the faster runs that bucket for the process.
+benchmark: bool = os.environ.get("ATTNSCORE_BENCHMARK", "") not in ("", "0")
 
 
 def available(*tensors: Tensor) -> bool:

@@ -30,7 +30,7 @@ from torch import Tensor
 from .._checks import compute_dtype, value_range
 from .._mask import AttentionMask
 from .._thresholds import value
-from . import _build, _plain, _sdpa
+from . import _build, _measured, _plain, _sdpa
 from ._build import has_float16, load_library
 from ._dispatch import enabled
 from ._select import AttentionCall, Implementation
@@ -1151,30 +1151,45 @@ class _ByLengthsAttention(torch.autograd.Function):
         return dq, dk, dv_, None, None
 
 
-_UNPADDED_WORK: int = value("unpadded_work")
+# (per CPU measured: mappings CPU -> int, resolved by _measured.verdict; ints in a
+# thresholds() block)
+_UNPADDED_WORK: Any = value("unpadded_work")
 _UNPADDED_HEAD: int = value("unpadded_head")
-_UNPADDED_INFERENCE: int = value("unpadded_inference")
+_UNPADDED_INFERENCE: Any = value("unpadded_inference")
 
 
-def _unpadded_pays(call: AttentionCall) -> bool:
-    """Whether the kernel by lengths measured faster with nothing padded (no mask, or causal
-    masking alone) than SDPA (or, for projected calls without a mask, their plain pipeline)
-    on a call like this (cheapest tests first: most calls are decided by size). SDPA's
-    float16 kernel has no float16 arithmetic to use on CPUs without it; projected calls in
-    bfloat16 keep their plain pipeline, whose bfloat16 products run at twice float32's rate
-    (the kernel computes in float32)."""
-    dtype, work, projected = call.q.dtype, call.work, call.project is not None
-    if dtype == torch.float16 or (call.kind == "causal" and (projected or work >= _UNPADDED_WORK)):
-        return True  # (projected: their plain pipeline skips nothing under causal masking)
-    if work < _UNPADDED_INFERENCE or (projected and dtype == torch.bfloat16):
-        return False
+def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
+    """None where the kernel by lengths runs a call with nothing padded (no mask, or causal
+    masking alone), else why not: float16 always (SDPA's float16 kernel has no float16
+    arithmetic to use on CPUs without it) and projected calls under causal masking (their
+    plain pipeline skips nothing); else as measured on this machine
+    (:func:`._measured.verdict`; the reason names the measurement). The shipped rule: from
+    ``unpadded_inference`` multiply-adds without gradients, from ``unpadded_work`` in
+    training with an (example, head) per thread (the backward's tasks), either with a tile
+    of queries and heads up to ``unpadded_head``; causal masking from ``unpadded_work`` at
+    any shape. Projected calls in bfloat16 keep their plain pipeline, whose bfloat16
+    products run at twice float32's rate (the kernel computes in float32)."""
+    dtype, projected = call.q.dtype, call.project is not None
+    if dtype == torch.float16 or (projected and call.kind == "causal"):
+        return None
     pairs, n, _, d, dv = call.sizes
-    if n < _FA_ROWS or max(d, dv) > _UNPADDED_HEAD:
-        return False
-    if not call.needs_grad:  # (a projected call in training counts: its parameters may)
-        return True  # inference
-    # In training the backward's tasks are (example, head): fewer than threads leave some idle.
-    return work >= _UNPADDED_WORK and pairs >= torch.get_num_threads()
+
+    def shipped(work_from: int, inference_from: int) -> bool:
+        work = call.work
+        if call.kind == "causal" and work >= work_from:
+            return True
+        if work < inference_from or (projected and dtype == torch.bfloat16):
+            return False
+        if n < _FA_ROWS or max(d, dv) > _UNPADDED_HEAD:
+            return False
+        # (a projected call in training counts: its parameters may)
+        return not call.needs_grad or (work >= work_from and pairs >= torch.get_num_threads())
+
+    runs, source = _measured.verdict(call, kernel, _UNPADDED_WORK, _UNPADDED_INFERENCE, shipped)
+    call.notes["measured"] = source
+    if runs:
+        return None
+    return source if source == _measured.NOT_MEASURED else f"SDPA faster here ({source})"
 
 
 def _in_order(mask: AttentionMask) -> bool:
@@ -1285,7 +1300,7 @@ class SmallPass(Implementation):
         return out
 
 
-_SDPA_FASTER = "nothing padded, and SDPA measured faster at this size (unpadded_* thresholds)"
+_SDPA_FASTER = "nothing padded, and SDPA measured faster at this size (small_work)"
 
 
 class ByLengths(Implementation):
@@ -1303,16 +1318,14 @@ class ByLengths(Implementation):
 
     def supports(self, call: AttentionCall) -> str | None:
         work = call.work
-        if call.kind != "lengths" and (  # nothing padded: most calls are decided by size
-            work < _BY_LENGTHS_WORK or work < _SMALL_WORK or not _unpadded_pays(call)
-        ):
-            return _SDPA_FASTER  # (a constant: small calls with nothing padded meet it)
+        if call.kind != "lengths" and (work < _BY_LENGTHS_WORK or work < _SMALL_WORK):
+            return _SDPA_FASTER  # (a constant: most small calls with nothing padded meet it)
         if (why := _kernel_declines(call)) is not None:
             return why
         if call.dropout_p:
             return "dropout (the kernel has none)"
         if call.kind != "lengths":
-            return _by_lengths_declines(call.q, call.k, call.v)
+            return _by_lengths_declines(call.q, call.k, call.v) or _unpadded_pays(call, self)
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
         return _by_lengths_declines(call.q, call.k, call.v) or _cuts_no_key(call)

@@ -266,16 +266,25 @@ class NoImplementationError(RuntimeError):
 class Choice:
     """What :func:`choose` decided for one call: the ``device`` type, the implementation
     that ran it (``chosen``), and (name, reason) for each candidate ahead of it that
-    declined; ``route`` says which entry asked (``"checked"``, or a fast lane's name)."""
+    declined; ``route`` says which entry asked (``"checked"``, or a fast lane's name). Where
+    the call was explained: ``call`` (its mask kind and sizes) and ``rows``, (name,
+    verdict) for every candidate of the device in priority order."""
 
     device: str
     chosen: str
     declined: tuple[tuple[str, str], ...] = ()
     route: str = "checked"
+    call: str = ""
+    rows: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
         lines = [f"attention on {self.device} ({self.route}): {self.chosen}"]
-        lines += [f"  declined {name}: {why}" for name, why in self.declined]
+        if self.call:
+            lines.append(f"  call: {self.call}")
+        if not self.rows:
+            return "\n".join(lines + [f"  declined {n}: {why}" for n, why in self.declined])
+        width = max(len(name) for name, _ in self.rows)
+        lines += [f"  {i}. {n:<{width}}  {v}" for i, (n, v) in enumerate(self.rows, 1)]
         return "\n".join(lines)
 
 
@@ -431,7 +440,9 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
             out = impl.run(call)
             if out is not None or impl.name == "plain":
                 if seen and (out is not None or not lane):  # None: a projected call handed back
-                    record(call.device, impl.name if out is not None else PIPELINE, route, declined)
+                    chosen = impl.name if out is not None else PIPELINE
+                    rows = _rows(call, candidates, declined, impl.name, chosen)
+                    record(call.device, chosen, route, declined, _described(call), rows)
                 return out
             why = call.notes.pop("declined", "declined once it ran")
         declined.append((impl.name, why))
@@ -442,17 +453,58 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     )
 
 
+def _described(call: AttentionCall) -> str:
+    pairs, n, m, d, dv = call.sizes
+    head = f"d {d}" if d == dv else f"d {d}, dv {dv}"
+    step = "training" if call.needs_grad else "inference"
+    dtype = str(call.q.dtype).removeprefix("torch.")
+    return f"mask {call.kind}, B·H {pairs}, n {n}, m {m}, {head}, {dtype}, {step}"
+
+
+def _rows(
+    call: AttentionCall,
+    candidates: Sequence[Implementation],
+    declined: list[tuple[str, str]],
+    ran: str,
+    chosen: str,
+) -> tuple[tuple[str, str], ...]:
+    """Every candidate of the call's device, in priority order, with its verdict."""
+    reasons, rows = dict(declined), []
+    for impl in implementations(call.device):
+        name = impl.name
+        if name == ran:
+            measured = call.notes.get("measured") if name == "c_by_lengths" else None
+            verdict = "chosen" if chosen == name else "handed the call to the scorer's pipeline"
+            verdict += f" ({measured})" if measured else ""
+        elif name in reasons:
+            verdict = f"declined: {reasons[name]}"
+        elif impl not in candidates:
+            verdict = "excluded by attnscore.kernels.use"
+        else:
+            verdict = f"not asked ({ran} took the call first)"
+        rows.append((name, verdict))
+    return tuple(rows)
+
+
 def _other_kind(impl: Implementation, kind: str) -> str:
     return f"a {kind} mask (it takes {', '.join(sorted(impl.kinds))})"
 
 
-def record(device: str, chosen: str, route: str, declined: Sequence[tuple[str, str]] = ()) -> None:
-    """Note that ``route`` ran an attention call on ``chosen`` after the candidates
-    ``declined`` (name, reason) declined it: for :func:`explaining` and the DEBUG log."""
+def record(
+    device: str,
+    chosen: str,
+    route: str,
+    declined: Sequence[tuple[str, str]] = (),
+    call: str = "",
+    rows: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """Note that ``route`` ran an attention call (described by ``call``) on ``chosen`` after
+    the candidates ``declined`` (name, reason) declined it, every candidate's verdict in
+    ``rows``: for :func:`explaining` and the DEBUG log."""
     _local.recorded += 1
     recording = _local.recording
     if recording is not None:
-        recording.append(Choice(device, chosen, tuple(declined), route))
+        recording.append(Choice(device, chosen, tuple(declined), route, call, rows))
     if _log.isEnabledFor(_DEBUG):
         ahead = "; ".join(f"{n}: {w}" for n, w in declined)
         _log.debug(

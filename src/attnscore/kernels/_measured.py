@@ -1,0 +1,194 @@
+"""Where the C kernel by lengths and SDPA both take a dense CPU call (no mask, or causal
+masking alone) and neither wins by construction, the choice measured on this machine, as
+``torch.backends.cudnn.benchmark`` makes it for convolutions (:func:`verdict`: a
+``thresholds`` block, the first-call benchmark, this machine's tune file, the thresholds
+shipped for this CPU, else SDPA). The machine is read once, lazily (:func:`machine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from .._thresholds import CPUS
+from ._build import _cache_dir
+from ._sdpa import Sdpa
+from ._select import AttentionCall, Implementation
+
+__all__ = ["bucket", "cpu_name", "default_file", "machine", "measure", "tuned", "verdict"]
+
+ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+#: Work buckets: bucket b holds (B·H)·n·m·(d + dv) in [2^(15+2b), 2^(17+2b)) (0: below,
+#: the last: above), measured at 2^(16+2b).
+WORK_BUCKETS = 6
+NOT_MEASURED = "not measured on this machine: PyTorch's call"
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if not line.strip():
+                break  # the first processor's block
+            name, _, value = line.partition(":")
+            info[name.strip()] = value.strip()
+    return info
+
+
+@functools.cache
+def cpu_name() -> str | None:
+    """The shipped CPU (a key of ``attnscore._thresholds.CPUS``) this machine is, or None."""
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    for name, (vendor, family, flag) in CPUS.items():
+        same_family = family is None or info.get("cpu family") == str(family)
+        if info.get("vendor_id") == vendor and flag in flags and same_family:
+            return name
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """This machine as a tune file's key: the CPU model and its ISA flags of
+    :data:`ISA`, torch's threads, the torch and attnscore versions."""
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "isa": [f for f in ISA if f in flags],
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "attnscore": sys.modules["attnscore"].__version__,
+    }
+
+
+def bucket(kind: str, dtype: torch.dtype, grad: bool, work: int) -> str:
+    """A call's bucket: ``"causal bfloat16 training 2^20"`` (the work it is measured at)."""
+    b = min(max((work.bit_length() - 16) // 2, 0), WORK_BUCKETS - 1)
+    step = "training" if grad else "inference"
+    return f"{kind} {str(dtype).removeprefix('torch.')} {step} 2^{16 + 2 * b}"
+
+
+class _Tuning:
+    path: Path | None = None  # None: the cache dir's tune.json
+    loaded: dict[str, Any] | None = None  # the buckets of a matching file ({}: none)
+    first_calls: ClassVar[dict[str, tuple[bool, str]]] = {}
+
+
+def default_file() -> Path:
+    """Where ``attnscore tune`` writes and the selection reads: ``tune.json`` in the cache
+    dir (``$ATTNSCORE_CACHE``, else ``~/.cache/attnscore``, as the C build's)."""
+    return _cache_dir() / "tune.json"
+
+
+def _file() -> Path:
+    return _Tuning.path or default_file()
+
+
+def _buckets() -> dict[str, Any]:
+    if _Tuning.loaded is None:
+        _Tuning.loaded, path = {}, _file()
+        try:
+            found = json.loads(path.read_text())
+            if found["key"] == machine():
+                _Tuning.loaded = dict(found["buckets"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            warnings.warn(f"attnscore: ignored the tune file {path} ({error!r})", stacklevel=2)
+    return _Tuning.loaded
+
+
+@contextlib.contextmanager
+def tuned(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Run the body with the measurements of the tune file at ``path`` (None: the one
+    ``attnscore tune`` writes in the cache dir, ``$ATTNSCORE_CACHE`` or
+    ``~/.cache/attnscore``), read on the first call that needs it; process-wide. A file of
+    another machine is ignored; a corrupted one with a warning.
+
+    >>> import attnscore
+    >>> with attnscore.kernels.tuned("no-such-file.json"):
+    ...     pass
+    """
+    saved = _Tuning.path, _Tuning.loaded
+    _Tuning.path, _Tuning.loaded = None if path is None else Path(path), None
+    try:
+        yield
+    finally:
+        _Tuning.path, _Tuning.loaded = saved
+
+
+def measure(call: AttentionCall, kernel: Implementation, sdpa: Implementation) -> dict[str, Any]:
+    """Time ``kernel`` and ``sdpa`` on ``call``'s inputs (copies; forward and backward where
+    it needs gradients), one run of each in turn after a warm-up, at least 10 and up to 400
+    runs or 0.5 s of both: the fastest milliseconds of each (the runs others disturbed
+    least) and the winner's name."""
+    grad = call.needs_grad
+    q, k, v = (t.detach().requires_grad_(grad) for t in (call.q, call.k, call.v))
+    best = {kernel.name: float("inf"), sdpa.name: float("inf")}
+    spent, rounds = 0.0, -1
+    while rounds < 10 or (spent < 0.5 and rounds < 400):
+        for impl in (kernel, sdpa):
+            start = time.perf_counter()
+            with torch.set_grad_enabled(grad):
+                out = impl.run(AttentionCall(q, k, v, call.mask, scale=call.scale))
+                if grad and out is not None:
+                    out.sum().backward()
+            took = time.perf_counter() - start
+            spent += took
+            if rounds >= 0:  # (round -1 warms up)
+                best[impl.name] = min(best[impl.name], 1e3 * took)
+        rounds += 1
+    return {**best, "winner": min(best, key=best.__getitem__)}
+
+
+def _per_cpu(v: Any) -> int | None:
+    return v if isinstance(v, int) else v.get(cpu_name())
+
+
+def verdict(
+    call: AttentionCall,
+    kernel: Implementation,
+    work: Any,
+    inference: Any,
+    shipped: Callable[[int, int], bool],
+) -> tuple[bool, str]:
+    """Whether ``kernel`` (the kernel by lengths) runs dense ``call`` rather than SDPA, and
+    the measurement that decided (for :func:`attnscore.explain`); ``work`` and
+    ``inference`` are the thresholds in force, ``shipped(work, inference)`` their rule."""
+    if isinstance(work, int) and isinstance(inference, int):
+        return shipped(work, inference), "thresholds set by attnscore.kernels.thresholds"
+    measured = call.project is None  # (projected calls compare with their own pipeline)
+    if measured and sys.modules[__package__].benchmark:
+        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
+        found = _Tuning.first_calls.get(key)
+        if found is None:
+            ms = measure(call, kernel, Sdpa())
+            found = ms["winner"] == "c_by_lengths", f"first-call benchmark of {key}: {_ms(ms)}"
+            _Tuning.first_calls[key] = found
+        return found
+    tuned = _buckets() if measured else None
+    if tuned:  # (no file, or another machine's: {})
+        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
+        timed = tuned.get(key)
+        if timed is not None:
+            return timed["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(timed)})"
+    here = cpu_name()
+    if here is not None and _per_cpu(work) is not None and _per_cpu(inference) is not None:
+        return shipped(_per_cpu(work), _per_cpu(inference)), f"thresholds shipped for {here}"  # type: ignore[arg-type]
+    return False, NOT_MEASURED
+
+
+def _ms(found: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {found[n]:.3g} ms" for n in ("c_by_lengths", "sdpa"))
