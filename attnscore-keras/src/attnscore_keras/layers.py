@@ -172,6 +172,14 @@ def _sizes_error(name: str, size: int, shape: tuple[int | None, ...]) -> ValueEr
     )
 
 
+def _tanh(x: Any) -> Any:
+    """tanh in ``x``'s dtype: Keras 3.15's JAX ``ops.tanh`` returns float32 for float64
+    input, so float64 takes ``2 sigmoid(2x) - 1`` (within 2e-16 of tanh)."""
+    if dtype_of(x) == "float64":
+        return 2.0 * ops.sigmoid(2.0 * x) - 1.0
+    return ops.tanh(x)
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class AdditiveAttention(Attention):
     """Additive attention, ``a(q, k) = w_vᵀ tanh(W_q q + W_k k [+ b])``.
@@ -256,7 +264,7 @@ class AdditiveAttention(Attention):
         w = self.w_v
         if self.g is not None:
             w = self.g * w / ops.sqrt(ops.sum(ops.square(w)))
-        features = ops.tanh(ops.expand_dims(qh, -2) + ops.expand_dims(kh, -3))  # (..., n, m, h)
+        features = _tanh(ops.expand_dims(qh, -2) + ops.expand_dims(kh, -3))  # (..., n, m, h)
         return ops.squeeze(ops.matmul(features, w), -1)
 
     def get_config(self) -> dict[str, Any]:
@@ -444,7 +452,8 @@ class CosineAttention(Attention):
         )
 
     def score(self, queries: Any, keys: Any) -> Any:
-        s = ops.cast(ops.exp(ops.cast(self.log_scale, "float32")), queries.dtype)
+        wide = "float32" if dtype_of(queries) in SIXTEEN_BITS else queries.dtype
+        s = ops.cast(ops.exp(ops.cast(self.log_scale, wide)), queries.dtype)
         return ops.matmul(unit_rows(queries) * s, ops.swapaxes(unit_rows(keys), -1, -2))
 
     def get_config(self) -> dict[str, Any]:
