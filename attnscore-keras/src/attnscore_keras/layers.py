@@ -329,8 +329,8 @@ class DotProductAttention(Attention):
         if scale == 1.0:
             return ops.matmul(queries, keys_t)
         if dtype_of(queries) in SIXTEEN_BITS:  # one rounding of each score, not of q * s
-            return ops.matmul(queries, keys_t) * ops.cast(scale, queries.dtype)
-        return ops.matmul(queries * ops.cast(scale, queries.dtype), keys_t)
+            return ops.matmul(queries, keys_t) * ops.convert_to_tensor(scale, dtype=queries.dtype)
+        return ops.matmul(queries * ops.convert_to_tensor(scale, dtype=queries.dtype), keys_t)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -396,12 +396,12 @@ class MultiplicativeAttention(Attention):
 
 
 def unit_rows(x: Any) -> Any:
-    """Each row of ``x`` (..., d) over its norm; zero rows stay zero (the norm is clamped
-    to the dtype's smallest normal number)."""
+    """Each row of ``x`` (..., d) over its norm; zero rows stay zero with a zero gradient
+    (the squared norm is clamped to the dtype's smallest normal number before its root)."""
     tiny = {"float16": 6.104e-05, "bfloat16": 1.1755e-38, "float32": 1.1755e-38}
-    norm = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
-    floor = tiny.get(dtype_of(x), 2.2251e-308)
-    return x / ops.maximum(norm, ops.cast(floor, x.dtype))
+    squared = ops.sum(ops.square(x), axis=-1, keepdims=True)
+    floor = ops.convert_to_tensor(tiny.get(dtype_of(x), 2.2251e-308), dtype=x.dtype)
+    return x / ops.sqrt(ops.maximum(squared, floor))
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
