@@ -145,7 +145,12 @@ class Attention(keras.layers.Layer):
         )
         if allowed is not None:
             queries, keys, values = inert_padding(
-                allowed, len(scores_shape) - 2, queries, keys, values
+                allowed,
+                len(scores_shape) - 2,
+                queries,
+                keys,
+                values,
+                padded_queries=query_valid_lens is not None,
             )
         return self.pool(queries, keys, values, allowed, training)
 
@@ -321,6 +326,7 @@ class DotProductAttention(Attention):
             raise TypeError(f"Expected `scale` to be a float or None, but got {scale!r} instead.")
         super().__init__(dropout, normalizer=normalizer, **kwargs)
         self.scale = None if scale is None else float(scale)
+        self.built = True  # no weights to make
 
     def score(self, queries: Any, keys: Any) -> Any:
         d = queries.shape[-1]

@@ -142,30 +142,35 @@ def softmax_where(scores: Any, allowed: Any) -> Any:
     return ops.cast(weights, dtype) if dtype in SIXTEEN_BITS else weights
 
 
-def inert_padding(allowed: Any, batch_rank: int, *tensors: Any) -> tuple[Any, ...]:
+def inert_padding(
+    allowed: Any, batch_rank: int, queries: Any, keys: Any, values: Any, *, padded_queries: bool
+) -> tuple[Any, Any, Any]:
     """``(queries, keys, values)`` of shapes (B, n, q), (B, m, k), (B, m, v) (or with the
-    scores' leading dimensions) with zeros in the rows no (query, key) pair of ``allowed``
-    uses, so that NaN or inf held there reaches no output and no gradient (0 x NaN is NaN).
+    scores' leading dimensions) with zeros in the key and value rows no query of
+    ``allowed`` attends, and with ``padded_queries`` (query lengths were given) in the
+    query rows that attend nothing: NaN or inf held there then reaches no output and no
+    gradient (0 x NaN is NaN). Queries within their lengths are the caller's data, kept as
+    they are (as attnscore's PyTorch modules do).
 
     ``allowed`` is broadcastable to (B, ..., n, m) with ``batch_rank`` leading dimensions;
     the inputs' leading dimensions are (B,) or all of them."""
-    queries, keys, values = tensors
     full = batch_rank + 2
     while len(allowed.shape) < full:
         allowed = ops.expand_dims(allowed, 0)
-    any_key = ops.any(allowed, axis=-1)  # (..., n): the query attends something
-    any_query = ops.any(allowed, axis=-2)  # (..., m): some query attends the key
     extra = tuple(range(1, batch_rank - len(queries.shape) + 3))
-    if extra:  # the inputs lack the heads' dimensions: a row is used if any head uses it
-        any_key = ops.any(any_key, axis=extra)
-        any_query = ops.any(any_query, axis=extra)
-    any_key = ops.expand_dims(any_key, -1)
-    any_query = ops.expand_dims(any_query, -1)
-    return (
-        ops.where(any_key, queries, ops.zeros_like(queries)),
-        ops.where(any_query, keys, ops.zeros_like(keys)),
-        ops.where(any_query, values, ops.zeros_like(values)),
-    )
+
+    def rows(used: Any) -> Any:
+        if extra:  # the inputs lack the heads' dimensions: a row is used if any head uses it
+            used = ops.any(used, axis=extra)
+        return ops.expand_dims(used, -1)
+
+    any_query = rows(ops.any(allowed, axis=-2))  # (..., m, 1): some query attends the key
+    keys = ops.where(any_query, keys, ops.zeros_like(keys))
+    values = ops.where(any_query, values, ops.zeros_like(values))
+    if padded_queries:
+        any_key = rows(ops.any(allowed, axis=-1))  # (..., n, 1): the query attends a key
+        queries = ops.where(any_key, queries, ops.zeros_like(queries))
+    return queries, keys, values
 
 
 def masked_softmax(X: Any, valid_lens: Any = None) -> Any:

@@ -189,7 +189,9 @@ class MultiHeadAttention(keras.layers.Layer):
             causal=causal,
         )
         if allowed is not None:
-            queries, keys, values = inert_padding(allowed, 2, queries, keys, values)
+            queries, keys, values = inert_padding(
+                allowed, 2, queries, keys, values, padded_queries=query_valid_lens is not None
+            )
         heads = self.attention.pool(
             self._split(self._project(queries, self.W_q, self.b_q)),
             self._split(self._project(keys, self.W_k, self.b_k)),
