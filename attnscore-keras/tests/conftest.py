@@ -11,9 +11,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_ENABLE_X64", "1")  # the float64 references and gradients
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import keras
+import numpy as np
+import pytest
 
 BACKEND = keras.backend.backend()
 

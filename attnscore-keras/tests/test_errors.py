@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 
+import attnscore_keras as ak
 import numpy as np
 import pytest
 
-import attnscore_keras as ak
-
-q, k, v = np.ones((2, 3, 4), "float32"), np.ones((2, 5, 4), "float32"), np.ones((2, 5, 6), "float32")
+q, k, v = (
+    np.ones((2, 3, 4), "float32"),
+    np.ones((2, 5, 4), "float32"),
+    np.ones((2, 5, 6), "float32"),
+)
 
 CALLS = [
     ("queries", TypeError, lambda: ak.DotProductAttention()(np.ones((2, 3, 4), "int32"), k, v)),

@@ -3,12 +3,12 @@ tf.function(jit_compile=True)) against eager ones; get_config and model.save/loa
 
 from __future__ import annotations
 
+import attnscore_keras as ak
 import keras
 import numpy as np
 import pytest
-from conftest import compiled, gradients, tensor, to_np
 
-import attnscore_keras as ak
+from conftest import compiled, gradients, tensor, to_np
 
 B, N, M, D = 2, 3, 4, 4
 MASKS = {
@@ -32,7 +32,9 @@ def layer_of(kind):
 
 
 def _masks(masks):
-    return {k: v if isinstance(v, bool) else keras.ops.convert_to_tensor(v) for k, v in masks.items()}
+    return {
+        k: v if isinstance(v, bool) else keras.ops.convert_to_tensor(v) for k, v in masks.items()
+    }
 
 
 GRAD_CASES = [(kind, "all") for kind in ("dot", "additive", "general", "cosine", "multihead")]
@@ -61,12 +63,14 @@ def test_gradients_match_float64_finite_differences(kind, mask, rng):
         direction = [rng.normal(size=np.shape(a)) for a in args]
         eps = 1e-6
 
-        def at(sign, direction=direction):
-            moved = [tensor(a + sign * eps * d, "float64") for a, d in zip(args, direction)]
+        def at(sign, direction=direction, eps=eps):
+            moved = [
+                tensor(a + sign * eps * d, "float64") for a, d in zip(args, direction, strict=True)
+            ]
             return float(to_np(loss(*moved)))
 
         numeric = (at(1) - at(-1)) / (2 * eps)
-        analytic = sum(float(np.sum(g * d)) for g, d in zip(grads, direction))
+        analytic = sum(float(np.sum(g * d)) for g, d in zip(grads, direction, strict=True))
         assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), (numeric, analytic)
     assert all(np.isfinite(g).all() for g in grads)
 

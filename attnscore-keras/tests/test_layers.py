@@ -3,13 +3,13 @@ exact zero rows; NaN in padding; dropout."""
 
 from __future__ import annotations
 
+import attnscore_keras as ak
 import keras
 import numpy as np
 import pytest
-from conftest import tensor, to_np
 
-import attnscore_keras as ak
 import reference as ref
+from conftest import tensor, to_np
 
 B, N, M, D, V = 2, 3, 5, 4, 6
 LENS = np.array([2, 0])  # example 1 attends nothing
@@ -54,7 +54,10 @@ def reference_scores(layer, q, k):
 
 
 def mask_kwargs(masks):
-    return {key: (v if isinstance(v, bool) else keras.ops.convert_to_tensor(v)) for key, v in masks.items()}
+    return {
+        key: (v if isinstance(v, bool) else keras.ops.convert_to_tensor(v))
+        for key, v in masks.items()
+    }
 
 
 def numpy_allowed(masks, B, n, m):
@@ -119,7 +122,9 @@ def test_multihead_matches_the_float64_reference(scoring, mask, rng):
     q, k, v = rng.normal(size=(B, N, 5)), rng.normal(size=(B, M, 3)), rng.normal(size=(B, M, 7))
     mha = ak.MultiHeadAttention(E, H, bias=True, scoring=scoring, dtype="float64")
     masks = MASKS[mask]
-    out = mha(tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), **mask_kwargs(masks))
+    out = mha(
+        tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), **mask_kwargs(masks)
+    )
 
     def heads(x, w, b):
         y = x @ to_np(w) + to_np(b)
@@ -144,7 +149,9 @@ def test_nan_in_padding_reaches_no_output(kind, rng):
     clean = k.copy(), v.copy()
     for x in clean:
         x[~np.isfinite(x)] = 7.0
-    same = layer(tensor(q, "float32"), tensor(clean[0], "float32"), tensor(clean[1], "float32"), lens)
+    same = layer(
+        tensor(q, "float32"), tensor(clean[0], "float32"), tensor(clean[1], "float32"), lens
+    )
     np.testing.assert_array_equal(to_np(out), to_np(same))
 
 

@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attnscore_keras
 import keras
 import pytest
-
-import attnscore_keras
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "tensorflow_and_jax.md"
@@ -58,7 +57,9 @@ def _python_blocks(page: Path) -> list[str]:
     return re.findall(r"<!-- skip: needs keras -->\n```python\n(.*?)```", text, re.S)
 
 
-@pytest.mark.skipif(not DOCS.exists(), reason="docs/tensorflow_and_jax.md is in the repository only")
+@pytest.mark.skipif(
+    not DOCS.exists(), reason="docs/tensorflow_and_jax.md is in the repository only"
+)
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow", reason="once: on Keras's default backend"
 )

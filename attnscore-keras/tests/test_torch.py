@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+
 from conftest import to_np
 
 torch = pytest.importorskip("torch")
@@ -29,7 +30,8 @@ def modules():
         "cosine": (attnscore.CosineAttention(scale=5.0, learn_scale=True), (4, 4, 3)),
         "multihead": (mha_tn, (6, 4, 3)),
         "multihead_additive": (
-            attnscore.MultiHeadAttention(8, 2, scoring="additive", query_size=6), (6, 6, 6)
+            attnscore.MultiHeadAttention(8, 2, scoring="additive", query_size=6),
+            (6, 6, 6),
         ),
         "torch_nn_mha": (torch.nn.MultiheadAttention(8, 2, batch_first=True), (8, 8, 8)),
     }
@@ -48,7 +50,9 @@ def _torch_masks(masks):
 
 
 def _keras_masks(masks):
-    return {k: v if isinstance(v, bool) else keras.ops.convert_to_tensor(v) for k, v in masks.items()}
+    return {
+        k: v if isinstance(v, bool) else keras.ops.convert_to_tensor(v) for k, v in masks.items()
+    }
 
 
 @pytest.mark.parametrize("mask", list(MASKS))

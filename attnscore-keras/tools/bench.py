@@ -104,11 +104,10 @@ def _stateless(layer: Any, kwargs_of: Any) -> Any:
 
 
 def cases(shape_name: str) -> list[dict[str, Any]]:
+    import attnscore_keras as ak
     import keras
     import numpy as np
     from keras import ops
-
-    import attnscore_keras as ak
 
     s = SHAPES[shape_name]
     B, n, m, E, H = s["B"], s["n"], s["m"], s["E"], s["H"]
@@ -136,8 +135,11 @@ def cases(shape_name: str) -> list[dict[str, Any]]:
                     theirs_mha,
                     lambda q, k, v, lens: (
                         (q, v, k),
-                        {"attention_mask": ops.broadcast_to(
-                            key_mask(lens, B)[:, None, :], (B, n, m))},
+                        {
+                            "attention_mask": ops.broadcast_to(
+                                key_mask(lens, B)[:, None, :], (B, n, m)
+                            )
+                        },
                     ),
                 ),
             ),
@@ -152,13 +154,23 @@ def cases(shape_name: str) -> list[dict[str, Any]]:
     ours_dot = ak.DotProductAttention(scale=1.0)
     theirs_dot = keras.layers.Attention()
     theirs_dot([q, kv, kv])
+
+    def ours_lengths(q: Any, k: Any, v: Any, lens: Any) -> Any:
+        return (q, k, v, lens), {}
+
+    def theirs_lengths(q: Any, k: Any, v: Any, lens: Any) -> Any:
+        return ([q, v, k],), {"mask": [None, key_mask(lens, BH)]}
+
+    def ours_none(q: Any, k: Any, v: Any, lens: Any) -> Any:
+        return (q, k, v), {}
+
+    def theirs_none(q: Any, k: Any, v: Any, lens: Any) -> Any:
+        return ([q, v, k],), {}
+
     for mask in ("lengths", "none"):
-        if mask == "lengths":
-            ours_kw = (lambda q, k, v, lens: ((q, k, v, lens), {}))
-            theirs_kw = (lambda q, k, v, lens: (([q, v, k],), {"mask": [None, key_mask(lens, BH)]}))
-        else:
-            ours_kw = (lambda q, k, v, lens: ((q, k, v), {}))
-            theirs_kw = (lambda q, k, v, lens: (([q, v, k],), {}))
+        ours_kw, theirs_kw = (
+            (ours_lengths, theirs_lengths) if mask == "lengths" else (ours_none, theirs_none)
+        )
         found.append(
             {
                 "layer": "DotProductAttention",
@@ -192,10 +204,7 @@ def measure(rounds: int, budget_s: float) -> list[dict[str, Any]]:
                 for side in ("ours", "theirs"):
                     layer, call = case[side]
                     ws = [w.value for w in layer.trainable_variables]
-                    if mode == "forward":
-                        fn = _compiled(call)
-                    else:
-                        fn = _grad_step(layer, call)
+                    fn = _compiled(call) if mode == "forward" else _grad_step(layer, call)
                     args = (ws, *tensors)
                     _block(fn(*args))  # compile
                     _block(fn(*args))

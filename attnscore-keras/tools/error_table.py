@@ -29,8 +29,9 @@ B, N, M, S = 4, 6, 9, 16
 
 
 def modules() -> dict[str, Any]:
-    import attnscore
     import torch
+
+    import attnscore
 
     torch.manual_seed(0)
     return {
@@ -45,11 +46,10 @@ def modules() -> dict[str, Any]:
 def measure() -> list[dict[str, Any]]:
     import copy
 
+    import attnscore_keras as ak
     import keras
     import numpy as np
     import torch
-
-    import attnscore_keras as ak
 
     rows = []
     rng = np.random.default_rng(0)

@@ -87,13 +87,11 @@ def check_attention_inputs(
             )
     if not same(ks[-2], vs[-2]):
         raise ValueError(
-            f"Expected `values` with as many rows as `keys` ({ks[-2]}), but got shape {vs} "
-            "instead."
+            f"Expected `values` with as many rows as `keys` ({ks[-2]}), but got shape {vs} instead."
         )
     if same_feature_size and not same(qs[-1], ks[-1]):
         raise ValueError(
-            f"Expected `keys` with the queries' feature size {qs[-1]}, but got shape {ks} "
-            "instead."
+            f"Expected `keys` with the queries' feature size {qs[-1]}, but got shape {ks} instead."
         )
     return queries, keys, values
 
@@ -140,8 +138,7 @@ def check_lengths(x: Any, name: str) -> Any:
                 bad = values[~np.isfinite(values) | (values != np.floor(values))]
                 if bad.size:
                     raise ValueError(
-                        f"Expected `{name}` to hold whole numbers, but got {bad.flat[0]!r} "
-                        "instead."
+                        f"Expected `{name}` to hold whole numbers, but got {bad.flat[0]!r} instead."
                     )
             if values.min() < 0:
                 raise ValueError(

@@ -83,8 +83,9 @@ def from_torch(module: Any, *, dtype: str | None = None) -> Any:
 
     Needs torch and attnscore (imported here only).
     """
-    import attnscore
     import torch
+
+    import attnscore
 
     if isinstance(module, torch.nn.MultiheadAttention):
         module = attnscore.MultiHeadAttention.from_torch(module)
@@ -138,7 +139,9 @@ def from_torch(module: Any, *, dtype: str | None = None) -> Any:
         return layer
     log_scale = module.log_scale
     learn = isinstance(log_scale, torch.nn.Parameter)
-    layer = CosineAttention(p, scale=float(np.exp(_numpy(log_scale))), learn_scale=learn, dtype=dtype)
+    layer = CosineAttention(
+        p, scale=float(np.exp(_numpy(log_scale))), learn_scale=learn, dtype=dtype
+    )
     layer.build((None, None, 1), (None, None, 1), (None, None, 1))
     _assign(layer.log_scale, _numpy(log_scale), "log_scale")
     return layer
@@ -197,8 +200,9 @@ def to_torch(layer: Any) -> Any:
 
     Needs torch and attnscore (imported here only).
     """
-    import attnscore
     import torch
+
+    import attnscore
 
     kinds = (
         AdditiveAttention,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 from keras import ops
 
 from ._checks import (
@@ -72,7 +71,7 @@ def build_allowed(
         TypeError: a mask of the wrong dtype, ``causal`` not a bool.
         ValueError: a mask of the wrong shape; negative or fractional lengths (eager calls).
     """
-    batch, n, m = scores_shape[:-2], scores_shape[-2], scores_shape[-1]
+    batch, n = scores_shape[:-2], scores_shape[-2]
     n_dyn, m_dyn = dynamic_shape[-2], dynamic_shape[-1]
     allowed = None
 
@@ -112,7 +111,7 @@ def build_allowed(
         shape = shape_of(attend)
         padded = (1,) * (len(scores_shape) - len(shape)) + shape
         fits = len(shape) <= len(scores_shape) and all(
-            a is None or b is None or a in (1, b) for a, b in zip(padded, scores_shape)
+            a is None or b is None or a in (1, b) for a, b in zip(padded, scores_shape, strict=True)
         )
         if not fits:
             raise ValueError(
