@@ -43,7 +43,8 @@ GRAD_CASES += [("dot", "lens"), ("multihead", "lens")]
 
 @pytest.mark.parametrize(("kind", "mask"), GRAD_CASES)
 def test_gradients_match_float64_finite_differences(kind, mask, rng):
-    """Directional derivatives, inputs and weights, against central differences."""
+    """The directional derivative along a random direction of the inputs and the weights
+    together, against central differences."""
     layer = layer_of(kind)
     q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
     masks = _masks(MASKS[mask])
@@ -59,7 +60,7 @@ def test_gradients_match_float64_finite_differences(kind, mask, rng):
 
     args = [q, k, v, *trainable]
     grads = gradients(loss, [tensor(a, "float64") for a in args])
-    for _ in range(2):
+    for _ in range(1):  # one random direction: every entry of every gradient counts
         direction = [rng.normal(size=np.shape(a)) for a in args]
         eps = 1e-6
 
