@@ -204,6 +204,7 @@ def masked_softmax(X: Any, valid_lens: Any = None) -> Any:
     Source: D2L "Attention Scoring Functions", the masked softmax operation (its TensorFlow
     listing fills masked scores with -1e6; here they are left out exactly).
 
+    >>> import keras
     >>> import numpy as np
     >>> X = np.array([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]], dtype="float32")
     >>> np.round(keras.ops.convert_to_numpy(masked_softmax(X, np.array([[2, 0]]))), 4)
@@ -234,6 +235,7 @@ def sequence_mask(X: Any, valid_len: Any, value: float = 0.0) -> Any:
 
     Source: D2L "Attention Scoring Functions" (``d2l.sequence_mask``).
 
+    >>> import keras
     >>> import numpy as np
     >>> keras.ops.convert_to_numpy(sequence_mask(np.ones((2, 3)), np.array([1, 2])))
     array([[1., 0., 0.],
