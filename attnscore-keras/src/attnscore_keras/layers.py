@@ -162,9 +162,12 @@ class Attention(keras.layers.Layer):
     def compute_output_shape(
         self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None
     ) -> tuple[Any, ...]:
+        """(..., n, v) for queries (..., n, q) and values (..., m, v)."""
         return (*tuple(queries_shape)[:-1], tuple(values_shape)[-1])
 
     def get_config(self) -> dict[str, Any]:
+        """The constructor's arguments (and ``keras.layers.Layer``'s), for ``from_config``
+        and ``model.save``."""
         config: dict[str, Any] = super().get_config()
         config.update(dropout=self.dropout_rate, normalizer=self.normalizer)
         return config
@@ -240,6 +243,8 @@ class AdditiveAttention(Attention):
         self.bias = bool(bias) or self.normalize
 
     def build(self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None) -> None:
+        """Make ``W_q``, ``W_k``, ``w_v`` (and ``b``, ``g``), sized by the constructor's
+        arguments or, where those are None, by the shapes' last dimensions."""
         q = self.query_size or int(queries_shape[-1])
         k = self.key_size or int((keys_shape or queries_shape)[-1])
         self.query_size, self.key_size = q, k
@@ -257,11 +262,13 @@ class AdditiveAttention(Attention):
         )
 
     def check_features(self, queries: Any, keys: Any) -> None:
+        """A ValueError naming queries or keys whose last dimension is not the weights'."""
         for name, x, size in (("queries", queries, self.query_size), ("keys", keys, self.key_size)):
             if size is not None and x.shape[-1] is not None and x.shape[-1] != size:
                 raise _sizes_error(name, size, shape_of(x))
 
     def score(self, queries: Any, keys: Any) -> Any:
+        """``w_vᵀ tanh(W_q q [+ b] + W_k k)``: (..., n, m); builds (..., n, m, h) features."""
         qh = ops.matmul(queries, self.W_q)
         if self.b is not None:
             qh = qh + self.b
@@ -329,6 +336,7 @@ class DotProductAttention(Attention):
         self.built = True  # no weights to make
 
     def score(self, queries: Any, keys: Any) -> Any:
+        """``scale · q·k`` (..., n, m); 16-bit inputs scale the products, not the queries."""
         d = queries.shape[-1]
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(d) if d else 1.0
         keys_t = ops.swapaxes(keys, -1, -2)
@@ -382,17 +390,20 @@ class MultiplicativeAttention(Attention):
         self.key_size = check_size(key_size, "key_size", optional=True)
 
     def build(self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None) -> None:
+        """Make ``W_a`` (q, k), k from the keys' shape where ``key_size`` is None."""
         self.key_size = self.key_size or int((keys_shape or queries_shape)[-1])
         self.W_a = self.add_weight(
             name="W_a", shape=(self.query_size, self.key_size), initializer="glorot_uniform"
         )
 
     def check_features(self, queries: Any, keys: Any) -> None:
+        """A ValueError naming queries or keys whose last dimension is not the weights'."""
         for name, x, size in (("queries", queries, self.query_size), ("keys", keys, self.key_size)):
             if size is not None and x.shape[-1] is not None and x.shape[-1] != size:
                 raise _sizes_error(name, size, shape_of(x))
 
     def score(self, queries: Any, keys: Any) -> Any:
+        """``(q W_a) kᵀ`` (..., n, m)."""
         return ops.matmul(ops.matmul(queries, self.W_a), ops.swapaxes(keys, -1, -2))
 
     def get_config(self) -> dict[str, Any]:
@@ -450,6 +461,7 @@ class CosineAttention(Attention):
         self.learn_scale = bool(learn_scale)
 
     def build(self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None) -> None:
+        """Make ``log_scale`` (), trainable with ``learn_scale``."""
         self.log_scale = self.add_weight(
             name="log_scale",
             shape=(),
@@ -458,6 +470,7 @@ class CosineAttention(Attention):
         )
 
     def score(self, queries: Any, keys: Any) -> Any:
+        """``s · unit(q) · unit(k)`` (..., n, m), s = exp(log_scale)."""
         wide = "float32" if dtype_of(queries) in SIXTEEN_BITS else queries.dtype
         s = ops.cast(ops.exp(ops.cast(self.log_scale, wide)), queries.dtype)
         return ops.matmul(unit_rows(queries) * s, ops.swapaxes(unit_rows(keys), -1, -2))

@@ -237,9 +237,9 @@ def sequence_mask(X: Any, valid_len: Any, value: float = 0.0) -> Any:
 
     >>> import keras
     >>> import numpy as np
-    >>> keras.ops.convert_to_numpy(sequence_mask(np.ones((2, 3)), np.array([1, 2])))
+    >>> keras.ops.convert_to_numpy(sequence_mask(np.ones((2, 3), "float32"), np.array([1, 2])))
     array([[1., 0., 0.],
-           [1., 1., 0.]])
+           [1., 1., 0.]], dtype=float32)
     """
     X = as_tensor(X, "X")
     lens = check_lengths(valid_len, "valid_len")

@@ -103,6 +103,9 @@ class MultiHeadAttention(keras.layers.Layer):
             )
 
     def build(self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None) -> None:
+        """Make ``W_q`` (q, E), ``W_k`` (k, E), ``W_v`` (v, E), ``W_o`` (E, E) (and the
+        biases), sized by the constructor's arguments or the shapes, and the scorer's
+        weights for heads of size E / H."""
         keys_shape = keys_shape or queries_shape
         values_shape = values_shape or keys_shape
         q = self.query_size or int(queries_shape[-1])
@@ -123,6 +126,7 @@ class MultiHeadAttention(keras.layers.Layer):
             self.attention.build(head, head, head)
 
     def _project(self, x: Any, weight: Any, bias: Any) -> Any:
+        """``x @ weight [+ bias]``."""
         y = ops.matmul(x, weight)
         return y if bias is None else y + bias
 
@@ -216,9 +220,11 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(
         self, queries_shape: Any, keys_shape: Any = None, values_shape: Any = None
     ) -> tuple[Any, ...]:
+        """(B, n, E) for queries (B, n, q)."""
         return (*tuple(queries_shape)[:-1], self.num_hiddens)
 
     def get_config(self) -> dict[str, Any]:
+        """The constructor's arguments (a scorer layer serialised), for ``from_config``."""
         config: dict[str, Any] = super().get_config()
         scoring: Any = self.scoring
         if scoring is None:
@@ -238,6 +244,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> MultiHeadAttention:
+        """The layer of :meth:`get_config`'s ``config`` (a serialised scorer rebuilt)."""
         config = dict(config)
         if isinstance(config.get("scoring"), dict):
             config["scoring"] = keras.saving.deserialize_keras_object(config["scoring"])
