@@ -11,7 +11,8 @@ so they are checked instead of run: the extras they name exist in pyproject.toml
 PyTorch pin is CI's, and the README's test command installs what ``.ci/run`` installs and
 runs what it runs. A block marked on the line before it with ``<!-- skip: needs a GPU -->``
 or ``<!-- skip: long run -->`` is not run (its ``attnscore`` commands are still parsed, by
-tests/test_docs_commands.py).
+tests/test_docs_commands.py); ``<!-- skip: needs keras -->`` marks the blocks of
+docs/tensorflow_and_jax.md, which attnscore-keras's own tests run where Keras is installed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SKIP_REASONS = ("needs a GPU", "long run")
+SKIP_REASONS = ("needs a GPU", "long run", "needs keras")
 SHELLS = ("bash", "console", "sh", "shell")
 FENCE = re.compile(r"^( *)```(\S*)[^\n]*$")
 # Blocks known to fail when pasted, (page, index) -> why; strict xfails, so that a fixed

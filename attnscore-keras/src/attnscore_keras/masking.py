@@ -1,0 +1,247 @@
+"""Masks and the masked softmax, in ``keras.ops`` (every backend, eager or compiled).
+
+Shape legend: B batch, n queries, m keys; ``...`` are the leading batch dimensions of the
+scores (B, or B and heads H). Every mask the layers take (key lengths per example or per
+query, query lengths, a boolean "may attend" mask, causal masking) becomes one boolean
+``allowed`` tensor broadcastable to (..., n, m), True where query i may attend key j.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras import ops
+
+from ._checks import (
+    SIXTEEN_BITS,
+    as_tensor,
+    check_floating,
+    check_lengths,
+    dtype_of,
+    same,
+    shape_of,
+)
+
+__all__ = ["masked_softmax", "sequence_mask"]
+
+
+def _key_lengths(valid_lens: Any, batch: tuple[int | None, ...], n: int | None) -> Any:
+    """Key lengths as int32 of shape broadcastable to (..., n, 1)."""
+    lens = check_lengths(valid_lens, "valid_lens")
+    shape = shape_of(lens)
+    rank = len(batch)
+    if len(shape) == 1 and same(shape[0], batch[0]):
+        return ops.reshape(lens, (-1,) + (1,) * (rank + 1))
+    if len(shape) == 2 and same(shape[0], batch[0]) and same(shape[1], n):
+        return ops.reshape(lens, (-1,) + (1,) * (rank - 1) + (shape[1] or -1, 1))
+    if len(shape) == rank + 1 and all(map(same, shape, (*batch, n))):
+        return ops.expand_dims(lens, -1)
+    expected = f"({batch[0]},) or ({batch[0]}, {n})"
+    if rank > 1:
+        expected += f" or {(*batch, n)}"
+    raise ValueError(
+        f"Expected `valid_lens` of shape {expected} for scores of shape {(*batch, n, '...')}, "
+        f"but got shape {shape} instead."
+    )
+
+
+def build_allowed(
+    scores_shape: tuple[int | None, ...],
+    dynamic_shape: tuple[Any, ...],
+    *,
+    valid_lens: Any = None,
+    query_valid_lens: Any = None,
+    attend_mask: Any = None,
+    causal: bool = False,
+) -> Any:
+    """The boolean tensor, broadcastable to ``scores_shape`` (..., n, m), that is True where
+    query i may attend key j; None where nothing is masked.
+
+    Args:
+        scores_shape: the scores' static shape (None for unknown dimensions).
+        dynamic_shape: the scores' shape as ``keras.ops.shape`` gives it (tensors where a
+            dimension is known only at run time).
+        valid_lens: key lengths (B,), (B, n) or (..., n); lengths above m mean all keys.
+        query_valid_lens: query lengths (B,) or (...,): queries at or beyond them attend
+            nothing.
+        attend_mask: bool, broadcastable to (..., n, m); True = may attend.
+        causal: query i attends keys j <= i only (top-left aligned).
+
+    Raises:
+        TypeError: a mask of the wrong dtype, ``causal`` not a bool.
+        ValueError: a mask of the wrong shape; negative or fractional lengths (eager calls).
+    """
+    batch, n = scores_shape[:-2], scores_shape[-2]
+    n_dyn, m_dyn = dynamic_shape[-2], dynamic_shape[-1]
+    allowed = None
+
+    def both(mask: Any) -> Any:
+        return mask if allowed is None else ops.logical_and(allowed, mask)
+
+    if valid_lens is not None:
+        lens = _key_lengths(valid_lens, batch, n)
+        allowed = both(ops.less(ops.arange(m_dyn, dtype="int32"), lens))
+    if not isinstance(causal, bool):
+        raise TypeError(f"Expected `causal` to be a bool, but got {causal!r} instead.")
+    if causal:
+        rows = ops.expand_dims(ops.arange(n_dyn, dtype="int32"), -1)
+        allowed = both(ops.greater_equal(rows, ops.arange(m_dyn, dtype="int32")))
+    if query_valid_lens is not None:
+        q_lens = check_lengths(query_valid_lens, "query_valid_lens")
+        shape = shape_of(q_lens)
+        if len(shape) == 1 and same(shape[0], batch[0]):
+            q_lens = ops.reshape(q_lens, (-1,) + (1,) * (len(batch) + 1))
+        elif len(shape) == len(batch) and all(map(same, shape, batch)):
+            q_lens = ops.reshape(q_lens, (*[-1 if d is None else d for d in shape], 1, 1))
+        else:
+            raise ValueError(
+                f"Expected `query_valid_lens` of shape ({batch[0]},) or {batch}, but got shape "
+                f"{shape} instead."
+            )
+        rows = ops.expand_dims(ops.arange(n_dyn, dtype="int32"), -1)
+        allowed = both(ops.less(rows, q_lens))
+    if attend_mask is not None:
+        attend = as_tensor(attend_mask, "attend_mask")
+        if dtype_of(attend) != "bool":
+            raise TypeError(
+                "Expected `attend_mask` to be a bool tensor (True = may attend; an additive "
+                "float mask of 0 and -inf is `attend_mask=mask == 0`), but got dtype "
+                f"{dtype_of(attend)} instead."
+            )
+        shape = shape_of(attend)
+        padded = (1,) * (len(scores_shape) - len(shape)) + shape
+        fits = len(shape) <= len(scores_shape) and all(
+            a is None or b is None or a in (1, b) for a, b in zip(padded, scores_shape, strict=True)
+        )
+        if not fits:
+            raise ValueError(
+                f"Expected `attend_mask` broadcastable to {scores_shape}, but got shape {shape} "
+                "instead."
+            )
+        allowed = both(attend)
+    return allowed
+
+
+def softmax_where(scores: Any, allowed: Any) -> Any:
+    """The masked softmax of ``scores`` (..., n, m) where ``allowed`` (bool, broadcastable,
+    or None): exact zeros where not allowed, all-zero rows where nothing is; 16-bit scores
+    are reduced in float32. Whatever ``scores`` holds where not allowed (NaN, inf) reaches
+    neither the result nor the gradient."""
+    dtype = dtype_of(scores)
+    x = ops.cast(scores, "float32") if dtype in SIXTEEN_BITS else scores
+    if allowed is None:
+        weights = ops.softmax(x, axis=-1)
+    else:
+        x = ops.where(allowed, x, float("-inf"))
+        top = ops.stop_gradient(ops.max(x, axis=-1, keepdims=True))
+        top = ops.where(ops.isfinite(top), top, ops.zeros_like(top))
+        e = ops.exp(x - top)  # exactly 0 where not allowed
+        total = ops.sum(e, axis=-1, keepdims=True)
+        weights = e / ops.where(total > 0, total, ops.ones_like(total))
+    return ops.cast(weights, dtype) if dtype in SIXTEEN_BITS else weights
+
+
+def inert_padding(
+    allowed: Any, batch_rank: int, queries: Any, keys: Any, values: Any, *, padded_queries: bool
+) -> tuple[Any, Any, Any]:
+    """``(queries, keys, values)`` of shapes (B, n, q), (B, m, k), (B, m, v) (or with the
+    scores' leading dimensions) with zeros in the key and value rows no query of
+    ``allowed`` attends, and with ``padded_queries`` (query lengths were given) in the
+    query rows that attend nothing: NaN or inf held there then reaches no output and no
+    gradient (0 x NaN is NaN). Queries within their lengths are the caller's data, kept as
+    they are (as attnscore's PyTorch modules do).
+
+    ``allowed`` is broadcastable to (B, ..., n, m) with ``batch_rank`` leading dimensions;
+    the inputs' leading dimensions are (B,) or all of them."""
+    full = batch_rank + 2
+    while len(allowed.shape) < full:
+        allowed = ops.expand_dims(allowed, 0)
+    extra = tuple(range(1, batch_rank - len(queries.shape) + 3))
+
+    def rows(used: Any) -> Any:
+        if extra:  # the inputs lack the heads' dimensions: a row is used if any head uses it
+            used = ops.any(used, axis=extra)
+        return ops.expand_dims(used, -1)
+
+    # Unconditionally: a cond on their finiteness costs more than the two selects on the
+    # CPU (JAX runs a cond's branches as separate computations; tens of microseconds).
+    any_query = rows(ops.any(allowed, axis=-2))  # (..., m, 1): some query attends the key
+    keys = ops.where(any_query, keys, ops.zeros_like(keys))
+    values = ops.where(any_query, values, ops.zeros_like(values))
+    if padded_queries:
+        any_key = rows(ops.any(allowed, axis=-1))  # (..., n, 1): the query attends a key
+        queries = ops.where(any_key, queries, ops.zeros_like(queries))
+    return queries, keys, values
+
+
+def masked_softmax(X: Any, valid_lens: Any = None) -> Any:
+    """Softmax over the last axis of ``X``, ignoring positions beyond the valid lengths.
+
+    For row ``X[b, i, :]`` with valid length L = ``valid_lens[b]`` (or
+    ``valid_lens[b, i]``) the result is ``softmax(X[b, i, :L])`` followed by m - L exact
+    zeros. Rows with L = 0 are all zeros with zero gradient (not the textbook's uniform
+    weights from its -1e6 fill, and not NaN); whatever ``X`` holds at masked positions
+    (NaN, inf) changes neither the result nor the gradient. Written in ``keras.ops``: it
+    runs on every Keras backend, eagerly and under ``jax.jit`` or
+    ``tf.function(jit_compile=True)``.
+
+    Args:
+        X: scores (B, n, m), or (B, ..., n, m); float16, bfloat16, float32 or float64
+            (16-bit scores are reduced in float32, and returned in their own dtype).
+        valid_lens: None (plain softmax), or lengths (B,) (one per example), (B, n) (one
+            per query) or (B, ..., n); an integer tensor, or a floating one of whole
+            numbers. Lengths above m mean all positions.
+
+    Returns:
+        Weights of ``X``'s shape and dtype; each row sums to 1 over its valid positions, or
+        is all zeros.
+
+    Raises:
+        TypeError: ``X`` not a floating tensor; ``valid_lens`` not integer-valued.
+        ValueError: ``X`` with fewer than 3 dimensions; ``valid_lens`` of the wrong shape;
+            negative or fractional lengths (checked in eager calls).
+
+    Source: D2L "Attention Scoring Functions", the masked softmax operation (its TensorFlow
+    listing fills masked scores with -1e6; here they are left out exactly).
+
+    >>> import keras
+    >>> import numpy as np
+    >>> X = np.array([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]], dtype="float32")
+    >>> np.round(keras.ops.convert_to_numpy(masked_softmax(X, np.array([[2, 0]]))), 4)
+    array([[[0.2689, 0.7311, 0.    ],
+            [0.    , 0.    , 0.    ]]], dtype=float32)
+    """
+    X = check_floating(X, "X")
+    if valid_lens is None:
+        return softmax_where(X, None)
+    allowed = build_allowed(shape_of(X), tuple(ops.shape(X)), valid_lens=valid_lens)
+    return softmax_where(X, allowed)
+
+
+def sequence_mask(X: Any, valid_len: Any, value: float = 0.0) -> Any:
+    """``X`` (rows, m) (or (..., m)) with the entries at or beyond each row's valid length
+    replaced by ``value``.
+
+    Args:
+        X: a tensor (..., m) of any dtype.
+        valid_len: lengths broadcastable to ``X.shape[:-1]``, usually (rows,).
+        value: what the masked entries become.
+
+    Returns:
+        A new tensor of ``X``'s shape and dtype.
+
+    Raises:
+        TypeError, ValueError: bad lengths, as :func:`masked_softmax`.
+
+    Source: D2L "Attention Scoring Functions" (``d2l.sequence_mask``).
+
+    >>> import keras
+    >>> import numpy as np
+    >>> keras.ops.convert_to_numpy(sequence_mask(np.ones((2, 3), "float32"), np.array([1, 2])))
+    array([[1., 0., 0.],
+           [1., 1., 0.]], dtype=float32)
+    """
+    X = as_tensor(X, "X")
+    lens = check_lengths(valid_len, "valid_len")
+    keep = ops.less(ops.arange(ops.shape(X)[-1], dtype="int32"), ops.expand_dims(lens, -1))
+    return ops.where(keep, X, ops.cast(ops.convert_to_tensor(value), X.dtype))

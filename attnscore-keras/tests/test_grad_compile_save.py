@@ -1,0 +1,151 @@
+"""Gradients against float64 finite differences; compiled calls (jax.jit,
+tf.function(jit_compile=True)) against eager ones; get_config and model.save/load_model."""
+
+from __future__ import annotations
+
+import attnscore_keras as ak
+import keras
+import numpy as np
+import pytest
+
+from conftest import compiled, gradients, tensor, to_np
+
+B, N, M, D = 2, 3, 4, 4
+MASKS = {
+    "lens": {"valid_lens": np.array([3, 0])},
+    "all": {
+        "valid_lens": np.array([[1, 4, 2], [3, 3, 0]]),
+        "query_valid_lens": np.array([3, 2]),
+        "causal": True,
+    },
+}
+
+
+def layer_of(kind):
+    return {
+        "dot": lambda: ak.DotProductAttention(dtype="float64"),
+        "additive": lambda: ak.AdditiveAttention(D, D, 5, normalize=True, dtype="float64"),
+        "general": lambda: ak.MultiplicativeAttention(D, D, dtype="float64"),
+        "cosine": lambda: ak.CosineAttention(learn_scale=True, dtype="float64"),
+        "multihead": lambda: ak.MultiHeadAttention(4, 2, bias=True, dtype="float64"),
+    }[kind]()
+
+
+def _masks(masks):
+    return {
+        k: v if isinstance(v, bool) else keras.ops.convert_to_tensor(v) for k, v in masks.items()
+    }
+
+
+GRAD_CASES = [(kind, "all") for kind in ("dot", "additive", "general", "cosine", "multihead")]
+GRAD_CASES += [("dot", "lens"), ("multihead", "lens")]
+
+
+@pytest.mark.parametrize(("kind", "mask"), GRAD_CASES)
+def test_gradients_match_float64_finite_differences(kind, mask, rng):
+    """The directional derivative along a random direction of the inputs and the weights
+    together, against central differences."""
+    layer = layer_of(kind)
+    q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
+    masks = _masks(MASKS[mask])
+    layer(tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), **masks)
+    R = rng.normal(size=(B, N, layer.compute_output_shape((B, N, D), None, (B, M, D))[-1]))
+    trainable = [to_np(w) for w in layer.trainable_variables]
+    others = [w.value for w in layer.non_trainable_variables]
+
+    def loss(*xs):
+        qx, kx, vx, *ws = xs
+        out, _ = layer.stateless_call(list(ws), others, qx, kx, vx, **masks)
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(R))
+
+    args = [q, k, v, *trainable]
+    grads = gradients(loss, [tensor(a, "float64") for a in args])
+    for _ in range(1):  # one random direction: every entry of every gradient counts
+        direction = [rng.normal(size=np.shape(a)) for a in args]
+        eps = 1e-6
+
+        def at(sign, direction=direction, eps=eps):
+            moved = [
+                tensor(a + sign * eps * d, "float64") for a, d in zip(args, direction, strict=True)
+            ]
+            return float(to_np(loss(*moved)))
+
+        numeric = (at(1) - at(-1)) / (2 * eps)
+        analytic = sum(float(np.sum(g * d)) for g, d in zip(grads, direction, strict=True))
+        assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), (numeric, analytic)
+    assert all(np.isfinite(g).all() for g in grads)
+
+
+def test_gradient_of_an_empty_row_is_zero_and_nan_padding_gives_finite_gradients(rng):
+    layer = ak.MultiHeadAttention(4, 2, bias=True, dtype="float64")
+    q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
+    k[0, 2:] = np.nan
+    v[0, 2:] = np.inf
+    q[1, 2] = np.nan  # beyond query_valid_lens
+    masks = _masks({"valid_lens": np.array([2, 4]), "query_valid_lens": np.array([3, 2])})
+    layer(tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), **masks)
+    ws = [w.value for w in layer.trainable_variables]
+
+    def loss(qx, kx, vx, *wx):
+        out, _ = layer.stateless_call(list(wx), [], qx, kx, vx, **masks)
+        return keras.ops.sum(out)
+
+    grads = gradients(loss, [tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), *ws])
+    assert all(np.isfinite(g).all() for g in grads)
+    assert np.all(grads[1][0, 2:] == 0) and np.all(grads[2][0, 2:] == 0)
+
+
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])
+def test_compiled_call_matches_eager(kind, rng):
+    layer = layer_of(kind)
+    q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
+    args = [tensor(x, "float64") for x in (q, k, v)]
+    lens = keras.ops.convert_to_tensor(np.array([[1, 4, 2], [3, 0, 0]]))
+    attend = keras.ops.convert_to_tensor(rng.random((N, M)) < 0.8)
+    eager = to_np(layer(*args, lens, attend_mask=attend, causal=True))
+    fast = compiled(lambda q, k, v, lens, a: layer(q, k, v, lens, attend_mask=a, causal=True))
+    np.testing.assert_allclose(to_np(fast(*args, lens, attend)), eager, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])
+def test_get_config_round_trip(kind):
+    layer = layer_of(kind)
+    again = type(layer).from_config(layer.get_config())
+    assert again.get_config() == layer.get_config()
+
+
+def test_multihead_with_a_layer_as_scorer_serialises():
+    mha = ak.MultiHeadAttention(4, 2, scoring=ak.AdditiveAttention(2, 2, 3, bias=True))
+    again = ak.MultiHeadAttention.from_config(mha.get_config())
+    assert isinstance(again.attention, ak.AdditiveAttention) and again.attention.bias
+
+
+@pytest.mark.parametrize("scoring", ["scaled_dot", "additive"])
+def test_model_saves_and_loads(scoring, tmp_path, rng):
+    """A functional model with the layers, masks as inputs, saved as .keras and loaded."""
+    q_in, kv_in = keras.Input((N, 6)), keras.Input((M, 6))
+    lens_in = keras.Input((), dtype="int32")
+    heads = ak.MultiHeadAttention(8, 2, dropout=0.1, bias=True, scoring=scoring)(
+        q_in, kv_in, kv_in, lens_in, causal=True
+    )
+    pooled = ak.AdditiveAttention(8, 8, 4)(heads, heads, heads, lens_in)
+    model = keras.Model([q_in, kv_in, lens_in], pooled)
+    x = [rng.normal(size=(B, N, 6)).astype("float32"), rng.normal(size=(B, M, 6)).astype("float32"),
+         np.array([2, 4], dtype="int32")]  # fmt: skip
+    before = to_np(model.predict(x, verbose=0))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(to_np(loaded.predict(x, verbose=0)), before)
+    assert [w.name for w in loaded.weights] == [w.name for w in model.weights]
+
+
+def test_a_model_trains(rng):
+    """fit: dropout in training, gradients through the masks, a compiled train step."""
+    q_in, lens_in = keras.Input((N, 4)), keras.Input((), dtype="int32")
+    out = ak.MultiHeadAttention(4, 2, dropout=0.2, bias=True)(q_in, q_in, q_in, lens_in)
+    model = keras.Model([q_in, lens_in], out)
+    model.compile(optimizer="sgd", loss="mse")
+    x = [rng.normal(size=(8, N, 4)).astype("float32"), rng.integers(0, N + 1, 8).astype("int32")]
+    history = model.fit(x, np.zeros((8, N, 4), "float32"), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
