@@ -221,4 +221,6 @@ def test_the_finite_scan_sees_every_non_finite_entry(dtype, bad, contiguous):
             assert backend.all_finite(tensors) is (bad is None)
             pair = [tensors[which], tensors[(which + 1) % 3]]
             assert backend.all_finite(pair) is (bad is None)
+            permuted = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in pair]
+            assert backend.all_finite(permuted) is (bad is None)
     assert _plain.all_finite([torch.empty(3, device="meta")])  # nothing to read

@@ -500,7 +500,9 @@ def additive_scores_backward(
 def all_finite(tensors: Sequence[Tensor]) -> bool:
     """Backend contract (C scan): an attention call's three contiguous inputs of one dtype
     take one C call; a tensor passed twice (self-attention's keys and values) is read once;
-    other layouts take PyTorch's reduction."""
+    others one C call each where their entries fill one block of memory (any order of
+    dimensions: a result in the layout the attention kernels write); other layouts take
+    PyTorch's reduction."""
     lib = _build.state.lib or load_library()
     if len(tensors) == 3:
         q, k, v = tensors
@@ -516,11 +518,26 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
         if not n or (t.data_ptr(), n) in read:
             continue
         read.add((t.data_ptr(), n))
-        if lib is None or suffix is None or not t.is_contiguous():
+        if lib is None or suffix is None or not _one_block(t):
             if not bool(torch.isfinite(t).all()):
                 return False
         elif _function(lib, f"any_nonfinite_{suffix}")(t.data_ptr(), n):
             return False
+    return True
+
+
+def _one_block(t: Tensor) -> bool:
+    """Whether ``t``'s entries are its numel consecutive slots from ``data_ptr()`` (a
+    contiguous tensor with its dimensions in any order): a scan that only asks whether
+    some entry is not finite reads them in memory order."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted(zip(t.stride(), t.shape, strict=True)):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
     return True
 
 
