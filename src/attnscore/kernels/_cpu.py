@@ -504,8 +504,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     dimensions: a result in the layout the attention kernels write); other layouts take
     PyTorch's reduction."""
     lib = _build.state.lib or load_library()
-    if len(tensors) == 3:
-        q, k, v = tensors
+    if 2 <= len(tensors) <= 3:  # (two: a result's check, queries and output, one C call too)
+        q, k, v = tensors if len(tensors) == 3 else (*tensors, tensors[-1])
         scan = _scan3_for(lib, q, k, v)
         if scan is not None:
             kp, vp = k.data_ptr(), v.data_ptr()
@@ -548,7 +548,8 @@ def _scan3_for(
     lib: ctypes.CDLL | None, q: Tensor, k: Tensor, v: Tensor
 ) -> Callable[..., int] | None:
     """The C scan of q, k, v at once (kept per dtype), where it reads them: the library
-    loaded, one dtype with a scan, all three contiguous; else None."""
+    loaded, one dtype with a scan, all three in one block each (:func:`_one_block`); else
+    None."""
     if lib is None:
         return None
     scan = _SCAN3.get(q.dtype)
@@ -558,7 +559,7 @@ def _scan3_for(
             return None
         scan = _SCAN3[q.dtype] = _function(lib, f"any_nonfinite3_{suffix}")
     same = k.dtype == v.dtype == q.dtype
-    return scan if same and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() else None
+    return scan if same and _one_block(q) and _one_block(k) and _one_block(v) else None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
