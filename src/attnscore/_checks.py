@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ __all__ = [
     "check_dropout",
     "check_floating",
     "check_tensor",
+    "constant_when_compiling",
     "fake_tensor_type",
     "garbage_in",
     "in_functorch",
@@ -36,6 +38,17 @@ __all__ = [
 
 LOOK_NUMEL: int = value("look_numel")
 """The threshold ``look_numel`` (:data:`attnscore._thresholds.THRESHOLDS` says why)."""
+
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def constant_when_compiling(fn: _F) -> _F:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo``
+    (about 2 s) when attnscore is imported: the mark that decorator sets
+    (``torch/_dynamo/decorators.py``), which torch.compile reads when it traces ``fn``.
+    ``tests/test_startup.py`` checks that torch's decorator still sets this mark."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
 
 
 def in_functorch(tensor: Tensor) -> bool:
