@@ -26,7 +26,7 @@ __all__ = ["THRESHOLDS", "Threshold", "markdown", "thresholds", "value"]
 
 _ZEN4 = "2-core AMD EPYC Zen 4 VM (family 25), torch 2.13.0+cpu, 2 threads"
 _ZEN5 = "2-core AMD EPYC Zen 5 VM (family 26), torch 2.13.0+cpu, 2 threads"
-_CPU_RUN = "docs/benchmarks.md, 'The CPU run of 25 November 2026 (commit 481b016)'"
+_CPU_RUN = "the CPU run at commit 481b016, docs/bench/cpu-full-481b016.json; docs/benchmarks.md"
 
 
 @dataclass(frozen=True)
