@@ -46,7 +46,7 @@ SLOW = (
     "tests/test_docs_blocks.py",
     "tests/test_imports.py",
     "tests/test_startup.py",
-    "tests/bench/",
+    "tests/bench/test_bench.py",
     "tests/cli/test_cli_bench.py",
     "tests/cli/test_cli_export.py",
     "tests/cli/test_cli_interrupt.py",
