@@ -16,7 +16,6 @@ refused).
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from .config import TrainConfig
 from .data import Vocab
+from .files import write_atomic
 from .model import G2PModel
 from .schema import record_problems
 from .state import TrainState
@@ -138,11 +138,10 @@ def weights_digest(
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path``, atomically: the file is written to ``path.tmp`` and
-    renamed, so a process killed while saving leaves the previous checkpoint intact."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(checkpoint.to_payload(), tmp)
-    os.replace(tmp, path)
+    """Write ``checkpoint`` to ``path``, atomically (:func:`~attnscore.g2p.files.write_atomic`):
+    a process stopped while saving leaves the previous checkpoint intact and no partial file."""
+    payload = checkpoint.to_payload()
+    write_atomic(path, lambda f: torch.save(payload, f))
 
 
 def _read_payload(p: Path) -> dict[str, Any]:
