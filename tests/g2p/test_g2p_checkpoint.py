@@ -276,6 +276,7 @@ def _set(*keys_and_value):
         (_set("state", "step", -1), "state.step: expected non-negative, but got -1"),
         (_set("letters", ["<pad>", 3]), "letters: expected a list of strings"),
         (_set("model", "out.bias", [0.0]), "model['out.bias']: expected a floating-point tensor"),
+        (_set("rng", torch.zeros(3)), "rng: expected a 1-d uint8 tensor"),
     ],
 )  # fmt: skip
 def test_each_bad_entry_is_named_in_one_line(

@@ -180,6 +180,12 @@ def _read_payload(p: Path) -> dict[str, Any]:
         )
     problems = record_problems(TrainConfig, ckpt["train_config"], "train_config")
     problems += record_problems(TrainState, ckpt["state"], "state")
+    rng = ckpt["rng"]
+    if rng.dtype != torch.uint8 or rng.ndim != 1:
+        problems.append(
+            f"rng: expected a 1-d uint8 tensor (torch's random state), but got "
+            f"{rng.dtype} of shape {tuple(rng.shape)}"
+        )
     for vocab in ("letters", "phones"):
         if not all(isinstance(token, str) for token in ckpt[vocab]):
             problems.append(f"{vocab}: expected a list of strings")
