@@ -3,7 +3,7 @@ torch's compiler stack, ONNX, transformers or matplotlib is imported until used)
 ``attnscore --help`` / ``--version`` answer without importing torch at all.
 
 Times are compared as ratios measured in the same test, in fresh interpreters run one
-after the other (best of two each), so that a loaded machine slows both sides alike; the
+after the other (best of three each), so that a loaded machine slows both sides alike; the
 bounds are generous and the module lists are the exact check.
 """
 
@@ -50,16 +50,16 @@ def _run(*args: str) -> tuple[float, str]:
 
 def test_startup_against_import_torch() -> None:
     torch_s, library_s, version_s = [], [], []
-    for _ in range(2):
+    for _ in range(3):
         torch_s.append(_run("-c", "import torch")[0])
         seconds, modules = _run("-c", LIBRARY)
         library_s.append(seconds)
         version_s.append(_run("-m", "attnscore", "--version")[0])
-        version_s.append(_run("-m", "attnscore", "--help")[0])
+    version_s.append(_run("-m", "attnscore", "--help")[0])
     heavy = [m for m in json.loads(modules) if m.startswith(HEAVY)]
     assert not heavy, f"imported by `import attnscore`: {heavy[:5]}"
     base = min(torch_s)
-    # the issue's bound is +0.5 s on an idle machine: here 1.5x, whatever the load
+    # the bound is +0.5 s on an idle machine (about 1.35x there): here 1.5x, whatever the load
     assert min(library_s) / base < 1.5, (library_s, torch_s)
     # the commands answer in a small fraction of torch's import (about 0.05 idle)
     assert min(version_s) / base < 0.5, (version_s, torch_s)
