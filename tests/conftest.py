@@ -47,3 +47,37 @@ def thresholds():
             return stack.enter_context(kernels.thresholds(**values))
 
         yield set_values
+
+
+# The files whose tests take the most time on 2 cores (subprocesses, training, compiling,
+# the Triton interpreter, every code block of the docs): marked `slow`, so that
+# `python -m pytest -m "not slow" --no-cov` is the quick subset the README names. CI runs
+# everything.
+SLOW = (
+    "tests/test_docs_blocks.py",
+    "tests/test_imports.py",
+    "tests/test_startup.py",
+    "tests/bench/test_bench.py",
+    "tests/cli/test_cli_bench.py",
+    "tests/cli/test_cli_export.py",
+    "tests/cli/test_cli_interrupt.py",
+    "tests/core/test_compile_modules.py",
+    "tests/g2p/test_g2p_training.py",
+    "tests/g2p/test_g2p_cli.py",
+    "tests/g2p/test_g2p_onnx.py",
+    "tests/integrations/",
+    "tests/kernels/test_cuda_backend.py",
+    "tests/kernels/test_triton_aot.py",
+    "tests/tools/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        try:
+            where = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if where.startswith(SLOW) or where.endswith(".ipynb"):
+            item.add_marker(pytest.mark.slow)

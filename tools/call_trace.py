@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -28,11 +29,14 @@ def trace(train: bool, shape: tuple[int, int, int, int]) -> list[tuple[str, str]
     lens = torch.randint(1, m + 1, (B,), generator=g)
     module = attnscore.DotProductAttention().train(train)
     calls: list[tuple[str, str]] = []
+    # The package's own folder, whatever the folders above it are called (a clone named
+    # attnscore holds src/attnscore/: cutting at the first "/attnscore/" would keep "src/").
+    package = str(Path(attnscore.__file__).parent) + "/"
 
     def profile(frame: FrameType, event: str, _arg: Any) -> None:
         name = frame.f_code.co_filename
-        if event == "call" and "/attnscore/" in name:
-            calls.append((name.split("/attnscore/", 1)[1], frame.f_code.co_name))
+        if event == "call" and name.startswith(package):
+            calls.append((name[len(package) :], frame.f_code.co_name))
 
     with torch.set_grad_enabled(train):
         module(q, k, v, lens)  # warm: first calls build and cache

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -26,16 +27,49 @@ __all__ = [
     "check_dropout",
     "check_floating",
     "check_tensor",
+    "constant_when_compiling",
     "fake_tensor_type",
     "garbage_in",
     "in_functorch",
     "in_transform",
+    "one_length_each",
     "value_range",
 ]
 
 
 LOOK_NUMEL: int = value("look_numel")
 """The threshold ``look_numel`` (:data:`attnscore._thresholds.THRESHOLDS` says why)."""
+
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def one_length_each(valid_lens: object, like: object) -> Any:
+    """One key length for every example (a decoder's step): a Python ``int`` (not a bool)
+    becomes (B,) int64 lengths on ``like``'s device, B being ``like``'s first size (``like``
+    the queries, or the scores, of at least 3 dimensions). Anything else is returned as it
+    is, for the checks that follow (a 0-d tensor among them: its shape is refused).
+
+    >>> one_length_each(3, torch.zeros(2, 1, 4))
+    tensor([3, 3])
+    """
+    if not isinstance(like, Tensor) or like.ndim < 3:
+        return valid_lens
+    if type(valid_lens) is int:
+        if valid_lens < 0:
+            raise ValueError(
+                f"Expected `valid_lens` to be non-negative, but got {valid_lens} instead."
+            )
+        return torch.full((like.shape[0],), valid_lens, dtype=torch.int64, device=like.device)
+    return valid_lens
+
+
+def constant_when_compiling(fn: _F) -> _F:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo``
+    (about 2 s) when attnscore is imported: the mark that decorator sets
+    (``torch/_dynamo/decorators.py``), which torch.compile reads when it traces ``fn``.
+    ``tests/test_startup.py`` checks that torch's decorator still sets this mark."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
 
 
 def in_functorch(tensor: Tensor) -> bool:

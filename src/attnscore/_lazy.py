@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter
 
 __all__ = ["LazyLinear"]
 
@@ -16,8 +19,11 @@ class LazyLinear(nn.LazyLinear):
     read ``in_features`` fail and its ``repr`` shows 0).
 
     State-dict keys (``weight``, ``bias``) are ``nn.LazyLinear``'s and ``nn.Linear``'s, so
-    checkpoints load either way; a checkpoint of a module never called (uninitialised
-    parameters) leaves it lazy.
+    checkpoints load either way. Before its first call it has no weights to save: its
+    ``state_dict`` leaves them out (so a checkpoint of a never-called module holds plain
+    tensors only and loads with ``torch.load(..., weights_only=True)``), and loading such a
+    checkpoint leaves the module lazy. ``.to(device or dtype)``, ``.to_empty(device=...)``
+    and the like move it while it stays lazy: the first call makes its weights there.
 
     >>> import torch
     >>> LazyLinear(2)  # before its first call
@@ -28,6 +34,9 @@ class LazyLinear(nn.LazyLinear):
     >>> _ = fresh.load_state_dict(trained.state_dict())
     >>> fresh
     Linear(in_features=5, out_features=2, bias=True)
+    >>> never_called = LazyLinear(2).to("meta")
+    >>> list(never_called.state_dict()), never_called.weight.device
+    ([], device(type='meta'))
     """
 
     def extra_repr(self) -> str:
@@ -40,8 +49,33 @@ class LazyLinear(nn.LazyLinear):
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.has_uninitialized_params():
-            return  # nothing sized it (a checkpoint of a module never called)
+            # nothing sized it (a checkpoint of a module never called): its weights are not
+            # missing, there are none yet
+            missing_keys = args[2]
+            for name, param in self._parameters.items():
+                if isinstance(param, UninitializedParameter) and prefix + name in missing_keys:
+                    missing_keys.remove(prefix + name)
+            return
         self.in_features = self.weight.shape[1]
         # What the first call does once the parameters exist: drop the lazy hooks and
         # become nn.Linear (LazyModuleMixin's own step; it reads no input when sized).
         self._infer_parameters(self, (self.weight,))
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LazyLinear:
+        if not self.has_uninitialized_params():
+            return super()._apply(fn, recurse)  # type: ignore[no-any-return,no-untyped-call]
+        # nn.Module._apply would turn an uninitialised parameter into an empty Parameter of
+        # shape (0,) (torch 2.13), which no call can size: move the placeholder instead,
+        # to where fn sends an empty tensor of its device and dtype.
+        for name, param in self._parameters.items():
+            if isinstance(param, UninitializedParameter):
+                moved = fn(torch.empty(0, device=param.device, dtype=param.dtype))
+                self._parameters[name] = UninitializedParameter(
+                    param.requires_grad, device=moved.device, dtype=moved.dtype
+                )
+        return self
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        if self.has_uninitialized_params():
+            return  # nothing to save before the first call (and nothing but tensors saved)
+        super()._save_to_state_dict(destination, prefix, keep_vars)

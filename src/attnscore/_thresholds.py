@@ -26,7 +26,7 @@ __all__ = ["CPUS", "NEVER", "THRESHOLDS", "Threshold", "markdown", "thresholds",
 
 _ZEN4 = "2-core AMD EPYC Zen 4 VM (family 25), torch 2.13.0+cpu, 2 threads"
 _ZEN5 = "2-core AMD EPYC Zen 5 VM (family 26), torch 2.13.0+cpu, 2 threads"
-_XEON = "Intel Xeon with AMX, torch 2.13.0+cpu (the issue's run)"
+_XEON = "2-core Intel Xeon VM with AMX (avx512f, amx_bf16), torch 2.13.0+cpu, 2 threads"
 #: The CPUs the per-CPU entries (mappings keyed by these names) were measured on, and what
 #: identifies each in /proc/cpuinfo: (vendor_id, cpu family or None, a flag it has).
 ZEN4 = "AMD EPYC Zen 4 (family 25, avx512f)"
@@ -36,7 +36,7 @@ CPUS: dict[str, tuple[str, int | None, str]] = {
     XEON_AMX: ("GenuineIntel", None, "amx_bf16"),
 }
 NEVER = 1 << 62  # a work no call reaches: SDPA always
-_CPU_RUN = "docs/benchmarks.md, 'The CPU run of 25 November 2026 (commit 481b016)'"
+_CPU_RUN = "the CPU run at commit 481b016, docs/bench/cpu-full-481b016.json; docs/benchmarks.md"
 
 
 @dataclass(frozen=True)

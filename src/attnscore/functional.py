@@ -29,7 +29,7 @@ import torch  # noqa: F401  (the doctests use it)
 from torch import Tensor
 from typing_extensions import Unpack
 
-from ._checks import check_score_bias, check_tensor
+from ._checks import check_score_bias, check_tensor, one_length_each
 from ._engine import MASK_NAMES, FusedPath, MaskOptions, Prepared, Scoring, attend, prepare
 from ._habits import check_keywords
 from .normalizers import Normalizer, get_normalizer, score_factor
@@ -191,6 +191,7 @@ def attention(
             "Expected `params` only with a registered scorer's name as `scoring`, but got "
             f"them with a {type(scoring).__name__}."
         )
+    valid_lens = one_length_each(valid_lens, queries)
     prepared = prepare(queries, keys, values, valid_lens, **_masks(options))
     return _attend(prepared, scoring, options, None)  # a user's callable: (q, k) -> scores
 
@@ -240,6 +241,7 @@ def _pool(
     as they are), take its fused path (its projection's, bound to the parameters) where
     the weights are not asked for."""
     masks = _masks(options)
+    valid_lens = one_length_each(valid_lens, queries)
     prepared = prepare(
         queries, keys, values, valid_lens, same_feature_size=spec.same_feature_size, **masks
     )

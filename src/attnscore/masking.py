@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_floating, check_tensor, in_functorch, value_range
+from ._checks import check_floating, check_tensor, in_functorch, one_length_each, value_range
 from ._mask import AttentionMask, compact
 from .kernels import _ops
 
@@ -257,7 +257,7 @@ def sequence_mask(X: Tensor, valid_len: Tensor, value: float = 0.0) -> Tensor:
     return X.masked_fill(~keep, value)
 
 
-def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
+def masked_softmax(X: Tensor, valid_lens: Tensor | int | None = None) -> Tensor:
     """Softmax over the last axis of ``X``, ignoring positions beyond the valid lengths.
 
     For row ``X[b, i, :]`` with valid length L = ``valid_lens[b]`` (or ``valid_lens[b, i]``)
@@ -271,7 +271,8 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
             bfloat16, float32 or float64. 16-bit inputs are reduced in float32.
         valid_lens: None (plain softmax), or lengths of shape (B,) (one per example) or
             (B, n) (one per query), or (B, ..., n); integer tensor or floating tensor of
-            whole numbers, on X's device. Lengths above m mean "all valid".
+            whole numbers, on X's device; or one ``int`` (or 0-d tensor) for every
+            example. Lengths above m mean "all valid".
 
     Returns:
         Attention weights of ``X``'s shape and dtype; each row sums to 1 over its valid
@@ -292,6 +293,8 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None = None) -> Tensor:
     X = check_floating(X, "X", min_ndim=3)
     if valid_lens is None:
         return _ops.softmax(X)  # 16-bit: reduced in float32 too
+    if isinstance(valid_lens, int):
+        valid_lens = one_length_each(valid_lens, X)
     # Small calls: one backend step, where the lengths pass its checks (else those below).
     small = _ops.small_masked_softmax(X, valid_lens)
     if small is not None:

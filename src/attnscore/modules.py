@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from ._checks import check_dropout, in_transform
+from ._checks import check_dropout, in_transform, one_length_each
 from ._engine import (
     VERSIONS,
     ComputedWeights,
@@ -165,7 +165,7 @@ class Attention(nn.Module):
         queries: Tensor,
         keys: Tensor,
         values: Tensor,
-        valid_lens: Tensor | None = None,
+        valid_lens: Tensor | int | None = None,
         *,
         return_weights: bool = False,
         **masks: Unpack[MaskOptions],
@@ -177,7 +177,8 @@ class Attention(nn.Module):
                 values: (..., m, v). One dtype and device for all three; dot-product-like
                 scorers need q == k.
             valid_lens: key lengths (B,) (one per example), (B, n) (one per query) or
-                (..., n); int or whole-number float; lengths above m mean all keys.
+                (..., n); int or whole-number float; or one ``int`` for every example (a
+                decoder's step); lengths above m mean all keys.
             **masks: ``query_valid_lens``, ``attend_mask`` (bool, **True = may attend**),
                 ``causal``: see :class:`attnscore.functional.MaskOptions`.
             return_weights: also return the weights (..., n, m), before dropout, as a
@@ -198,11 +199,12 @@ class Attention(nn.Module):
         """
         # The previous call's weights go first, so that this call's buffers can reuse memory.
         self.__dict__["_weights"] = None
+        lens = one_length_each(valid_lens, queries) if isinstance(valid_lens, int) else valid_lens
         taken = None
-        if valid_lens is not None and not masks and not return_weights:
+        if lens is not None and not masks and not return_weights:
             # a small call by key lengths may run whole in one step
-            taken = self._small(queries, keys, values, valid_lens)
-        elif valid_lens is None and not return_weights and masks.keys() <= {"causal"}:
+            taken = self._small(queries, keys, values, lens)
+        elif lens is None and not return_weights and masks.keys() <= {"causal"}:
             # so may a call with nothing padded (causal masking alone, or no mask)
             causal = masks.get("causal", False)
             taken = self._unpadded(queries, keys, values, causal) if type(causal) is bool else None
@@ -213,7 +215,7 @@ class Attention(nn.Module):
             )
             return output
         prepared = prepare(
-            queries, keys, values, valid_lens, same_feature_size=self.same_feature_size, **masks
+            queries, keys, values, lens, same_feature_size=self.same_feature_size, **masks
         )
         lengths = prepared.mask.lengths
         output, weights_fn = attend(
@@ -264,6 +266,12 @@ class Attention(nn.Module):
     @property
     def attention_weights(self) -> Tensor | None:
         """The last call's weights (..., n, m), before dropout and detached; None before.
+
+        One attribute per module, like ``nn.MultiheadAttention``'s: a module called by
+        several threads at once holds the weights of whichever call set them last, and
+        while a call is running (from its start until it returns) it holds None. Threads
+        that share a module and need their own call's weights ask for them in the call:
+        ``output, weights = module(..., return_weights=True)``.
 
         Raises:
             RuntimeError: a tensor of the call was changed in place since (``keep_weights``

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs
+from ._checks import check_attention_inputs, one_length_each
 from ._engine import MASK_NAMES, MaskOptions
 from ._habits import check_keywords, refuses_pytorch_keywords
 from ._lazy import LazyLinear
@@ -298,7 +298,8 @@ class MultiHeadAttention(nn.Module):
             queries: (B, n, q) floating. keys: (B, m, k). values: (B, m, v); one dtype and
                 device for all three (sizes q, k, v inferred on the first call).
             valid_lens: key lengths (B,) or (B, n), shared by every head; int or
-                whole-number float; lengths above m mean all keys.
+                whole-number float; or one ``int`` for every example; lengths above m
+                mean all keys.
             return_weights: also return the weights, which carry gradients.
             **masks: ``query_valid_lens`` (B,): queries beyond them give zero attention
                 output (before ``W_o``); ``attend_mask``: bool, True = may attend, (n, m),
@@ -323,6 +324,7 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(queries.shape)} instead."
             )
         self._check_sizes(queries, keys, values)
+        valid_lens = one_length_each(valid_lens, queries)
         attend_mask = masks.get("attend_mask")
         if isinstance(attend_mask, Tensor) and attend_mask.ndim == 3:
             masks = {**masks, "attend_mask": attend_mask.unsqueeze(1)}  # (B, n, m): all heads
@@ -395,7 +397,8 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def attention_weights(self) -> Tensor | None:
-        """Per-head weights (B, H, n, m) of the last call, before dropout; None before."""
+        """Per-head weights (B, H, n, m) of the last call, before dropout; None before (and
+        while a call runs: with threads, see :attr:`attnscore.Attention.attention_weights`)."""
         return self.attention.attention_weights
 
 

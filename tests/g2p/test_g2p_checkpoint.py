@@ -191,14 +191,16 @@ def test_weights_that_do_not_fit_the_stored_config_are_refused(
     ckpt["train_config"]["model"]["enc_hidden"] = 6  # as if edited by hand
     torch.save(ckpt, path)
     assert main(["predict", str(path), "ab"]) == 2
-    assert _one_line(capsys).endswith(f"{path}: expected weights that fit its model config")
+    err = _one_line(capsys)
+    assert f"{path}: expected weights that fit its model config" in err
+    assert "(encoder.weight_ih_l0 of shape (18, 4)), but got shape (12, 4)" in err
 
 
 def test_the_model_config_is_stored_once(tmp_path: Path) -> None:
     path = tmp_path / "x.pt"
     _save(path, hidden=6)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == FORMAT == "attnscore.g2p/3"
+    assert payload["format"] == FORMAT == "attnscore.g2p/4"
     assert "model_config" not in payload and payload["train_config"]["model"]["enc_hidden"] == 6
     ckpt = load_checkpoint(path)
     assert ckpt.config.model.enc_hidden == 6 and ckpt.averaged is None
@@ -229,3 +231,138 @@ def test_entries_of_the_wrong_type_are_refused(
     err = _one_line(capsys)
     assert f"{path}: expected a g2p checkpoint, but its ['letters', 'state'] have types" in err
     assert "['str', 'list']" in err
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    """A checkpoint file whose plain data ``edit(payload)`` changed, as a hand could."""
+    path = tmp_path / "edited.pt"
+    payload = _checkpoint().to_payload()
+    edit(payload)
+    torch.save(payload, path)
+    return path
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(payload):
+        d = payload
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("averaged", "abc"), "its ['averaged'] have types ['str']"),
+        (_set("averaged", [1.0]), "its ['averaged'] have types ['list']"),
+        (_set("train_config", "model", "enc_hidden", "abc"),
+         "train_config.model.enc_hidden: expected int, but got 'abc'"),
+        (_set("train_config", "model", "enc_hidden", 2.5),
+         "train_config.model.enc_hidden: expected int, but got 2.5"),
+        (_set("train_config", "model", "enc_hidden", 10**6),
+         "train_config.model.enc_hidden: expected between 1 and 65536, but got 1000000"),
+        (_set("train_config", "model", "enc_hidden", 0),
+         "train_config.model.enc_hidden: expected between 1 and 65536, but got 0"),
+        (_set("train_config", "model", "dropout", "x"),
+         "train_config.model.dropout: expected float, but got 'x'"),
+        (_set("train_config", "model", "scoring", "nope"),
+         "train_config.model.scoring: expected one of additive, "),
+        (_set("train_config", "model", [1]), "train_config.model: expected a dict, but got a list"),
+        (_set("train_config", "precision", 16), "train_config.precision: expected str, but got 16"),
+        (_set("state", "step", -1), "state.step: expected non-negative, but got -1"),
+        (_set("letters", ["<pad>", 3]), "letters: expected a list of strings"),
+        (_set("model", "out.bias", [0.0]), "model['out.bias']: expected a floating-point tensor"),
+        (_set("rng", torch.zeros(3)), "rng: expected a 1-d uint8 tensor"),
+    ],
+)  # fmt: skip
+def test_each_bad_entry_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, message: str
+) -> None:
+    path = _edited(tmp_path, edit)
+    assert main(["predict", str(path), "ab"]) == 2
+    err = _one_line(capsys)
+    assert f"{path}: expected " in err and message in err
+
+
+def test_two_bad_entries_are_both_named(tmp_path: Path) -> None:
+    def edit(payload):
+        payload["train_config"]["model"].update(emb="x", dropout=2.0)
+
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(_edited(tmp_path, edit))
+    assert "model.emb: expected int" in str(caught.value)
+    assert "model.dropout: expected in [0, 1), but got 2.0" in str(caught.value)
+
+
+def test_sizes_the_weights_do_not_have_are_refused_before_allocating(tmp_path: Path) -> None:
+    """A config naming 60000-wide layers over 4-wide weights: the 43 GB model is never
+    built (its shapes are worked out on the meta device)."""
+    path = _edited(tmp_path, _set("train_config", "model", "enc_hidden", 60000))
+    with pytest.raises(CheckpointError, match=r"of shape \(180000, 4\)\), but got shape \(12, 4\)"):
+        load_checkpoint(path)
+
+
+def test_flipped_bytes_in_the_weights_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "x.pt"
+    ckpt = _checkpoint(hidden=8)
+    save_checkpoint(path, ckpt)
+    data = bytearray(path.read_bytes())
+    weights = ckpt.model["encoder.weight_hh_l0"].numpy().tobytes()  # 24 x 8 float32
+    at = data.find(weights)
+    assert at > 0 and data.find(weights, at + 1) < 0
+    for i in range(at, at + 64):
+        data[i] ^= 0x01  # 64 bytes of the weights, each a little off: still finite
+    path.write_bytes(bytes(data))
+    assert main(["predict", str(path), "ab"]) == 2
+    err = _one_line(capsys)
+    assert "the weights do not match the digest written when the checkpoint was saved" in err
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_64_flipped_bytes_anywhere_are_refused(tmp_path: Path, seed: int) -> None:
+    import random
+
+    path = tmp_path / "x.pt"
+    _save(path)
+    data = bytearray(path.read_bytes())
+    rng = random.Random(seed)
+    for i in rng.sample(range(len(data)), 64):
+        data[i] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: float
+) -> None:
+    """Saved as they are (a digest that matches): the values themselves are refused."""
+    path = tmp_path / "x.pt"
+    ckpt = _checkpoint()
+    ckpt.model = {k: torch.full_like(t, value) for k, t in ckpt.model.items()}
+    save_checkpoint(path, ckpt)
+    assert main(["predict", str(path), "ab"]) == 2
+    err = _one_line(capsys)
+    assert "refused: the weights model['" in err and "hold NaN or infinity (and " in err
+
+
+def test_a_format_3_checkpoint_without_a_digest_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "old.pt"
+    payload = _checkpoint(hidden=5).to_payload()
+    payload["format"] = "attnscore.g2p/3"
+    del payload["digest"]
+    torch.save(payload, path)
+    assert load_checkpoint(path).config.model.enc_hidden == 5
+
+
+def test_a_digest_of_other_weights_is_refused(tmp_path: Path) -> None:
+    path = _edited(tmp_path, _set("digest", "sha256:" + "0" * 64))
+    with pytest.raises(CheckpointError, match="do not match the digest"):
+        load_checkpoint(path)

@@ -40,7 +40,9 @@ def time_ratios(result: dict[str, Any]) -> dict[str, list[tuple[str, str, float]
 
 
 def _title(result: dict[str, Any]) -> str:
-    where = f"{result.get('device_name', result.get('device', '?'))}, torch {result.get('torch')}"
+    where = str(result.get("device_name", result.get("device", "?")))
+    if "torch" not in where:  # runs name the torch build in device_name already
+        where += f", torch {result.get('torch')}"
     kind = "quick run (small shapes)" if result.get("quick") else "full run"
     busy = " - machine busy (load above cores)" if result.get("load", {}).get("busy") else ""
     return f"attnscore bench, {kind}: {where}, {result.get('threads')} threads{busy}"

@@ -91,7 +91,7 @@ def train_config(
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``g2p train``: train one model, print its summary line; 0, or 130 when interrupted
-    (the last checkpoint is kept).
+    (the last checkpoint is kept, and the message says whether there is one).
 
     An ``--out`` folder holding files is refused unless ``--resume`` (continue it) or
     ``--overwrite`` (first delete what the earlier run wrote there,
@@ -111,7 +111,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = train(cfg, resume=args.resume)
     except KeyboardInterrupt:
-        print("interrupted: the last checkpoint is kept; continue with --resume", file=sys.stderr)
+        if (out / "last.pt").is_file():
+            message = (
+                f"interrupted: the last checkpoint is kept ({out / 'last.pt'}); "
+                "continue with --resume"
+            )
+        else:
+            message = (
+                f"interrupted before the first checkpoint: {out} holds nothing to resume; "
+                "start again with --overwrite"
+            )
+        print(f"attnscore: {message}", file=sys.stderr)
         return 130
     if summary is not None:
         last = summary.history[-1] if summary.history else None

@@ -7,12 +7,54 @@ Each command's module adds its parser through ``add_parser(subparsers)``, which 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
 from ._usage import ArgumentParser, run_main
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "top_parser"]
+
+
+COMMANDS: dict[str, str] = {
+    "demo": "run the section's worked examples and draw heatmaps",
+    "run": "compute attention on your own arrays",
+    "bench": "time attnscore against the textbook code and PyTorch",
+    "g2p": "grapheme-to-phoneme task on CMUdict (docs/g2p.md)",
+    "export": "write a scorer's attention module as .onnx or .pt2",
+    "tune": "measure the C kernel against SDPA on this machine for the selection (<= 2 min)",
+}
+"""The commands and their one-line help, as each command's parser gives it (a test checks
+that they agree): ``attnscore --help`` and ``--version`` print from this alone, without
+importing a command's module (and torch)."""
+
+
+def _root() -> tuple[ArgumentParser, argparse._SubParsersAction[ArgumentParser]]:
+    from .. import __version__  # attnscore's __init__ imports nothing heavy
+
+    parser = ArgumentParser(
+        prog="attnscore",
+        description="Attention scoring functions and attention pooling (D2L section "
+        "'Attention Scoring Functions').",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"attnscore {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return parser, sub
+
+
+def top_parser() -> ArgumentParser:
+    """The ``attnscore`` parser with each command's name and help only (no options): what
+    ``attnscore --help``, ``--version`` and an unknown command need, built without torch.
+
+    >>> top_parser().format_help() == build_parser().format_help()
+    True
+    """
+    parser, sub = _root()
+    for name, summary in COMMANDS.items():
+        sub.add_parser(name, help=summary)
+    return parser
 
 
 def build_parser() -> ArgumentParser:
@@ -27,18 +69,9 @@ def build_parser() -> ArgumentParser:
     >>> args.scoring, args.handler.__name__
     ('scaled_dot', '_run')
     """
-    from .. import __version__
     from . import bench, demo, export, g2p, run, tune
 
-    parser = ArgumentParser(
-        prog="attnscore",
-        description="Attention scoring functions and attention pooling (D2L section "
-        "'Attention Scoring Functions').",
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"attnscore {__version__}", help="print the version"
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser, sub = _root()
     for command in (demo, run, bench, g2p, export, tune):
         command.add_parser(sub)
     return parser
@@ -65,9 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     2
     """
 
+    words = list(sys.argv[1:] if argv is None else argv)
+
     def command() -> int:
         try:
-            args = build_parser().parse_args(argv)
+            if (
+                not words
+                or words[0] in ("-h", "--help", "--version")
+                or (not words[0].startswith("-") and words[0] not in COMMANDS)
+            ):
+                top_parser().parse_args(words)  # prints help, the version or the error
+            args = build_parser().parse_args(words)
             return int(args.handler(args))
         except SystemExit as done:  # --help, --version, or a handler that exits
             if done.code is None or isinstance(done.code, int):

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
@@ -54,6 +55,15 @@ EXTRAS = {
 
 CLOSED_PIPE = 141
 """The exit code when standard output is closed early: 128 + SIGPIPE, as a shell reports."""
+
+INTERRUPTED = 130
+"""The exit code after Ctrl-C: 128 + SIGINT, as a shell reports."""
+
+QUIET_PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers")
+"""Packages whose own warnings the commands do not show: they speak of the packages'
+internals, not of anything a command's user can change. Deprecation and future warnings
+are not shown from anywhere (torch.export's pytree deprecation is raised from ``copyreg``):
+a command runs no code of its user's."""
 
 
 def _missing_extra(module: str, option: str | None, otherwise: str = "") -> UsageError:
@@ -101,6 +111,11 @@ def run_main(prog: str, command: Callable[[], int]) -> int:
     - :class:`UsageError`, and an :class:`ImportError` of an optional package
       (:data:`EXTRAS`) from anywhere below: ``<prog>: error: <message>``, one line on
       stderr, exit code 2.
+    - Ctrl-C (``KeyboardInterrupt``): ``<prog>: interrupted``, exit code
+      :data:`INTERRUPTED` (the files a command writes are written whole or not at all:
+      :func:`~attnscore.cli._files.write_atomic`).
+    - Warnings raised inside :data:`QUIET_PACKAGES`, and deprecation warnings, are not
+      shown.
     - Standard output closed by its reader (``BrokenPipeError``): standard output is
       pointed at ``os.devnull`` (as the Python documentation advises for SIGPIPE, so that
       Python's own flush at exit does not fail again), nothing is printed, exit code
@@ -116,7 +131,15 @@ def run_main(prog: str, command: Callable[[], int]) -> int:
     """
     try:
         try:
-            code = command()
+            with warnings.catch_warnings():
+                for package in QUIET_PACKAGES:
+                    warnings.filterwarnings("ignore", module=rf"{package}(\.|$)")
+                for category in (DeprecationWarning, FutureWarning):
+                    warnings.filterwarnings("ignore", category=category)
+                code = command()
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            code = INTERRUPTED
         except UsageError as err:
             print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
             code = 2

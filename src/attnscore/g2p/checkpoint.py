@@ -5,11 +5,17 @@ A checkpoint (:class:`Checkpoint`) holds only tensors, numbers, strings, lists a
 configuration once, inside the training configuration) and is read with
 ``torch.load(..., weights_only=True)``: a file holding anything else, or a file that is not
 a checkpoint at all, is refused with one :class:`CheckpointError`.
+
+What it holds is checked before anything is built from it: every entry's type and range
+(:mod:`attnscore.g2p.schema`), the weights' shapes against the model its configuration
+describes (worked out without allocating it), the weights' SHA-256 digest written at save
+(a file changed or damaged since is refused), and the weights' values (NaN or infinity
+refused).
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +25,17 @@ import torch
 
 from .config import TrainConfig
 from .data import Vocab
+from .files import write_atomic
 from .model import G2PModel
+from .schema import record_problems
 from .state import TrainState
 
-FORMAT = "attnscore.g2p/3"
+FORMAT = "attnscore.g2p/4"
 """Value of the ``"format"`` key of every checkpoint this version writes."""
-READABLE_FORMATS = ("attnscore.g2p/2", FORMAT)
+READABLE_FORMATS = ("attnscore.g2p/2", "attnscore.g2p/3", FORMAT)
 """The formats :func:`load_checkpoint` reads. Version 2 also stored the model config on
-its own (``"model_config"``, a copy of ``train_config["model"]``); version 3 stores it once."""
+its own (``"model_config"``, a copy of ``train_config["model"]``); version 3 stores it once;
+version 4 adds ``"digest"``, the SHA-256 of the weights (:func:`weights_digest`)."""
 
 _ENTRIES: dict[str, type] = {
     "model": dict,
@@ -86,6 +95,7 @@ class Checkpoint:
         }
         if self.averaged is not None:
             payload["averaged"] = self.averaged
+        payload["digest"] = weights_digest(self.model, self.averaged)
         return payload
 
     @classmethod
@@ -108,12 +118,30 @@ class Checkpoint:
         )
 
 
+def weights_digest(
+    model: dict[str, torch.Tensor], averaged: dict[str, torch.Tensor] | None = None
+) -> str:
+    """``"sha256:<hex>"`` of the weights (``model``, then ``averaged``): each tensor's name,
+    dtype, shape and bytes, in name order. Written at save, compared at load.
+
+    >>> w = {"w": torch.ones(2)}
+    >>> weights_digest(w) == weights_digest({"w": torch.ones(2)}) != weights_digest(w, w)
+    True
+    """
+    h = hashlib.sha256()
+    for part, weights in (("model", model), ("averaged", averaged or {})):
+        for name in sorted(weights):
+            t = weights[name].detach().cpu().contiguous()
+            h.update(f"{part}/{name}/{t.dtype}/{tuple(t.shape)}\n".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return "sha256:" + h.hexdigest()
+
+
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path``, atomically: the file is written to ``path.tmp`` and
-    renamed, so a process killed while saving leaves the previous checkpoint intact."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(checkpoint.to_payload(), tmp)
-    os.replace(tmp, path)
+    """Write ``checkpoint`` to ``path``, atomically (:func:`~attnscore.g2p.files.write_atomic`):
+    a process stopped while saving leaves the previous checkpoint intact and no partial file."""
+    payload = checkpoint.to_payload()
+    write_atomic(path, lambda f: torch.save(payload, f))
 
 
 def _read_payload(p: Path) -> dict[str, Any]:
@@ -143,13 +171,67 @@ def _read_payload(p: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{p}: expected a complete g2p checkpoint, but it lacks {missing}")
     wrong = [k for k, kind in _ENTRIES.items() if not isinstance(ckpt[k], kind)]
+    if ckpt.get("averaged") is not None and not isinstance(ckpt["averaged"], dict):
+        wrong.append("averaged")
     if wrong:
         raise CheckpointError(
             f"{p}: expected a g2p checkpoint, but its {wrong} have types "
             f"{[type(ckpt[k]).__name__ for k in wrong]}"
         )
+    problems = record_problems(TrainConfig, ckpt["train_config"], "train_config")
+    problems += record_problems(TrainState, ckpt["state"], "state")
+    rng = ckpt["rng"]
+    if rng.dtype != torch.uint8 or rng.ndim != 1:
+        problems.append(
+            f"rng: expected a 1-d uint8 tensor (torch's random state), but got "
+            f"{rng.dtype} of shape {tuple(rng.shape)}"
+        )
+    for vocab in ("letters", "phones"):
+        if not all(isinstance(token, str) for token in ckpt[vocab]):
+            problems.append(f"{vocab}: expected a list of strings")
+    for entry in ("model", "averaged"):
+        for name, t in (ckpt.get(entry) or {}).items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                problems.append(f"{entry}[{name!r}]: expected a floating-point tensor")
+    if problems:
+        raise CheckpointError(f"{p}: expected a valid g2p checkpoint, but " + "; ".join(problems))
+    if ckpt["format"] == FORMAT:
+        digest = weights_digest(ckpt["model"], ckpt.get("averaged"))
+        if ckpt.get("digest") != digest:
+            raise CheckpointError(
+                f"{p}: refused: the weights do not match the digest written when the "
+                "checkpoint was saved (the file was changed or damaged since)"
+            )
+    for entry in ("model", "averaged"):
+        bad = [n for n, t in (ckpt.get(entry) or {}).items() if not bool(t.isfinite().all())]
+        if bad:
+            raise CheckpointError(
+                f"{p}: refused: the weights {entry}[{bad[0]!r}] hold NaN or infinity"
+                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+            )
     out: dict[str, Any] = ckpt
     return out
+
+
+def _check_shapes(path: Path, ckpt: Checkpoint, weights: dict[str, torch.Tensor]) -> None:
+    """Refuse weights whose names or shapes differ from the model the configuration
+    describes, worked out on the ``meta`` device (nothing allocated, however large the
+    sizes the file names)."""
+    with torch.device("meta"):
+        expected = G2PModel(ckpt.config.model, len(ckpt.letters), len(ckpt.phones)).state_dict()
+    for name, t in expected.items():
+        got = weights.get(name)
+        if got is None or got.shape != t.shape:
+            shape = "nothing" if got is None else f"shape {tuple(got.shape)}"
+            raise CheckpointError(
+                f"{path}: expected weights that fit its model config ({name} of shape "
+                f"{tuple(t.shape)}), but got {shape}"
+            )
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise CheckpointError(
+            f"{path}: expected weights that fit its model config, but got {extra[0]!r} too"
+        )
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -161,10 +243,17 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         CheckpointError: ``path`` is missing, holds anything but plain data (refused, never
             unpickled), is not a PyTorch file (text, truncated, empty), or is a PyTorch file
             of another kind (a list, a bare state dict, another format version, entries
-            missing or of the wrong type).
+            missing or of the wrong type); an entry of the configuration or state of the
+            wrong type or out of its range (each named); weights that differ from the
+            digest written at save; weights holding NaN or infinity.
         ValueError: vocabularies that do not start with the special tokens.
     """
-    return Checkpoint.from_payload(_read_payload(Path(path)))
+    p = Path(path)
+    ckpt = Checkpoint.from_payload(_read_payload(p))
+    for weights in (ckpt.model, ckpt.averaged):
+        if weights is not None:
+            _check_shapes(p, ckpt, weights)
+    return ckpt
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -196,9 +285,6 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[G2PModel, Vocab, 
     """
     ckpt = load_checkpoint(resolve_checkpoint(path))
     model = G2PModel(ckpt.config.model, len(ckpt.letters), len(ckpt.phones))
-    try:
-        model.load_state_dict(ckpt.averaged or ckpt.model)
-    except RuntimeError:
-        raise CheckpointError(f"{path}: expected weights that fit its model config") from None
+    model.load_state_dict(ckpt.averaged or ckpt.model)  # shapes checked by load_checkpoint
     model.to(device).eval()
     return model, ckpt.letters, ckpt.phones, ckpt.config

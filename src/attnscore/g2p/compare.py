@@ -20,6 +20,7 @@ from .checkpoint import load_model, resolve_checkpoint
 from .config import TrainConfig
 from .data import load_lexicon
 from .evaluate import evaluate_checkpoint, forced_alignment, predict
+from .files import write_text_atomic
 from .plots import alignments_figure
 from .summary import SUMMARY_FILE, RunSummary
 from .train import train
@@ -182,7 +183,7 @@ def run_result(
         res: dict[str, Any] = json.loads(cache.read_text())
     else:
         res = evaluate_checkpoint(run, "test", beam, device=device, length_norm=length_norm)
-        cache.write_text(json.dumps(res, indent=2) + "\n")
+        write_text_atomic(cache, json.dumps(res, indent=2) + "\n")
     beam_res = res.get("beam", res["greedy"])
     kept = ("seed", "steps", "train_seconds", "epochs", "peak_rss_mb", "parameters")
     return {

@@ -22,6 +22,7 @@ from .config import TrainConfig
 from .data import length_batches
 from .dataset import Data
 from .evaluate import evaluate
+from .files import write_text_atomic
 from .model import G2PModel, count_parameters
 from .progress import Progress
 from .schedule import lr_at
@@ -91,7 +92,7 @@ class Trainer:
         cfg, state = self.cfg, self.state
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+            write_text_atomic(self.out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
         progress = Progress(
             self.total,
             f"train {cfg.model.scoring}",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Record, TrainConfig
+from .files import write_text_atomic
 from .state import AttentionStats, Validation
 
 SUMMARY_FILE = "summary.json"
@@ -98,7 +99,7 @@ class RunSummary(Record):
 
     def write(self, run: Path) -> None:
         """Write ``run/summary.json`` into the run folder ``run`` (it exists)."""
-        (Path(run) / SUMMARY_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(Path(run) / SUMMARY_FILE, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def read(cls, run: Path) -> RunSummary:

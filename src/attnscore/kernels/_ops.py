@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._checks import fake_tensor_type, in_functorch
+from .._checks import constant_when_compiling, fake_tensor_type, in_functorch
 from . import _plain
 from ._dispatch import backend_for, enabled, exporting
 
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+@constant_when_compiling
 def _enabled_when_compiling() -> bool:
     # Read once while compiling (dynamo cannot trace thread-local state); a compiled
     # function keeps the choice it was compiled with.

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import LOOK_NUMEL, garbage_in, in_transform
+from .._checks import LOOK_NUMEL, constant_when_compiling, garbage_in, in_transform
 from .._mask import AttentionMask, compact
 from . import _ops
 from ._dispatch import enabled
@@ -56,7 +56,7 @@ def as_4d(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, *t.shape[-2:])
 
 
-@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+@constant_when_compiling
 def empty_rows_are_zero(device_type: str) -> bool:
     """Whether SDPA on this device type returns zeros, with zero gradients, for a query whose
     mask allows no key (torch 2.5+ on the CPU does; some GPU backends give NaN). Probed once
