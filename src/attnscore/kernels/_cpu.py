@@ -559,7 +559,12 @@ def _scan3_for(
             return None
         scan = _SCAN3[q.dtype] = _function(lib, f"any_nonfinite3_{suffix}")
     same = k.dtype == v.dtype == q.dtype
-    return scan if same and _one_block(q) and _one_block(k) and _one_block(v) else None
+    if not same:
+        return None
+    # (is_contiguous first: no Python call on the common layout)
+    if not (q.is_contiguous() or _one_block(q)) or not (k.is_contiguous() or _one_block(k)):
+        return None
+    return scan if v.is_contiguous() or _one_block(v) else None
 
 
 # ---- dot-product attention: padded keys cost nothing -----------------------------------
