@@ -186,6 +186,7 @@ def attend(
     normalizer: str | Normalizer = "softmax",
     fused: FusedPath | None = None,
     score_bias: Tensor | None = None,
+    weights_asked: bool = False,
 ) -> tuple[Tensor, WeightsFn]:
     """Run the pipeline on prepared inputs; return the output and a weights function.
 
@@ -195,11 +196,12 @@ def attend(
     dropout: the plain path's tensor (:class:`ComputedWeights`), or a fused path's
     recomputation from copies the call owns, only if asked (:func:`dot_weights_later`).
     ``fused`` runs for softmax-like normalizers only (:func:`~.normalizers.score_factor`),
-    made for the normalizer's factor (``fused_dot_product(..., factor=)``).
+    made for the normalizer's factor (``fused_dot_product(..., factor=)``), unless
+    ``weights_asked`` (the caller's ``return_weights``).
     """
     dropout_p = check_dropout(dropout_p, "dropout_p")
     normalize = get_normalizer(normalizer)
-    if fused is not None and score_factor(normalize) is not None:
+    if fused is not None and not weights_asked and score_factor(normalize) is not None:
         before = _select.recorded()
         result = fused(
             prepared.queries, prepared.keys, prepared.values, prepared.mask, dropout_p, score_bias
@@ -208,8 +210,10 @@ def attend(
             return result
         if _select.recorded() == before:  # (the built-in fused paths record why they decline)
             _pipeline_ran(prepared.queries, "it declined the call")
+    elif weights_asked:
+        _pipeline_ran(prepared.queries, "the weights asked for (return_weights): it computes them")
     elif fused is None:
-        _pipeline_ran(prepared.queries, "a scorer without one, or its weights asked for")
+        _pipeline_ran(prepared.queries, "the scorer has none (its scores are no dot products)")
     else:
         _pipeline_ran(prepared.queries, "a normalizer that is not softmax-like")
     # Keys and queries matter to gradients only, but also to custom normalizers (which may

@@ -273,7 +273,8 @@ def _attend(
         scoring,
         dropout_p=options.get("dropout_p", 0.0),
         normalizer=options.get("normalizer", "softmax"),
-        fused=None if return_weights else fused,
+        fused=fused,
+        weights_asked=return_weights,
         score_bias=score_bias,
     )
     return (output, weights()) if return_weights else output

@@ -223,7 +223,8 @@ class Attention(nn.Module):
             lambda q, k: self.score(q, k, lengths),
             dropout_p=self.dropout.p if self.training else 0.0,
             normalizer=self.normalizer,
-            fused=None if return_weights else self.fused_path(),
+            fused=self.fused_path(),
+            weights_asked=return_weights,
         )
         if return_weights:
             weights = weights_fn()
