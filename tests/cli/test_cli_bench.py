@@ -216,7 +216,7 @@ def test_help_and_names_say_what_users_see(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    assert "about 10 minutes" in text and "about 1 minute" in text and "issue" not in text
+    assert "about 12 minutes" in text and "about 1 minute" in text and "issue" not in text
     assert not [name for name in bench.case_names("cpu") if "issue" in name]
 
 

@@ -31,7 +31,7 @@ one process, over rows x masks x dtypes x {forward, forward+backward}, with the
 peak memory of each; then large, tiny and mid-size calls, what users run
 (decode: one query against a KV cache; long_causal; serving), a decoder step.
 
-  --device cpu    the CPU run (about 10 minutes on 2 idle cores)
+  --device cpu    the CPU run (about 12 minutes on 2 idle cores)
   --device cuda   the same cells on a GPU, at larger shapes
   --quick         a smoke run at small shapes (about 1 minute): no verdicts, but
                   it lists the cells slower than PyTorch
