@@ -32,7 +32,15 @@ from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from . import _ops, _sdpa
 from ._dispatch import AdditiveProjection, Projection, backend_for, enabled, exporting
-from ._select import AttentionCall, Implementation, choose, record, restricted, watched
+from ._select import (
+    AttentionCall,
+    Implementation,
+    choose,
+    implementations,
+    record,
+    restricted,
+    watched,
+)
 
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
@@ -529,8 +537,27 @@ def small_dot_product_attention(
     assert isinstance(q, Tensor)
     taken = backend_for(q, "small_dot_product_attention")(q, k, v, valid_lens, scale, project)
     if taken is not None and watched():
-        record("cpu" if q.is_cpu else q.device.type, _SMALL_LANE[taken[1] is None], "small lane")
+        assert isinstance(k, Tensor) and isinstance(v, Tensor)
+        _record_small(q, k, v, _SMALL_LANE[taken[1] is None])
     return taken  # type: ignore[no-any-return]
+
+
+def _record_small(q: Tensor, k: Tensor, v: Tensor, chosen: str) -> None:
+    """Record for :func:`attnscore.explain` what the small lane ran, described as
+    :func:`~._select.choose` describes its calls: the lane runs before the selection."""
+    *_, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    head = f"d {d}" if d == dv else f"d {d}, dv {dv}"
+    dtype = str(q.dtype).removeprefix("torch.")
+    call = f"mask lengths, B·H {q.numel() // (n * d)}, n {n}, m {m}, {head}, {dtype}, inference"
+    ran = "chosen (the small lane: inference by key lengths from the caller's tensors, "
+    ran += "before the selection)"
+    device = "cpu" if q.is_cpu else q.device.type
+    rows = tuple(
+        (i.name, ran if i.name == chosen else f"not asked ({chosen} took the call first)")
+        for i in implementations(device)
+    )
+    record(device, chosen, "small lane", call=call, rows=rows)
 
 
 #: Which implementation a small lane's result came from: the small pass writes the weights,
