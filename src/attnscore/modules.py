@@ -798,8 +798,9 @@ def _weights_later(
     counter to guard them by) made now. ``m``: the number of keys."""
     tensors = (qp, kp) if valid_lens is None else (qp, kp, valid_lens)
     inference = any(map(Tensor.is_inference, tensors))
-    if inference:
-        qp, kp, valid_lens = owned(qp), owned(kp), None if valid_lens is None else owned(valid_lens)
+    if inference:  # copies, but of projections only those that share the caller's memory
+        qp, kp = _owned_unless_new(qp, guard), _owned_unless_new(kp, guard)
+        valid_lens = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
         q, k = qp.detach(), kp.detach()
@@ -817,6 +818,17 @@ def _weights_later(
         return weights()
 
     return checked
+
+
+def _owned_unless_new(t: Tensor, callers: tuple[Tensor, Tensor] | None) -> Tensor:
+    """``t`` itself where the call made it (a projection in memory of its own: nobody else
+    writes to it), else a copy (:func:`attnscore._engine.owned`): an inference tensor has
+    no version counter to guard it by."""
+    if callers is not None:
+        storage = t.untyped_storage().data_ptr()
+        if all(c.untyped_storage().data_ptr() != storage for c in callers):
+            return t
+    return owned(t)
 
 
 _KEEP = ("lazy", "eager", "none")

@@ -518,3 +518,27 @@ def test_keep_weights_is_checked() -> None:
         DotProductAttention(keep_weights="copy")
     with pytest.raises(ValueError, match="Expected `keep_weights` among"):
         MultiHeadAttention(8, 2, keep_weights=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", [5, 256], ids=["small", "by_lengths"])
+def test_inference_mode_weights_of_projected_scorers_are_the_calls(n: int) -> None:
+    """Under ``torch.inference_mode`` (no version counters) a projected scorer keeps the
+    projections its call made: in-place changes of the caller's queries and keys after the
+    call do not reach its weights."""
+    g = torch.Generator().manual_seed(12)
+    torch.manual_seed(12)
+    module = MultiplicativeAttention(8, 8).eval()
+    q, k, v = (
+        torch.randn(2, n, 8, generator=g),
+        torch.randn(2, n, 8, generator=g),
+        torch.randn(2, n, 4, generator=g),
+    )
+    lens = torch.randint(1, n + 1, (2, n), generator=g)
+    expected = reference_weights(scores_of(module, q, k), lens)
+    with torch.inference_mode():
+        qi, ki, vi, li = q.clone(), k.clone(), v.clone(), lens.clone()
+        module(qi, ki, vi, li)
+        qi.mul_(-3.0)
+        ki.add_(1.0)
+        li.zero_()
+    torch.testing.assert_close(module.attention_weights.double(), expected, **TOL)
