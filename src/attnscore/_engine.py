@@ -357,16 +357,25 @@ def owned(t: Tensor) -> Tensor:
     return t.clone()
 
 
-def kept(t: Tensor) -> Tensor:
+def kept(t: Tensor, callers: tuple[Tensor, ...] | None = None) -> Tensor:
     """``t`` as a call keeps it to compute its weights later (:func:`guarded`): the call's
     own tensor, detached, no copy; a copy (:func:`owned`) only where ``t`` has no version
     counter to guard it by (an inference tensor, made under ``torch.inference_mode``) and
-    while compiling."""
-    if torch.compiler.is_compiling() or t.is_inference():  # (traced: no state to read)
+    while compiling; never a copy of an inference tensor the call made from ``callers``
+    (a projection in memory of its own: nobody else writes to it)."""
+    if torch.compiler.is_compiling():  # (traced: no state to read)
         return owned(t)
+    if t.is_inference():  # a projection in memory of its own (``callers``: its inputs) as is
+        return t if callers is not None and _new_memory(t, callers) else owned(t)
     # detached where it may carry autograd history (a fake tensor, which has none, never:
     # its ops are counted as a GPU's would be)
     return t.detach() if t.requires_grad or is_functorch_wrapped_tensor(t) else t
+
+
+def _new_memory(t: Tensor, inputs: tuple[Tensor, ...]) -> bool:
+    """Whether ``t`` lies in memory other than every one of ``inputs``'."""
+    storage = t.untyped_storage().data_ptr()
+    return all(x.untyped_storage().data_ptr() != storage for x in inputs)
 
 
 def kept_mask(mask: AttentionMask) -> AttentionMask:
@@ -444,7 +453,7 @@ class KeptProjections:
         if projected is None:
             with torch.no_grad():
                 projected = self.project(queries, keys)
-        return kept(projected[0]), kept(projected[1])
+        return kept(projected[0], (queries, keys)), kept(projected[1], (queries, keys))
 
 
 def dot_weights_later(

@@ -32,6 +32,7 @@ from ._engine import (
     detached,
     dot_weights_later,
     fused_dot_product,
+    kept,
     owned,
     prepare,
     refuse_if_changed,
@@ -799,7 +800,7 @@ def _weights_later(
     tensors = (qp, kp) if valid_lens is None else (qp, kp, valid_lens)
     inference = any(map(Tensor.is_inference, tensors))
     if inference:  # copies, but of projections only those that share the caller's memory
-        qp, kp = _owned_unless_new(qp, guard), _owned_unless_new(kp, guard)
+        qp, kp = kept(qp, guard), kept(kp, guard)
         valid_lens = None if valid_lens is None else owned(valid_lens)
 
     def weights() -> Tensor:
@@ -818,17 +819,6 @@ def _weights_later(
         return weights()
 
     return checked
-
-
-def _owned_unless_new(t: Tensor, callers: tuple[Tensor, Tensor] | None) -> Tensor:
-    """``t`` itself where the call made it (a projection in memory of its own: nobody else
-    writes to it), else a copy (:func:`attnscore._engine.owned`): an inference tensor has
-    no version counter to guard it by."""
-    if callers is not None:
-        storage = t.untyped_storage().data_ptr()
-        if all(c.untyped_storage().data_ptr() != storage for c in callers):
-            return t
-    return owned(t)
 
 
 _KEEP = ("lazy", "eager", "none")

@@ -221,15 +221,12 @@ def dot_product_attention(
     Rows with no key are zeros with zero gradients; padding (keys no query attends, queries
     that attend nothing) changes nothing, whatever it holds.
     """
-    presumed = presumed_finite(q, k, v)
-    if not presumed:
-        (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
-        return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
-    out = _run(q, k, v, mask, scale, dropout_p, score_bias, True)
-    if result_finite(q, out):
-        return out
-    # Something the result read is not finite: look at the inputs, as the plain formulation
-    # must carry NaN and inf exactly (padding made inert, the rest run as it is).
+    if presumed_finite(q, k, v):
+        out = _run(q, k, v, mask, scale, dropout_p, score_bias, True)
+        if result_finite(q, out):
+            return out
+    # Inputs to look at first, or something the result read is not finite: the plain
+    # formulation must carry NaN and inf exactly (padding made inert, the rest as it is).
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
     return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
 
