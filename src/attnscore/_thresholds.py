@@ -194,6 +194,31 @@ THRESHOLDS: tuple[Threshold, ...] = (
         (f"{_CPU}:_UNPADDED_WORK",),
     ),
     Threshold(
+        "decode_work",
+        MappingProxyType({ZEN4: 1 << 18, XEON_AMX: NEVER}),
+        "A float32 decoder step (fewer than 8 queries, no mask, no gradients) runs the kernel "
+        "by lengths instead of SDPA from this many multiply-adds on, per CPU measured "
+        "(elsewhere: a tune file, else SDPA).",
+        "The kernel takes a step row by row over unpacked keys, four keys a pass; SDPA's CPU "
+        "kernel tiles for many queries. The crossover: 2^18 (B·H 8, m 256, d 64) at 0.92x "
+        "SDPA, 2^17 at 1.11x.",
+        _ZEN4,
+        "decode, mask none, fwd (docs/benchmarks.md)",
+        "The sweep: `python tools/decode_sweep.py` (B·H 2 to 64, m 16 to 4096, d 64, 128).",
+        (f"{_CPU}:_DECODE_WORK",),
+    ),
+    Threshold(
+        "decode_work_bf16",
+        MappingProxyType({ZEN4: 1 << 14, XEON_AMX: NEVER}),
+        "decode_work for bfloat16 decoder steps.",
+        "SDPA's bfloat16 CPU path is slow at one query (B·H 8, m 512: the kernel took 0.16x "
+        "its time); the kernel was faster from the smallest size measured (2^14: 0.83x).",
+        _ZEN4,
+        "decode, mask none, bfloat16, fwd (docs/benchmarks.md)",
+        "The sweep: `python tools/decode_sweep.py`.",
+        (f"{_CPU}:_DECODE_WORK_BF16",),
+    ),
+    Threshold(
         "unpadded_head",
         128,
         "The kernel by lengths takes calls with nothing padded only up to this head size "

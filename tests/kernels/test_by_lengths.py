@@ -371,10 +371,12 @@ def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
     faster than SDPA: float32 and bfloat16 in inference from ``_UNPADDED_INFERENCE`` on,
     in training from ``_UNPADDED_WORK`` on with an (example, head) per thread, either with
     a tile of queries and heads up to 128 (causal masking from ``_UNPADDED_WORK`` on at any
-    shape); float16 from the small calls' size on. Never with dropout, in float64, or with
-    kernels disabled."""
+    shape); float16 from the small calls' size on; decoder steps (fewer than 8 queries,
+    no mask, inference) from ``decode_work`` (float32) and ``decode_work_bf16`` on. Never
+    with dropout, in float64, or with kernels disabled."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     thresholds(small_work=1 << 14, unpadded_work=1 << 22, unpadded_inference=1 << 17)
+    thresholds(decode_work=1 << 18, decode_work_bf16=1 << 15)
     g = torch.Generator().manual_seed(5)
 
     def runs(B, H, n, m, d, dtype=torch.float32, grad=False, causal=False, **kwargs):
@@ -411,9 +413,13 @@ def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
     with torch.no_grad():  # without a mask in inference: float32 from its threshold
         assert projected(q, k, v, causal=False)
         assert not projected(*(t.bfloat16() for t in (q, k, v)), causal=False)
-    # a tile of queries and heads up to 128, except causal masking from the training threshold
-    assert not runs(4, 8, 4, 4096, 32) and runs(4, 8, 4, 4096, 32, causal=True)  # n < 8
-    assert not runs(8, 1, 4, 1024, 32, causal=True)  # n < 8, 2^21
+    # decoder steps by their own thresholds: 2^18 multiply-adds, 2^15 in bfloat16
+    assert runs(1, 8, 1, 256, 64) and not runs(1, 8, 1, 255, 64)
+    assert runs(1, 4, 4, 16, 64, dtype=torch.bfloat16)
+    assert not runs(1, 4, 4, 15, 64, dtype=torch.bfloat16)
+    assert not runs(1, 8, 1, 256, 64, grad=True) and not runs(1, 8, 1, 256, 160)  # d > 128
+    # else a tile of queries and heads up to 128, causal masking from the training threshold
+    assert runs(4, 8, 4, 4096, 32, causal=True) and not runs(8, 1, 4, 1024, 32, causal=True)
     assert not runs(1, 2, 64, 128, 160) and runs(1, 2, 64, 128, 160, causal=True)  # d > 128
     assert runs(1, 2, 64, 128, 128) and not runs(1, 1, 128, 128, 128, grad=True)
     assert runs(1, 1, 128, 128, 128) and runs(1, 1, 128, 128, 128, grad=True, causal=True)

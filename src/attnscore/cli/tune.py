@@ -4,7 +4,9 @@ the tune file the selection reads (:mod:`attnscore.kernels._measured`).
 
 Buckets: mask (none, causal) x dtype (float32, bfloat16) x step (inference, training) x
 work ((B·H) · n · m · (d + dv) to within 4x, 2^16 to 2^26), each timed at one shape (B = 1,
-B·H = torch's threads (at least 2), n = m, d = 64): one run of each implementation in turn,
+B·H = torch's threads (at least 2), n = m, d = 64), and decoder steps (inference, both
+dtypes, one query, B·H = 8 or the threads, m keys for the work): one run of each
+implementation in turn,
 the fastest of at least 10 each; buckets out of line with their neighbours (disturbed by
 other processes) are measured again. At most 2 minutes: buckets left when it is spent are
 not measured.
@@ -65,9 +67,14 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
 def _call(kind: str, dtype: torch.dtype, grad: bool, work: int) -> AttentionCall:
     pairs = max(2, torch.get_num_threads())
     n = min(max(round(math.sqrt(work / (128 * pairs))), 8), 4096)
+    m = n
+    if kind == "decode":  # one query over a cache of m keys, more heads
+        pairs = max(8, pairs)
+        n, m = 1, max(work // (128 * pairs), 8)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, pairs, n, 64, generator=g, dtype=dtype) for _ in range(3))
-    mask = build_mask(torch.Size([1, pairs]), n, n, q.device, causal=kind == "causal")
+    q = torch.randn(1, pairs, n, 64, generator=g, dtype=dtype)
+    k, v = (torch.randn(1, pairs, m, 64, generator=g, dtype=dtype) for _ in range(2))
+    mask = build_mask(torch.Size([1, pairs]), n, m, q.device, causal=kind == "causal")
     with torch.set_grad_enabled(grad):
         q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
         return AttentionCall(q, k, v, mask, scale=0.125)
@@ -83,9 +90,10 @@ def tune(args: argparse.Namespace) -> int:
     cells = [
         (kind, dtype, grad, 1 << (16 + 2 * b))
         for b in range(_measured.WORK_BUCKETS)
-        for kind in ("none", "causal")
+        for kind in ("none", "causal", "decode")
         for dtype in (torch.float32, torch.bfloat16)
         for grad in (False, True)
+        if not (kind == "decode" and grad)  # (decoder steps are inference)
     ]
     start = time.perf_counter()
     buckets: dict[str, dict[str, Any]] = {}
@@ -95,7 +103,7 @@ def tune(args: argparse.Namespace) -> int:
 
     def measure(cell: tuple[str, torch.dtype, bool, int]) -> None:
         call = _call(*cell)
-        key = shapes[cell] = _measured.bucket(call.kind, cell[1], cell[2], call.work)
+        key = shapes[cell] = _measured.bucket_of(call)
         ms = _measured.measure(call, ByLengths(), Sdpa())
         ms = {n: min(t, buckets.get(key, ms)[n]) for n, t in ms.items() if n != "winner"}
         buckets[key] = {**ms, "winner": min(ms, key=ms.__getitem__)}
@@ -112,8 +120,10 @@ def tune(args: argparse.Namespace) -> int:
     # Work 4x larger takes longer, but not 16x: a bucket slower than the next one or 16x
     # the one before was disturbed by other processes; measured again (up to 3 times, while
     # time is left; the fastest runs kept).
+    per = len(cells) // _measured.WORK_BUCKETS  # cells of one work bucket
+
     def disturbed(i: int) -> bool:  # against the same cell 4x smaller and 4x larger
-        for a, b in ((i - 8, i), (i, i + 8)):
+        for a, b in ((i - per, i), (i, i + per)):
             if a >= 0 and b < len(cells) and cells[b] in shapes:
                 small, big = buckets[shapes[cells[a]]], buckets[shapes[cells[b]]]
                 if any(not small[n] < big[n] < 16 * small[n] for n in ("c_by_lengths", "sdpa")):

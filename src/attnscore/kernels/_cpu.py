@@ -1179,6 +1179,8 @@ class _ByLengthsAttention(torch.autograd.Function):
 _UNPADDED_WORK: Any = value("unpadded_work")
 _UNPADDED_HEAD: int = value("unpadded_head")
 _UNPADDED_INFERENCE: Any = value("unpadded_inference")
+_DECODE_WORK: Any = value("decode_work")
+_DECODE_WORK_BF16: Any = value("decode_work_bf16")
 
 
 def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
@@ -1191,7 +1193,8 @@ def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
     training with an (example, head) per thread (the backward's tasks), either with a tile
     of queries and heads up to ``unpadded_head``; causal masking from ``unpadded_work`` at
     any shape. Projected calls in bfloat16 keep their plain pipeline, whose bfloat16
-    products run at twice float32's rate (the kernel computes in float32)."""
+    products run at twice float32's rate (the kernel computes in float32). Decoder steps
+    (:func:`._measured.decoding`) from ``decode_work`` (``decode_work_bf16``) on."""
     dtype, projected = call.q.dtype, call.project is not None
     if dtype == torch.float16 or (projected and call.kind == "causal"):
         return None
@@ -1208,7 +1211,14 @@ def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
         # (a projected call in training counts: its parameters may)
         return not call.needs_grad or (work >= work_from and pairs >= torch.get_num_threads())
 
-    runs, source = _measured.verdict(call, kernel, _UNPADDED_WORK, _UNPADDED_INFERENCE, shipped)
+    if _measured.decoding(call):  # the kernel's row path, from its own threshold per dtype
+        if max(d, dv) > _UNPADDED_HEAD:
+            return f"a decoder step with heads of {max(d, dv)} (unpadded_head)"
+        given: tuple[Any, ...] = (_DECODE_WORK_BF16 if dtype == torch.bfloat16 else _DECODE_WORK,)
+        runs, source = _measured.verdict(call, kernel, given, lambda w: call.work >= w)
+    else:
+        given = (_UNPADDED_WORK, _UNPADDED_INFERENCE)
+        runs, source = _measured.verdict(call, kernel, given, shipped)
     call.notes["measured"] = source
     if runs:
         return None

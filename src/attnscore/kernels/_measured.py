@@ -26,7 +26,18 @@ from ._build import _cache_dir
 from ._sdpa import Sdpa
 from ._select import AttentionCall, Implementation
 
-__all__ = ["bucket", "cpu_name", "default_file", "machine", "measure", "tuned", "verdict"]
+__all__ = [
+    "DECODE_QUERIES",
+    "bucket",
+    "bucket_of",
+    "cpu_name",
+    "decoding",
+    "default_file",
+    "machine",
+    "measure",
+    "tuned",
+    "verdict",
+]
 
 ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 #: Work buckets: bucket b holds (B·H)·n·m·(d + dv) in [2^(15+2b), 2^(17+2b)) (0: below,
@@ -74,10 +85,33 @@ def machine() -> dict[str, Any]:
 
 
 def bucket(kind: str, dtype: torch.dtype, grad: bool, work: int) -> str:
-    """A call's bucket: ``"causal bfloat16 training 2^20"`` (the work it is measured at)."""
+    """A call's bucket: ``"causal bfloat16 training 2^20"`` (the work it is measured at);
+    ``kind`` is the mask's, or ``"decode"`` (:func:`bucket_of`)."""
     b = min(max((work.bit_length() - 16) // 2, 0), WORK_BUCKETS - 1)
     step = "training" if grad else "inference"
     return f"{kind} {str(dtype).removeprefix('torch.')} {step} 2^{16 + 2 * b}"
+
+
+#: Fewer queries than this (the C kernel's tile) make a decoder step.
+DECODE_QUERIES = 8
+
+
+def decoding(call: AttentionCall) -> bool:
+    """Whether ``call`` is a decoder step: no mask, fewer than :data:`DECODE_QUERIES`
+    queries, no gradients, scores of q and k themselves. The kernel by lengths runs those
+    row by row, so they have thresholds (``decode_work``) and buckets of their own."""
+    return (
+        call.kind == "none"
+        and call.sizes[1] < DECODE_QUERIES
+        and not call.needs_grad
+        and call.project is None
+    )
+
+
+def bucket_of(call: AttentionCall) -> str:
+    """``call``'s :func:`bucket`, decoder steps (:func:`decoding`) apart."""
+    kind = "decode" if decoding(call) else call.kind
+    return bucket(kind, call.q.dtype, call.needs_grad, call.work)
 
 
 class _Tuning:
@@ -160,18 +194,17 @@ def _per_cpu(v: Any) -> int | None:
 def verdict(
     call: AttentionCall,
     kernel: Implementation,
-    work: Any,
-    inference: Any,
-    shipped: Callable[[int, int], bool],
+    given: tuple[Any, ...],
+    shipped: Callable[..., bool],
 ) -> tuple[bool, str]:
     """Whether ``kernel`` (the kernel by lengths) runs dense ``call`` rather than SDPA, and
-    the measurement that decided (for :func:`attnscore.explain`); ``work`` and
-    ``inference`` are the thresholds in force, ``shipped(work, inference)`` their rule."""
-    if isinstance(work, int) and isinstance(inference, int):
-        return shipped(work, inference), "thresholds set by attnscore.kernels.thresholds"
+    the measurement that decided (for :func:`attnscore.explain`); ``given`` are the
+    thresholds in force (ints, or mappings CPU -> int), ``shipped(*ints)`` their rule."""
+    if all(isinstance(g, int) for g in given):
+        return shipped(*given), "thresholds set by attnscore.kernels.thresholds"
     measured = call.project is None  # (projected calls compare with their own pipeline)
     if measured and sys.modules[__package__].benchmark:
-        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
+        key = bucket_of(call)
         found = _Tuning.first_calls.get(key)
         if found is None:
             ms = measure(call, kernel, Sdpa())
@@ -180,13 +213,14 @@ def verdict(
         return found
     tuned = _buckets() if measured else None
     if tuned:  # (no file, or another machine's: {})
-        key = bucket(call.kind, call.q.dtype, call.needs_grad, call.work)
+        key = bucket_of(call)
         timed = tuned.get(key)
         if timed is not None:
             return timed["winner"] == "c_by_lengths", f"tune file {_file()} ({key}: {_ms(timed)})"
     here = cpu_name()
-    if here is not None and _per_cpu(work) is not None and _per_cpu(inference) is not None:
-        return shipped(_per_cpu(work), _per_cpu(inference)), f"thresholds shipped for {here}"  # type: ignore[arg-type]
+    resolved = tuple(map(_per_cpu, given))
+    if here is not None and None not in resolved:
+        return shipped(*resolved), f"thresholds shipped for {here}"
     return False, NOT_MEASURED
 
 

@@ -601,17 +601,71 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
     }                                                                                       \
   }
 
+/* A row of `width` values of src (in the source's dtype) as float32: src itself for float32
+ * (no copy), else converted into `buf`. */
+#define FA_F32_ROW(T, TO_F32, src, buf, width)                                              \
+  (sizeof(T) == sizeof(float) ? (const float *)(const void *)(src)                          \
+                              : (TO_F32((src), (buf), (width)), (const float *)(buf)))
+
+/* One query (float32, d values) over its first L keys, unpacked (decoder steps: too few
+ * queries to repay packing): s[:L] = q . k_j, four keys a pass (one read of q for four
+ * dot products), their softmax, o[:dv] = the unnormalised weighted values. Returns 1 / the
+ * sum of the weights (0 when L == 0: o is zeros) and sets *top to the largest scaled score.
+ * `row` is scratch of 4 * max(d, dv) floats (16-bit rows are converted into it). */
+#define DEFINE_FA_ONE_ROW(T, SUF, TO_F32)                                                   \
+  static float fa_one_row_##SUF(const float *qt, const T *kb, const T *vb, int64_t sk,      \
+                                int64_t sv, int64_t L, int64_t d, int64_t dv, float scale,  \
+                                float *s, float *o, float *row, float *top) {               \
+    memset(o, 0, (size_t)dv * sizeof(float));                                               \
+    if (L <= 0) return 0.0f;                                                                \
+    int64_t j = 0;                                                                          \
+    for (; j + 4 <= L; j += 4) {                                                            \
+      const float *k0 = FA_F32_ROW(T, TO_F32, kb + j * sk, row, d);                         \
+      const float *k1 = FA_F32_ROW(T, TO_F32, kb + (j + 1) * sk, row + d, d);               \
+      const float *k2 = FA_F32_ROW(T, TO_F32, kb + (j + 2) * sk, row + 2 * d, d);           \
+      const float *k3 = FA_F32_ROW(T, TO_F32, kb + (j + 3) * sk, row + 3 * d, d);           \
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;                                     \
+      _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int64_t c = 0; c < d; ++c) {   \
+        a0 += qt[c] * k0[c];                                                                \
+        a1 += qt[c] * k1[c];                                                                \
+        a2 += qt[c] * k2[c];                                                                \
+        a3 += qt[c] * k3[c];                                                                \
+      }                                                                                     \
+      s[j] = a0, s[j + 1] = a1, s[j + 2] = a2, s[j + 3] = a3;                               \
+    }                                                                                       \
+    for (; j < L; ++j) s[j] = fa_dot(qt, FA_F32_ROW(T, TO_F32, kb + j * sk, row, d), d);    \
+    const float inv = fa_softmax_row(s, L, L, scale, top);                                  \
+    for (j = 0; j + 4 <= L; j += 4) {                                                       \
+      const float *v0 = FA_F32_ROW(T, TO_F32, vb + j * sv, row, dv);                        \
+      const float *v1 = FA_F32_ROW(T, TO_F32, vb + (j + 1) * sv, row + dv, dv);             \
+      const float *v2 = FA_F32_ROW(T, TO_F32, vb + (j + 2) * sv, row + 2 * dv, dv);         \
+      const float *v3 = FA_F32_ROW(T, TO_F32, vb + (j + 3) * sv, row + 3 * dv, dv);         \
+      const float w0 = s[j], w1 = s[j + 1], w2 = s[j + 2], w3 = s[j + 3];                   \
+      _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) {                                \
+        o[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];                          \
+      }                                                                                     \
+    }                                                                                       \
+    for (; j < L; ++j) {                                                                    \
+      const float *vr = FA_F32_ROW(T, TO_F32, vb + j * sv, row, dv);                        \
+      const float w = s[j];                                                                 \
+      _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) o[c] += w * vr[c];               \
+    }                                                                                       \
+    return inv;                                                                             \
+  }
+
 #define DEFINE_FLASH_LENGTHS(T, SUF, TO_F32, FROM_F32)                                      \
+  DEFINE_FA_ONE_ROW(T, SUF, TO_F32)                                                         \
   void flash_lengths_##SUF(const T *q, const T *k, const T *v, T *out, float *lse,         \
                            const int64_t *order, const int64_t *sorted, const int64_t *st,  \
                            int64_t *next, int64_t tasks, int64_t H, int64_t n, int64_t m,   \
                            int64_t d, int64_t dv, int64_t chunks, double scale) {           \
     const int64_t mp = (m + FA_KEYS - 1) / FA_KEYS * FA_KEYS, dvp = (dv + 31) / 32 * 32;    \
     const int64_t wide = d > dv ? d : dv;                                                   \
-    float *kt = (float *)aligned_alloc(64, (size_t)(mp * d + mp * dvp + FA_ROWS * mp +      \
-                                                    FA_ROWS * dvp) * sizeof(float));        \
-    float *vp = kt + mp * d, *s = vp + mp * dvp, *o = s + FA_ROWS * mp;                     \
-    float *qt = (float *)malloc((size_t)(FA_ROWS * d + wide) * sizeof(float));              \
+    /* scores of one tile and its output; the packed keys and values (kt, vp) only once a  \
+       task has a tile of queries: decoder steps never pack (and never allocate them) */    \
+    float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float)); \
+    float *o = s + FA_ROWS * mp, *kt = NULL, *vp = NULL;                                    \
+    float *qt = (float *)malloc((size_t)(FA_ROWS * d + 4 * wide) * sizeof(float));          \
     float *row = qt + FA_ROWS * d;                                                          \
     int64_t Ls[FA_ROWS];                                                                    \
     for (int64_t t = FA_NEXT(next, 0); t < tasks; t = FA_NEXT(next, t + 1)) {               \
@@ -629,25 +683,19 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
       if (hi - lo < FA_ROWS) { /* too few queries to repay packing: row by row */          \
         for (int64_t i = lo; i < hi; ++i) {                                                 \
           const int64_t L = clamp_length(len[i], m);                                        \
-          float top = 0.0f, inv = 0.0f;                                                     \
-          memset(o, 0, (size_t)dv * sizeof(float));                                         \
-          if (L > 0) {                                                                      \
-            TO_F32(qb + ord[i] * st[2], qt, d);                                             \
-            for (int64_t j = 0; j < L; ++j) {                                               \
-              TO_F32(kb + j * st[5], row, d);                                               \
-              s[j] = fa_dot(qt, row, d);                                                    \
-            }                                                                               \
-            inv = fa_softmax_row(s, L, L, (float)scale, &top);                              \
-            for (int64_t j = 0; j < L; ++j) {                                               \
-              TO_F32(vb + j * st[8], row, dv);                                              \
-              const float w = s[j] * inv;                                                   \
-              _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) o[c] += w * row[c];      \
-            }                                                                               \
-          }                                                                                 \
+          float top = 0.0f;                                                                 \
+          if (L > 0) TO_F32(qb + ord[i] * st[2], qt, d);                                    \
+          const float inv = fa_one_row_##SUF(qt, kb, vb, st[5], st[8], L, d, dv,            \
+                                             (float)scale, s, o, row, &top);                \
           if (lb) lb[ord[i]] = inv > 0.0f ? top - logf(inv) : 0.0f;                         \
+          _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) o[c] *= inv;                 \
           FROM_F32(o, ob + ord[i] * st[11], dv);                                            \
         }                                                                                   \
         continue;                                                                           \
+      }                                                                                     \
+      if (kt == NULL) {                                                                     \
+        kt = (float *)aligned_alloc(64, (size_t)(mp * d + mp * dvp) * sizeof(float));       \
+        vp = kt + mp * d;                                                                   \
       }                                                                                     \
       const int64_t longest = hi > lo ? clamp_length(len[hi - 1], m) : 0;                   \
       /* keys beyond `longest` in the last panel are computed from stale scratch and never \
@@ -687,6 +735,7 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
         }                                                                                   \
       }                                                                                     \
     }                                                                                       \
+    free(s);                                                                                \
     free(kt);                                                                               \
     free(qt);                                                                               \
   }
