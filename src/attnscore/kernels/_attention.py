@@ -231,16 +231,22 @@ def dot_product_attention(
     return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
 
 
-def presumed_finite(q: Tensor, k: Tensor, v: Tensor) -> bool:
+def presumed_finite(q: Tensor, k: Tensor, v: Tensor, *, masked: bool = True) -> bool:
     """Whether a call runs before anything looks at its inputs, its result checked instead
-    (:func:`result_finite`): eager calls on the CPU that compute no gradient. The NaN
-    contract then costs a read of the queries and the output, never of the keys and values
-    (a decode step's whole cache). Calls that compute gradients look at their inputs first
-    (:func:`finite_inputs`): a finite output does not make the backward's products finite."""
+    (:func:`result_finite`): eager calls on the CPU that compute no gradient, and those
+    with no mask (not ``masked``) in any step. The NaN contract then costs a read of the
+    queries and the output, never of the keys and values (a decode step's whole cache).
+    Masked calls that compute gradients look at their inputs first (:func:`finite_inputs`):
+    a finite output does not make the backward's products finite (a padded key of -inf
+    gives its queries a finite output, and 0 x -inf in the gradient of their scores). With
+    no mask every key is attended by every query, in every implementation as in the plain
+    formulation: what the backward multiplies, the forward multiplied too."""
     return (
         q.is_cpu
         and not (
-            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            masked
+            and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad)
         )
         and not in_transform(q, k, v)
     )
@@ -403,12 +409,13 @@ def unpadded_call(
     checked path would choose. Only well-formed calls are taken (:func:`_well_formed`, one
     d for q and k); None for every other call, which then takes the checks (and their
     errors), and for calls whose inputs are not all finite (the checked path carries them:
-    a call without gradients finds out from its result, :func:`result_finite`; one with
-    gradients from its inputs, :func:`finite_inputs`)."""
+    a call without gradients or without a mask finds out from its result,
+    :func:`result_finite`; one with gradients and causal masking from its inputs,
+    :func:`finite_inputs`)."""
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    presumed = presumed_finite(q, k, v)
+    presumed = presumed_finite(q, k, v, masked=causal)
     if not presumed and not backend_for(q, "all_finite")((q, k, v)):
         return None
     call = AttentionCall(
@@ -481,7 +488,8 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    if not backend_for(q, "all_finite")((q, k, v)):  # eager (well-formed): finite_inputs
+    presumed = presumed_finite(q, k, v, masked=causal)  # else eager: finite_inputs
+    if not presumed and not backend_for(q, "all_finite")((q, k, v)):
         return None
     seen_k, seen_v = _seen(q, k, v, causal)
     mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
@@ -490,7 +498,7 @@ def projected_call(
     )
     out = choose(call, route="unpadded lane", lane=causal)
     if out is not None:
-        return out, None
+        return (out, None) if not presumed or result_finite(q, out) else None
     if causal:  # the checked path: its pipeline masks the scores
         return None
     qp, kp = project(q, k)
