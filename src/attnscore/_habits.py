@@ -19,8 +19,6 @@ from typing import Literal, TypeVar
 
 from typing_extensions import ParamSpec
 
-__all__ = ["HABITS", "Habit", "Where", "check_keywords", "refuses_pytorch_keywords"]
-
 Where = Literal["function", "forward", "multihead forward", "MultiHeadAttention"]
 """Who takes the keywords: a functional form of :mod:`attnscore.functional`, the
 ``forward`` of an attention module, :class:`~attnscore.MultiHeadAttention`'s ``forward``,

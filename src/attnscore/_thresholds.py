@@ -25,8 +25,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["CPUS", "NEVER", "THRESHOLDS", "Threshold", "markdown", "thresholds", "value"]
-
 NEVER = 1 << 62  # a work no call reaches: SDPA always
 
 
