@@ -19,24 +19,6 @@ from torch._C._functorch import maybe_current_level as _functorch_level
 
 from ._thresholds import value
 
-__all__ = [
-    "LOOK_NUMEL",
-    "all_finite",
-    "bad_rows",
-    "check_attention_inputs",
-    "check_dropout",
-    "check_floating",
-    "check_tensor",
-    "constant_when_compiling",
-    "fake_tensor_type",
-    "garbage_in",
-    "in_functorch",
-    "in_transform",
-    "one_length_each",
-    "value_range",
-]
-
-
 LOOK_NUMEL: int = value("look_numel")
 """The threshold ``look_numel`` (:data:`attnscore._thresholds.THRESHOLDS` says why)."""
 

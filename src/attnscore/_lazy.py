@@ -9,8 +9,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedParameter
 
-__all__ = ["LazyLinear"]
-
 
 class LazyLinear(nn.LazyLinear):
     """``nn.LazyLinear(out_features, bias)`` that becomes an ``nn.Linear`` of the loaded

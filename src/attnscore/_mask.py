@@ -14,8 +14,6 @@ from torch._C._functorch import is_functorch_wrapped_tensor
 
 from ._checks import in_transform
 
-__all__ = ["AttentionMask", "compact"]
-
 
 def compact(t: Tensor) -> Tensor:
     """A view of ``t`` with size 1 wherever ``t`` is expanded (stride 0), as a mask's lengths

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["keep_freed_memory", "peak_rss_mib"]
-
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 

@@ -11,8 +11,6 @@ from torch import Tensor
 
 from ._checks import compute_dtype
 
-__all__ = ["softmax_dense"]
-
 
 def softmax_dense(scores: Tensor, attend: Tensor | None) -> Tensor:
     """Plain PyTorch masked softmax; ``attend`` is bool broadcastable to scores, or None."""

@@ -15,6 +15,7 @@ import math
 import operator
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -343,11 +344,8 @@ class ScorerAttention(Attention):
         spec = scoring if isinstance(scoring, ScorerSpec) else get_scorer(scoring)
         self.spec = spec
         self.same_feature_size = spec.same_feature_size
-        sizes = {
-            "query_size": _check_size(query_size, "query_size", optional=True),
-            "key_size": _check_size(key_size, "key_size", optional=True),
-            "num_hiddens": _check_size(num_hiddens, "num_hiddens", optional=True),
-        }
+        given = {"query_size": query_size, "key_size": key_size, "num_hiddens": num_hiddens}
+        sizes = {name: _check_size(size, name, optional=True) for name, size in given.items()}
         for param in spec.params:
             self._add(param, sizes)
 
@@ -1006,23 +1004,13 @@ def make_scorer(
     spec = get_scorer(name)
     k = query_size if key_size is None else key_size
     h = query_size if num_hiddens is None else num_hiddens
+    options: dict[str, Any] = {"normalizer": normalizer, "keep_weights": keep_weights}
     if spec is _ADDITIVE:
-        return AdditiveAttention(
-            k, query_size, h, dropout, normalizer=normalizer, keep_weights=keep_weights
-        )
+        return AdditiveAttention(k, query_size, h, dropout, **options)
     if spec is _DOT or spec is _SCALED_DOT:
-        scale = 1.0 if spec is _DOT else None
-        return DotProductAttention(
-            dropout, scale=scale, normalizer=normalizer, keep_weights=keep_weights
-        )
+        return DotProductAttention(dropout, scale=1.0 if spec is _DOT else None, **options)
     if spec is _GENERAL:
-        return MultiplicativeAttention(
-            query_size, k, dropout, normalizer=normalizer, keep_weights=keep_weights
-        )
+        return MultiplicativeAttention(query_size, k, dropout, **options)
     if spec is _COSINE:
-        return CosineAttention(
-            dropout, learn_scale=True, normalizer=normalizer, keep_weights=keep_weights
-        )
-    return ScorerAttention(
-        spec, query_size, k, h, dropout, normalizer=normalizer, keep_weights=keep_weights
-    )
+        return CosineAttention(dropout, learn_scale=True, **options)
+    return ScorerAttention(spec, query_size, k, h, dropout, **options)

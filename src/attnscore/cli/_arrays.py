@@ -18,8 +18,6 @@ from ._usage import UsageError
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["ARRAY_FORMATS", "ARRAY_NAMES", "load_arrays"]
-
 ARRAY_FORMATS = (".npz", ".pt")
 """The extensions of the array files ``attnscore run`` reads and writes."""
 ARRAY_NAMES = "queries, keys, values (and optionally valid_lens)"

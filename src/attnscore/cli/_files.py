@@ -26,14 +26,6 @@ from ._usage import UsageError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = [
-    "FIGURE_FORMATS",
-    "check_folder",
-    "check_output",
-    "save_figure",
-    "write_atomic",
-]
-
 FIGURE_FORMATS = (".png", ".pdf", ".svg")
 
 

@@ -47,17 +47,6 @@ from ..g2p.train import train
 from ._files import FIGURE_FORMATS, check_folder, check_output, save_figure, write_atomic
 from ._usage import UsageError, require_extra
 
-__all__ = [
-    "check_words",
-    "cmd_compare",
-    "cmd_eval",
-    "cmd_export",
-    "cmd_predict",
-    "cmd_table",
-    "cmd_train",
-    "train_config",
-]
-
 
 def train_config(
     args: argparse.Namespace, *, scoring: str | None = None, seed: int | None = None

@@ -13,9 +13,6 @@ from collections.abc import Sequence
 
 from ._usage import ArgumentParser, run_main
 
-__all__ = ["COMMANDS", "build_parser", "main", "top_parser"]
-
-
 COMMANDS: dict[str, str] = {
     "demo": "run the section's worked examples and draw heatmaps",
     "run": "compute attention on your own arrays",

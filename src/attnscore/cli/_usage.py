@@ -17,24 +17,6 @@ import warnings
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-__all__ = [
-    "EXTRAS",
-    "ArgumentParser",
-    "UsageError",
-    "add_overwrite",
-    "argument_type",
-    "default_device",
-    "device_arg",
-    "fraction",
-    "non_negative_float",
-    "non_negative_int",
-    "optional_package",
-    "positive_float",
-    "positive_int",
-    "require_extra",
-    "run_main",
-]
-
 T = TypeVar("T", int, float)
 
 

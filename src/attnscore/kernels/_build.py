@@ -37,19 +37,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = [
-    "CFLAGS",
-    "EXTRA_FLAGS_ENV",
-    "LDFLAGS",
-    "OPENMP_CFLAGS",
-    "OPENMP_LDFLAGS",
-    "BuildInfo",
-    "build_info",
-    "has_float16",
-    "load_library",
-    "parallel_in_c",
-]
-
 _SOURCE = Path(__file__).with_name("csrc") / "attnscore_kernels.c"
 
 # Compiling and linking are two steps, and only compiling sees -ffast-math: a link with it

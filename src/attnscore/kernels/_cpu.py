@@ -35,26 +35,6 @@ from ._build import has_float16, load_library
 from ._dispatch import enabled
 from ._select import AttentionCall, Implementation
 
-__all__ = [
-    "ByLengths",
-    "CutExamples",
-    "GroupedExamples",
-    "SmallPass",
-    "additive_scores",
-    "additive_scores_backward",
-    "all_finite",
-    "lengths_mask",
-    "mask_summary",
-    "masked_softmax",
-    "masked_softmax_backward",
-    "masked_softmax_dense",
-    "matmul",
-    "small_additive_attention",
-    "small_dot_product_attention",
-    "small_masked_softmax",
-    "softmax_pays",
-]
-
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 # The size and work thresholds below (upper-case names bound by value()) are bound once from

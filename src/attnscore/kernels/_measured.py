@@ -26,19 +26,6 @@ from ._build import _cache_dir
 from ._sdpa import Sdpa
 from ._select import AttentionCall, Implementation
 
-__all__ = [
-    "DECODE_QUERIES",
-    "bucket",
-    "bucket_of",
-    "cpu_name",
-    "decoding",
-    "default_file",
-    "machine",
-    "measure",
-    "tuned",
-    "verdict",
-]
-
 ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 #: Work buckets: bucket b holds (B·H)·n·m·(d + dv) in [2^(15+2b), 2^(17+2b)) (0: below,
 #: the last: above), measured at 2^(16+2b).

@@ -41,21 +41,6 @@ from .._checks import constant_when_compiling, fake_tensor_type, in_functorch
 from . import _plain
 from ._dispatch import backend_for, enabled, exporting
 
-__all__ = [
-    "additive_scores",
-    "additive_scores_backward_op",
-    "additive_scores_op",
-    "lengths_mask",
-    "mask_summary",
-    "masked_softmax",
-    "masked_softmax_backward_op",
-    "masked_softmax_dense",
-    "masked_softmax_op",
-    "matmul",
-    "small_masked_softmax",
-    "softmax",
-]
-
 
 @constant_when_compiling
 def _enabled_when_compiling() -> bool:

@@ -20,25 +20,6 @@ from .._checks import compute_dtype
 from .._softmax import softmax_dense
 from .._thresholds import value
 
-__all__ = [
-    "CHUNK_ELEMENTS",
-    "additive_scores",
-    "additive_scores_backward",
-    "additive_scores_dense",
-    "additive_scores_whole",
-    "all_finite",
-    "lengths_mask",
-    "mask_summary",
-    "masked_softmax",
-    "masked_softmax_backward",
-    "masked_softmax_dense",
-    "matmul",
-    "small_additive_attention",
-    "small_dot_product_attention",
-    "small_masked_softmax",
-    "softmax_pays",
-]
-
 # Elements of one (rows, keys, h) tanh block of the additive scores (16 MiB in float32):
 # large enough to keep the matrix products efficient, small enough that no (B, n, m, h)
 # tensor ever exists. The only chunk size of the library (attnscore._thresholds).

@@ -52,16 +52,6 @@ from torch import Tensor
 
 from ._triton_launch import MIN_PROGRAMS, Launch, config_meta
 
-__all__ = [
-    "BWD_TILES",
-    "FWD_CONFIGS",
-    "BwdBuffers",
-    "additive_bwd",
-    "additive_fwd",
-    "bwd_launch",
-    "fwd_launch",
-]
-
 #: Forward candidates: (BI queries, BJ keys) per tile and warps per program.
 FWD_CONFIGS = [
     triton.Config({"BI": bi, "BJ": bj}, num_warps=w)

@@ -36,8 +36,6 @@ from torch import Tensor
 
 from ._triton_launch import Launch
 
-__all__ = ["bwd_launch", "fwd_launch", "masked_softmax", "masked_softmax_backward"]
-
 # Longest row held in registers by one program (elements of the reduction dtype).
 _MAX_SINGLE = {torch.float64: 4096}
 _MAX_SINGLE_DEFAULT = 8192
