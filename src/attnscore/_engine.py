@@ -39,28 +39,6 @@ from .masking import build_mask
 from .normalizers import NORMALIZERS, Normalizer, Softmax, get_normalizer, score_factor, softmax
 from .scoring import default_scale, dot_product_scores
 
-__all__ = [
-    "MASK_NAMES",
-    "VERSIONS",
-    "ComputedWeights",
-    "FusedPath",
-    "MaskOptions",
-    "Prepared",
-    "Scoring",
-    "WeightsFn",
-    "attend",
-    "detached",
-    "dot_weights_later",
-    "fused_dot_product",
-    "guarded",
-    "kept",
-    "kept_mask",
-    "owned",
-    "prepare",
-    "refuse_if_changed",
-    "zero_padding",
-]
-
 Scoring = Callable[[Tensor, Tensor], Tensor]
 WeightsFn = Callable[[], Tensor]
 FusedPath = Callable[

@@ -45,24 +45,6 @@ from ._select import (
 Inert = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(q, k, v) -> (q, k, v) with padding made harmless (see :func:`projected`)."""
 
-__all__ = [
-    "Plain",
-    "causal_alone",
-    "declines",
-    "dot_product_attention",
-    "finite_inputs",
-    "lengths_call",
-    "may_hold_garbage",
-    "presumed_finite",
-    "projected",
-    "projected_call",
-    "result_finite",
-    "small_additive_attention",
-    "small_dot_product_attention",
-    "unpadded_call",
-    "weighted_values",
-]
-
 
 def declines(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the fused dot-product path declines a call of q (..., n, d), k (..., m, d),

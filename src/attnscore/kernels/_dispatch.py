@@ -23,22 +23,6 @@ from torch import Tensor
 
 from . import _plain
 
-__all__ = [
-    "BACKENDS",
-    "FUNCTIONS",
-    "AdditiveProjection",
-    "Backend",
-    "Projection",
-    "backend_for",
-    "backend_function",
-    "backend_name",
-    "disabled",
-    "enabled",
-    "exporting",
-    "set_enabled",
-    "use_backend",
-]
-
 # device type -> the module implementing the backend contract there, imported on first use.
 # Device types without a row (mps, xpu, meta, ...) run the plain backend.
 BACKENDS: dict[str, str] = {

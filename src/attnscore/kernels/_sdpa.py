@@ -33,19 +33,6 @@ from . import _ops
 from ._dispatch import enabled
 from ._select import AttentionCall, Implementation
 
-__all__ = [
-    "Sdpa",
-    "as_4d",
-    "biased",
-    "causal",
-    "empty_rows_are_zero",
-    "inert",
-    "inert_by_mask",
-    "masked",
-    "padding_by_lengths",
-    "unmasked",
-]
-
 
 def as_4d(t: Tensor) -> Tensor:
     """(B, n, d) -> (B, 1, n, d); (B, H, n, d) as is; (B, ..., n, d) -> (B, prod(...), n, d)."""

@@ -40,26 +40,6 @@ from torch import Tensor
 from .._checks import in_transform, value_range
 from .._mask import AttentionMask, compact
 
-__all__ = [
-    "PIPELINE",
-    "PRIORITY",
-    "WHERE",
-    "AttentionCall",
-    "Choice",
-    "Explanation",
-    "Implementation",
-    "NoImplementationError",
-    "choose",
-    "explain",
-    "explaining",
-    "implementations",
-    "markdown",
-    "record",
-    "restricted",
-    "use",
-    "watched",
-]
-
 _log = logging.getLogger("attnscore")
 _DEBUG = logging.DEBUG
 

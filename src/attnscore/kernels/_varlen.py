@@ -41,15 +41,6 @@ from .._thresholds import value
 from ._dispatch import enabled
 from ._select import AttentionCall, Implementation
 
-__all__ = [
-    "VARLEN_CAUSAL_MIN_KEYS",
-    "VARLEN_MIN_KEYS",
-    "FlashVarlen",
-    "attention",
-    "causal_sequences",
-    "sequences",
-]
-
 #: (dtype, whether the call trains) -> the fewest keys m from which this kernel replaces
 #: SDPA with the dense mask on CUDA (attnscore._thresholds, ``varlen_min_keys``).
 VARLEN_MIN_KEYS: Mapping[tuple[torch.dtype, bool], int] = value("varlen_min_keys")
