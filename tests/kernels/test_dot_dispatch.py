@@ -630,3 +630,40 @@ def test_small_additive_calls_run_whole(lane_additive, dtype, form, layout):
     torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
     module(q, k, v, lens).sum().backward()  # gradients for the parameters: general path
     assert lane_additive == [True] and module.W_q.weight.grad is not None
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("lengths_kind", ["(B,)", "(B, n)"])
+def test_the_route_for_sdpa_without_zero_rows(training, lengths_kind, monkeypatch, thresholds):
+    """The route CUDA calls take (SDPA gives no zeros for a row with no key there: rows
+    with no key attend key 0 in training, and are zeroed after), run here on the CPU with
+    SDPA alone: NaN in padded keys and values and in queries that attend nothing changes
+    nothing, rows with no key are zeros, and in training every gradient is float64's of the
+    clean inputs (zeros for the padding)."""
+    monkeypatch.setattr(_sdpa, "empty_rows_are_zero", lambda device_type: False)
+    thresholds(small_work=-1)
+    q, k, v, g = _inputs((3,), 5, 7, dtype=torch.float32)
+    valid = (
+        torch.tensor([0, 4, 7])
+        if lengths_kind == "(B,)"
+        else torch.tensor([[0, 1, 2, 0, 3], [4, 4, 0, 1, 2], [7, 7, 7, 7, 7]])
+    )
+    mask = build_mask(torch.Size([3]), 5, 7, q.device, valid_lens=valid)
+    idle, padded = mask.idle_queries().unsqueeze(-1), mask.padded_keys().unsqueeze(-1)
+    assert bool(idle.any()) and bool(padded.any())
+    dirty = [q.masked_fill(idle, float("nan")), k.masked_fill(padded, float("nan"))]
+    dirty.append(v.masked_fill(padded, float("inf")))
+    args = [t.clone().requires_grad_(training) for t in dirty]
+    with torch.set_grad_enabled(training), K.use("sdpa"):
+        out = K.dot_product_attention(*args, mask, scale=0.3)
+    expected = reference(q, k, v, mask, 0.3)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=2e-6)
+    assert torch.all(out[idle.squeeze(-1)] == 0)
+    if not training:
+        return
+    grad = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad((out * grad).sum(), args)
+    clean = [t.double().requires_grad_(True) for t in (q, k, v)]
+    want = torch.autograd.grad((reference(*clean, mask, 0.3) * grad.double()).sum(), clean)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5)

@@ -178,6 +178,7 @@ def masked(
     attends no key (``has_idle``), which saves small calls the ops that find out.
     """
     m = k.shape[-2]
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # Whether the padding is looked at before it is zeroed: not without a sync (CUDA), not
     # while tracing, and not in small calls, where the looking costs more than the zeroing.
     look = (
@@ -208,10 +209,13 @@ def masked(
             padded, first = padding_by_lengths(lengths, m, look=True)
         else:  # few ops: each costs microseconds of the host, which GPU calls wait for
             # Rows with no key attend key 0 inside the call where SDPA would not give
-            # zeros itself (zeroed after): lengths raised to 1 write that mask in one op.
+            # zeros itself and a gradient flows (zeroed after): lengths raised to 1 write
+            # that mask in one op. Without gradients such rows are overwritten whatever SDPA
+            # gives them, NaN included.
             keyless = has_idle is not False and not empty_rows_are_zero(q.device.type)
             positions = torch.arange(m, device=q.device)
-            allowed = positions < (lengths.clamp_min(1) if keyless else lengths).unsqueeze(-1)
+            raised = keyless and grad
+            allowed = positions < (lengths.clamp_min(1) if raised else lengths).unsqueeze(-1)
             attn_mask = allowed.view(*(1,) * (4 - allowed.ndim), *allowed.shape)
             if lengths.shape[-1] == 1:  # one length per (example, head): not allowed
                 padded = (positions >= lengths).unsqueeze(-1)
@@ -224,10 +228,12 @@ def masked(
         padded, idle = ~col_any.unsqueeze(-1), ~row_any.unsqueeze(-1)
     if look and idle is not None and not bool(idle.any()):
         idle = None  # looked: every query attends some key
-    q, k, v = inert(q, k, v, padded, idle, look=look, first=first)
-    # Rows SDPA itself does not make zeros attend key 0 inside the call, zeroed after.
+    # Rows SDPA itself does not make zeros are zeroed after, attending key 0 inside the call
+    # where a gradient flows; without one, zeroing the output overwrites whatever SDPA
+    # gives them from whatever their queries hold (no need to zero those).
     fix = idle if idle is not None and not empty_rows_are_zero(q.device.type) else None
-    if fix is not None and not keyless:
+    q, k, v = inert(q, k, v, padded, idle if fix is None or grad else None, look=look, first=first)
+    if fix is not None and grad and not keyless:
         if attn_mask.dtype != torch.bool:
             attn_mask = attn_mask == 0
         attn_mask = attn_mask | (fix & (torch.arange(m, device=q.device) == 0))
