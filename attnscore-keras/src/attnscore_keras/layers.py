@@ -65,7 +65,10 @@ class Attention(keras.layers.Layer):
     (..., n, m), **True = may attend**; ``causal=True``: query i attends keys j <= i.
     A query that may attend no key gets exactly zero weights and a zero output (zero
     gradient); whatever masked rows of the inputs hold (even NaN) reaches no output and no
-    gradient. float16 and bfloat16 are reduced in float32 in the softmax.
+    gradient. float16 and bfloat16 are reduced in float32 in the softmax. With at most
+    ``CHECKED_MAX_QUERIES`` (16) queries the unattended key and value rows are not copied
+    with zeros; a product that is not all finite is redone with them zeroed (so a call
+    whose inputs hold NaN or inf takes longer, with the same result).
 
     After an eager call, :attr:`attention_weights` holds that call's weights (..., n, m)
     before dropout (inside ``jax.jit`` or a ``tf.function`` they are that trace's symbols).
