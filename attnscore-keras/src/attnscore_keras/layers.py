@@ -110,17 +110,11 @@ class Attention(keras.layers.Layer):
         return self.score(queries, zero_unattended(keys, allowed))
 
     def pool(self, queries: Any, keys: Any, values: Any, allowed: Any, training: Any) -> Any:
-        """``dropout(softmax(score(queries, keys) masked by allowed)) @ values`` on checked
+        """``dropout(softmax_where(score(queries, keys), allowed)) @ values`` on checked
         inputs whose masked rows are finite (as :class:`MultiHeadAttention`'s projections of
         zeroed inputs are), ``allowed`` a bool mask broadcastable to (..., n, m) or None;
-        exact zero rows where nothing is allowed; keeps the weights for
-        :attr:`attention_weights`."""
-        scores = self.score(queries, keys)
-        if allowed is None:
-            weights = softmax_where(scores, None)
-        else:
-            weights = fill_softmax(scores, allowed, zero_rows=True)
-        return self._apply(weights, values, training)
+        keeps the weights for :attr:`attention_weights`."""
+        return self._apply(softmax_where(self.score(queries, keys), allowed), values, training)
 
     def _apply(self, weights: Any, values: Any, training: Any, pool: Any = None) -> Any:
         """Keep ``weights`` for :attr:`attention_weights`, drop some out (training calls),
