@@ -27,6 +27,18 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.fixture(params=["checked", "zeroed"])
+def padding_path(request, monkeypatch):
+    """Each of the two ways a layer keeps NaN in unattended key and value rows out of its
+    results: "checked" (the products are checked, the path of calls with few queries) and
+    "zeroed" (the rows are zeroed first, the path of calls with many), whatever n is."""
+    from attnscore_keras import layers
+
+    limit = 10**9 if request.param == "checked" else -1
+    monkeypatch.setattr(layers, "CHECKED_MAX_QUERIES", limit)
+    return request.param
+
+
 def to_np(x):
     """A tensor (any backend, any float dtype) as a float64 NumPy array."""
     return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float64")))

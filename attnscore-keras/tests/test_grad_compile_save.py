@@ -42,7 +42,7 @@ GRAD_CASES += [("dot", "lens"), ("multihead", "lens")]
 
 
 @pytest.mark.parametrize(("kind", "mask"), GRAD_CASES)
-def test_gradients_match_float64_finite_differences(kind, mask, rng):
+def test_gradients_match_float64_finite_differences(kind, mask, rng, padding_path):
     """The directional derivative along a random direction of the inputs and the weights
     together, against central differences."""
     layer = layer_of(kind)
@@ -95,8 +95,53 @@ def test_gradient_of_an_empty_row_is_zero_and_nan_padding_gives_finite_gradients
     assert np.all(grads[1][0, 2:] == 0) and np.all(grads[2][0, 2:] == 0)
 
 
+@pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine"])
+def test_nan_and_inf_in_padded_keys_and_values_reach_no_gradient(
+    kind, compile_it, rng, padding_path
+):
+    """NaN and inf in the key and value rows no query attends (lengths (B,) with a 0, and
+    (B, n)): the outputs and the gradients of queries, keys, values and weights are those
+    of the same call with 7.0 there (bit for bit), the padded rows' gradients are 0, and a
+    query that attends nothing has a zero output row and a zero gradient."""
+    layer = layer_of(kind)
+    q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
+    for lens in (np.array([2, 0]), np.array([[1, 2, 0], [3, 1, 2]])):
+        longest = lens.reshape(B, -1).max(-1)
+        bad_k, bad_v = k.copy(), v.copy()
+        for b, used in enumerate(longest):
+            bad_k[b, used:] = np.nan
+            bad_v[b, used:] = [np.inf, -np.inf, np.nan, 1.0][:D] if b else np.nan
+        clean_k, clean_v = (np.where(np.isfinite(x), x, 7.0) for x in (bad_k, bad_v))
+        layer(tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), lens)
+        ws = [w.value for w in layer.trainable_variables]
+        R = keras.ops.convert_to_tensor(rng.normal(size=(B, N, D)))
+        lens_t = keras.ops.convert_to_tensor(lens)
+
+        def loss(qx, kx, vx, *wx, lens_t=lens_t, R=R):
+            out, _ = layer.stateless_call(list(wx), [], qx, kx, vx, lens_t)
+            return keras.ops.sum(out * R)
+
+        fn = compiled(loss) if compile_it else loss
+        results = []
+        for kx, vx in ((bad_k, bad_v), (clean_k, clean_v)):
+            args = [tensor(x, "float64") for x in (q, kx, vx)] + ws
+            results.append((to_np(fn(*args)), gradients(fn, args)))
+        (value, grads), (clean_value, clean_grads) = results
+        assert np.isfinite(value) and value == clean_value
+        for g, clean in zip(grads, clean_grads, strict=True):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(g, clean)
+        for b, used in enumerate(longest):
+            assert np.all(grads[1][b, used:] == 0) and np.all(grads[2][b, used:] == 0)
+        empty = np.broadcast_to(lens.reshape(B, -1), (B, N)) == 0
+        assert np.all(grads[0][empty] == 0)
+        out = layer(*(tensor(x, "float64") for x in (q, bad_k, bad_v)), lens)
+        assert np.all(to_np(out)[empty] == 0) and np.isfinite(to_np(out)).all()
+
+
 @pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])
-def test_compiled_call_matches_eager(kind, rng):
+def test_compiled_call_matches_eager(kind, rng, padding_path):
     layer = layer_of(kind)
     q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
     args = [tensor(x, "float64") for x in (q, k, v)]

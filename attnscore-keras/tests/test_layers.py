@@ -80,7 +80,7 @@ CASES = [(m, "float32") for m in MASKS] + [
 
 @pytest.mark.parametrize(("mask", "dtype"), CASES, ids=[f"{m}-{dt}" for m, dt in CASES])
 @pytest.mark.parametrize("kind", KINDS)
-def test_layer_matches_the_float64_reference(kind, mask, dtype, rng):
+def test_layer_matches_the_float64_reference(kind, mask, dtype, rng, padding_path):
     q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, V))
     layer = make(kind, dtype)
     masks = MASKS[mask]
@@ -99,7 +99,7 @@ def test_layer_matches_the_float64_reference(kind, mask, dtype, rng):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_heads_layout_and_lengths_per_head(kind, rng):
+def test_heads_layout_and_lengths_per_head(kind, rng, padding_path):
     """(B, H, n, d) inputs, lengths (B,), (B, n) and (B, H, n)."""
     H = 2
     q, k, v = (rng.normal(size=(B, H, s, d)) for s, d in ((N, D), (M, D), (M, V)))
@@ -139,7 +139,7 @@ def test_multihead_matches_the_float64_reference(scoring, mask, rng):
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "multihead"])
-def test_nan_in_padding_reaches_no_output(kind, rng):
+def test_nan_in_padding_reaches_no_output(kind, rng, padding_path):
     q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
     lens = np.array([2, 4])
     k[0, 2:], v[0, 2:], k[1, 4], v[1, 4] = np.nan, np.inf, np.nan, np.nan
@@ -183,7 +183,7 @@ def test_sequence_mask():
     np.testing.assert_array_equal(out, [[1, -1, -1], [1, 1, -1]])
 
 
-def test_dropout_on_the_weights_in_training_only(rng):
+def test_dropout_on_the_weights_in_training_only(rng, padding_path):
     q, k, v = rng.normal(size=(4, 6, D)), rng.normal(size=(4, 8, D)), rng.normal(size=(4, 8, V))
     layer = ak.DotProductAttention(dropout=0.5, dtype="float64")
     args = (tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"))

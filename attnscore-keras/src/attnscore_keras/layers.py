@@ -24,7 +24,15 @@ from ._checks import (
     dtype_of,
     shape_of,
 )
-from .masking import build_allowed, inert_padding, softmax_where
+from .masking import (
+    build_allowed,
+    checked_pool,
+    checked_product,
+    fill_softmax,
+    softmax_where,
+    used_rows,
+    zero_unused,
+)
 
 __all__ = [
     "AdditiveAttention",
@@ -35,6 +43,10 @@ __all__ = [
 ]
 
 _PACKAGE = "attnscore_keras"
+
+# Calls with at most this many queries (static n) check for NaN or inf in the rows of the
+# keys and values no query attends instead of zeroing those rows: see Attention.call.
+CHECKED_MAX_QUERIES = 16
 
 
 class Attention(keras.layers.Layer):
@@ -53,7 +65,10 @@ class Attention(keras.layers.Layer):
     (..., n, m), **True = may attend**; ``causal=True``: query i attends keys j <= i.
     A query that may attend no key gets exactly zero weights and a zero output (zero
     gradient); whatever masked rows of the inputs hold (even NaN) reaches no output and no
-    gradient. float16 and bfloat16 are reduced in float32 in the softmax.
+    gradient. float16 and bfloat16 are reduced in float32 in the softmax. With at most
+    ``CHECKED_MAX_QUERIES`` (16) queries the unattended key and value rows are not copied
+    with zeros; a product that is not all finite is redone with them zeroed (so a call
+    whose inputs hold NaN or inf takes longer, with the same result).
 
     After an eager call, :attr:`attention_weights` holds that call's weights (..., n, m)
     before dropout (inside ``jax.jit`` or a ``tf.function`` they are that trace's symbols).
@@ -87,15 +102,27 @@ class Attention(keras.layers.Layer):
         """Raise a ValueError naming queries or keys whose feature size is not the
         weights' (a no-op for layers without weights)."""
 
+    def score_unchecked(self, queries: Any, keys: Any, allowed: Any, zero_unattended: Any) -> Any:
+        """Scores (..., n, m) of keys whose rows no query of ``allowed`` attends may hold
+        NaN or inf, which must reach no gradient; ``zero_unattended(keys, allowed)`` zeroes
+        those rows. Here: the scores of the zeroed keys (:class:`DotProductAttention`
+        checks instead)."""
+        return self.score(queries, zero_unattended(keys, allowed))
+
     def pool(self, queries: Any, keys: Any, values: Any, allowed: Any, training: Any) -> Any:
         """``dropout(softmax_where(score(queries, keys), allowed)) @ values`` on checked
-        inputs, ``allowed`` a bool mask broadcastable to (..., n, m) or None; keeps the
-        weights for :attr:`attention_weights`."""
-        weights = softmax_where(self.score(queries, keys), allowed)
+        inputs whose masked rows are finite (as :class:`MultiHeadAttention`'s projections of
+        zeroed inputs are), ``allowed`` a bool mask broadcastable to (..., n, m) or None;
+        keeps the weights for :attr:`attention_weights`."""
+        return self._apply(softmax_where(self.score(queries, keys), allowed), values, training)
+
+    def _apply(self, weights: Any, values: Any, training: Any, pool: Any = None) -> Any:
+        """Keep ``weights`` for :attr:`attention_weights`, drop some out (training calls),
+        and pool ``values`` with them (``pool(weights, values)``, a matmul by default)."""
         self.__dict__["_last_weights"] = weights
         if self.dropout_rate > 0:
             weights = self.dropout(weights, training=training)
-        return ops.matmul(weights, values)
+        return ops.matmul(weights, values) if pool is None else pool(weights, values)
 
     def call(
         self,
@@ -143,16 +170,44 @@ class Attention(keras.layers.Layer):
             attend_mask=attend_mask,
             causal=causal,
         )
-        if allowed is not None:
-            queries, keys, values = inert_padding(
-                allowed,
-                len(scores_shape) - 2,
-                queries,
-                keys,
+        if allowed is None:  # nothing masked, nothing to keep from the products
+            return self.pool(queries, keys, values, None, training)
+        rank = len(scores_shape) - 2
+        if query_valid_lens is not None:  # queries that attend nothing: zero rows
+            queries = zero_unused(allowed, rank, queries, axis=-1)
+        n = scores_shape[-2]
+        if n is not None and n <= CHECKED_MAX_QUERIES:
+            # Few queries (a decoder step): zeroing the unattended key and value rows is a
+            # pass over all keys and values as long as the attention itself (2.6x Keras's
+            # layer at B*H=32, n=1, m=32 on the CPU). Instead the products check their
+            # results and redo the product with zeroed rows only where one is not finite.
+            def zero_unattended(x: Any, ok: Any) -> Any:
+                return zero_unused(ok, rank, x, axis=-2)
+
+            scores = self.score_unchecked(queries, keys, allowed, zero_unattended)
+            weights = fill_softmax(scores, allowed, zero_rows=True)
+            return self._apply(
+                weights,
                 values,
-                padded_queries=query_valid_lens is not None,
+                training,
+                lambda w, v: checked_pool(w, v, allowed, zero_unattended),
             )
-        return self.pool(queries, keys, values, allowed, training)
+        # Many queries: the zeroing passes are small beside the products, and a softmax
+        # with no select after it fuses into the matmul that follows (XLA's CPU backend),
+        # which the checks' custom gradients would keep apart.
+        keys = zero_unused(allowed, rank, keys, axis=-2)
+        values = zero_unused(allowed, rank, values, axis=-2)
+        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=False)
+        out = self._apply(weights, values, training)
+        # Exact zero rows where nothing is allowed (their weights are uniform): the kept
+        # weights get them here (dead code in a compiled call that does not read them).
+        # Where ``allowed`` is one row for every query, such a row's keys are all
+        # unattended, its values were zeroed, and its output is already 0.
+        self.__dict__["_last_weights"] = ops.where(allowed, weights, ops.zeros_like(weights))
+        if allowed.shape[-2] != 1:
+            attends = used_rows(allowed, rank, out, axis=-1)
+            out = ops.where(attends, out, ops.zeros_like(out))
+        return out
 
     @property
     def attention_weights(self) -> Any:
@@ -337,14 +392,25 @@ class DotProductAttention(Attention):
 
     def score(self, queries: Any, keys: Any) -> Any:
         """``scale · q·k`` (..., n, m); 16-bit inputs scale the products, not the queries."""
+        return self._scaled(queries, lambda a: ops.matmul(a, ops.swapaxes(keys, -1, -2)))
+
+    def score_unchecked(self, queries: Any, keys: Any, allowed: Any, zero_unattended: Any) -> Any:
+        """:meth:`score` of keys whose unattended rows may hold NaN or inf: the masked
+        softmax keeps them from the output, and the queries' gradient is checked (see
+        :func:`~attnscore_keras.masking.checked_product`), so the keys are not copied."""
+        return self._scaled(queries, lambda a: checked_product(a, keys, allowed, zero_unattended))
+
+    def _scaled(self, queries: Any, product: Any) -> Any:
+        """``scale · product(queries)``, the scale on the queries (or, in 16 bits, on the
+        products: one rounding of each score, not of q * s)."""
         d = queries.shape[-1]
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(d) if d else 1.0
-        keys_t = ops.swapaxes(keys, -1, -2)
         if scale == 1.0:
-            return ops.matmul(queries, keys_t)
-        if dtype_of(queries) in SIXTEEN_BITS:  # one rounding of each score, not of q * s
-            return ops.matmul(queries, keys_t) * ops.convert_to_tensor(scale, dtype=queries.dtype)
-        return ops.matmul(queries * ops.convert_to_tensor(scale, dtype=queries.dtype), keys_t)
+            return product(queries)
+        factor = ops.convert_to_tensor(scale, dtype=queries.dtype)
+        if dtype_of(queries) in SIXTEEN_BITS:
+            return product(queries) * factor
+        return product(queries * factor)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

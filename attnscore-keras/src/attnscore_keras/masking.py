@@ -141,6 +141,50 @@ def softmax_where(scores: Any, allowed: Any) -> Any:
     return ops.cast(weights, dtype) if dtype in SIXTEEN_BITS else weights
 
 
+# float32's lowest finite value: the score of a masked entry in the layers' softmax. Finite,
+# so a row with nothing allowed is finite (uniform) rather than NaN and needs no second
+# reduction to find it; exp(FILL - max) is exactly 0 beside any allowed score above
+# -1e38. Kept finite in float64 too (the softmax of 16-bit scores runs in float32).
+FILL = -3.4028234663852886e38
+
+
+def fill_softmax(scores: Any, allowed: Any, *, zero_rows: bool) -> Any:
+    """The softmax over m of ``scores`` (..., n, m) with the entries ``allowed`` (bool,
+    broadcastable) does not allow set to :data:`FILL`: exact zeros there in every row with
+    an allowed entry; in a row with none, uniform weights, or exact zeros with
+    ``zero_rows`` (one more select, which on XLA's CPU backend keeps the softmax out of the
+    fused matmul that follows). NaN or inf where not allowed reaches neither the result nor
+    the gradient. ``keras.ops.softmax``, not a softmax of our own: on JAX its custom
+    derivative fuses with the products around it. 16-bit scores run in float32."""
+    dtype = dtype_of(scores)
+    x = ops.cast(scores, "float32") if dtype in SIXTEEN_BITS else scores
+    weights = ops.softmax(ops.where(allowed, x, FILL), axis=-1)
+    if zero_rows:
+        weights = ops.where(allowed, weights, ops.zeros_like(weights))
+    return ops.cast(weights, dtype) if dtype in SIXTEEN_BITS else weights
+
+
+def used_rows(allowed: Any, batch_rank: int, x: Any, *, axis: int) -> Any:
+    """Which rows of ``x`` (..., rows, features) some entry of ``allowed`` (broadcastable to
+    (..., n, m), ``batch_rank`` leading dimensions) uses, as a bool (..., rows, 1): with
+    ``axis=-2`` the keys (values) some query attends, with ``axis=-1`` the queries that
+    attend some key. ``x``'s leading dimensions are all of the scores' or (B,) alone (a
+    row is used if any head uses it)."""
+    while len(allowed.shape) < batch_rank + 2:
+        allowed = ops.expand_dims(allowed, 0)
+    used = ops.any(allowed, axis=axis)
+    extra = tuple(range(1, batch_rank - len(x.shape) + 3))
+    if extra:
+        used = ops.any(used, axis=extra)
+    return ops.expand_dims(used, -1)
+
+
+def zero_unused(allowed: Any, batch_rank: int, x: Any, *, axis: int) -> Any:
+    """``x`` with zeros in the rows :func:`used_rows` says no entry of ``allowed`` uses
+    (0 x NaN is NaN: what such a row holds would otherwise reach the products)."""
+    return ops.where(used_rows(allowed, batch_rank, x, axis=axis), x, ops.zeros_like(x))
+
+
 def inert_padding(
     allowed: Any, batch_rank: int, queries: Any, keys: Any, values: Any, *, padded_queries: bool
 ) -> tuple[Any, Any, Any]:
@@ -153,25 +197,63 @@ def inert_padding(
 
     ``allowed`` is broadcastable to (B, ..., n, m) with ``batch_rank`` leading dimensions;
     the inputs' leading dimensions are (B,) or all of them."""
-    full = batch_rank + 2
-    while len(allowed.shape) < full:
-        allowed = ops.expand_dims(allowed, 0)
-    extra = tuple(range(1, batch_rank - len(queries.shape) + 3))
-
-    def rows(used: Any) -> Any:
-        if extra:  # the inputs lack the heads' dimensions: a row is used if any head uses it
-            used = ops.any(used, axis=extra)
-        return ops.expand_dims(used, -1)
-
-    # Unconditionally: a cond on their finiteness costs more than the two selects on the
-    # CPU (JAX runs a cond's branches as separate computations; tens of microseconds).
-    any_query = rows(ops.any(allowed, axis=-2))  # (..., m, 1): some query attends the key
-    keys = ops.where(any_query, keys, ops.zeros_like(keys))
-    values = ops.where(any_query, values, ops.zeros_like(values))
+    keys = zero_unused(allowed, batch_rank, keys, axis=-2)
+    values = zero_unused(allowed, batch_rank, values, axis=-2)
     if padded_queries:
-        any_key = rows(ops.any(allowed, axis=-1))  # (..., n, 1): the query attends a key
-        queries = ops.where(any_key, queries, ops.zeros_like(queries))
+        queries = zero_unused(allowed, batch_rank, queries, axis=-1)
     return queries, keys, values
+
+
+def all_finite(x: Any) -> Any:
+    """A scalar bool: every entry of ``x`` is finite."""
+    return ops.all(ops.isfinite(x))
+
+
+def checked_pool(weights: Any, values: Any, allowed: Any, zero_unattended: Any) -> Any:
+    """``weights @ values`` (..., n, v) where rows of ``values`` no query attends may hold
+    NaN or inf, without a pass over ``values`` to zero them: the plain product, and, only
+    where it is not all finite, the product with ``zero_unattended(values, allowed)`` (the
+    rows zeroed; traced inside that branch alone). ``weights`` (..., n, m) must be exactly
+    0 where ``allowed`` is False; the gradient of ``weights`` is 0 there, so whatever those
+    rows of ``values`` hold reaches no gradient either.
+
+    Why: zeroing the rows first is a pass over all of ``values`` (written, then read by the
+    product); at a decoder step (n = 1) that pass costs as much as the attention itself,
+    while the check reads only the (..., n, v) product. ``allowed`` is an argument, not a
+    closure: JAX's custom gradients must not close over an enclosing ``jit``'s tracers."""
+
+    def pool(w: Any, v: Any, ok: Any) -> Any:
+        out = ops.matmul(w, v)
+        out = ops.cond(all_finite(out), lambda: out, lambda: ops.matmul(w, zero_unattended(v, ok)))
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, Any, None]:
+            g = args[0] if upstream is None else upstream
+            dw = ops.matmul(g, ops.swapaxes(v, -1, -2))
+            dv = ops.matmul(ops.swapaxes(w, -1, -2), g)
+            return ops.where(ok, dw, ops.zeros_like(dw)), dv, None
+
+        return out, grad
+
+    return ops.custom_gradient(pool)(weights, values, allowed)
+
+
+def checked_product(a: Any, b: Any, allowed: Any, zero_unattended: Any) -> Any:
+    """``a @ bᵀ`` (..., n, m) of ``a`` (..., n, d) and ``b`` (..., m, d) whose rows no
+    query attends may hold NaN or inf (the scores' masking keeps them from the result):
+    the gradient of ``a``, ``g @ b``, is the plain product, and, only where it is not all
+    finite, ``g @ zero_unattended(b, allowed)`` (g is 0 in those columns, but 0 x NaN is
+    NaN). The gradient of ``b`` is ``gᵀ @ a``."""
+
+    def product(x: Any, y: Any, ok: Any) -> Any:
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, Any, None]:
+            g = args[0] if upstream is None else upstream
+            dx = ops.matmul(g, y)
+            dx = ops.cond(all_finite(dx), lambda: dx, lambda: ops.matmul(g, zero_unattended(y, ok)))
+            return dx, ops.matmul(ops.swapaxes(g, -1, -2), x), None
+
+        return ops.matmul(x, ops.swapaxes(y, -1, -2)), grad
+
+    return ops.custom_gradient(product)(a, b, allowed)
 
 
 def masked_softmax(X: Any, valid_lens: Any = None) -> Any:
