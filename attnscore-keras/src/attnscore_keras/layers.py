@@ -68,7 +68,8 @@ class Attention(keras.layers.Layer):
     gradient. float16 and bfloat16 are reduced in float32 in the softmax. With at most
     ``CHECKED_MAX_QUERIES`` (16) queries the unattended key and value rows are not copied
     with zeros; a product that is not all finite is redone with them zeroed (so a call
-    whose inputs hold NaN or inf takes longer, with the same result).
+    whose inputs hold NaN or inf takes longer, with the same result). Those calls have
+    custom gradients: reverse mode only (not ``jax.jvp`` or ``jax.jacfwd``).
 
     After an eager call, :attr:`attention_weights` holds that call's weights (..., n, m)
     before dropout (inside ``jax.jit`` or a ``tf.function`` they are that trace's symbols).
