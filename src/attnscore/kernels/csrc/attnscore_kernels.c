@@ -608,44 +608,21 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
                               : (TO_F32((src), (buf), (width)), (const float *)(buf)))
 
 /* One query (float32, d values) over its first L keys, unpacked (decoder steps: too few
- * queries to repay packing): s[:L] = q . k_j, four keys a pass (one read of q for four
- * dot products), their softmax, o[:dv] = the unnormalised weighted values. Returns 1 / the
- * sum of the weights (0 when L == 0: o is zeros) and sets *top to the largest scaled score.
- * `row` is scratch of 4 * max(d, dv) floats (16-bit rows are converted into it). */
+ * queries to repay packing): s[:L] = q . k_j, their softmax, o[:dv] = the unnormalised
+ * weighted values, float32 rows read in place. Returns 1 / the sum of the weights (0 when
+ * L == 0: o is zeros) and sets *top to the largest scaled score. `row` is scratch of
+ * max(d, dv) floats (16-bit rows are converted into it). */
 #define DEFINE_FA_ONE_ROW(T, SUF, TO_F32)                                                   \
   static float fa_one_row_##SUF(const float *qt, const T *kb, const T *vb, int64_t sk,      \
                                 int64_t sv, int64_t L, int64_t d, int64_t dv, float scale,  \
                                 float *s, float *o, float *row, float *top) {               \
     memset(o, 0, (size_t)dv * sizeof(float));                                               \
     if (L <= 0) return 0.0f;                                                                \
-    int64_t j = 0;                                                                          \
-    for (; j + 4 <= L; j += 4) {                                                            \
-      const float *k0 = FA_F32_ROW(T, TO_F32, kb + j * sk, row, d);                         \
-      const float *k1 = FA_F32_ROW(T, TO_F32, kb + (j + 1) * sk, row + d, d);               \
-      const float *k2 = FA_F32_ROW(T, TO_F32, kb + (j + 2) * sk, row + 2 * d, d);           \
-      const float *k3 = FA_F32_ROW(T, TO_F32, kb + (j + 3) * sk, row + 3 * d, d);           \
-      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;                                     \
-      _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int64_t c = 0; c < d; ++c) {   \
-        a0 += qt[c] * k0[c];                                                                \
-        a1 += qt[c] * k1[c];                                                                \
-        a2 += qt[c] * k2[c];                                                                \
-        a3 += qt[c] * k3[c];                                                                \
-      }                                                                                     \
-      s[j] = a0, s[j + 1] = a1, s[j + 2] = a2, s[j + 3] = a3;                               \
+    for (int64_t j = 0; j < L; ++j) {                                                       \
+      s[j] = fa_dot(qt, FA_F32_ROW(T, TO_F32, kb + j * sk, row, d), d);                     \
     }                                                                                       \
-    for (; j < L; ++j) s[j] = fa_dot(qt, FA_F32_ROW(T, TO_F32, kb + j * sk, row, d), d);    \
     const float inv = fa_softmax_row(s, L, L, scale, top);                                  \
-    for (j = 0; j + 4 <= L; j += 4) {                                                       \
-      const float *v0 = FA_F32_ROW(T, TO_F32, vb + j * sv, row, dv);                        \
-      const float *v1 = FA_F32_ROW(T, TO_F32, vb + (j + 1) * sv, row + dv, dv);             \
-      const float *v2 = FA_F32_ROW(T, TO_F32, vb + (j + 2) * sv, row + 2 * dv, dv);         \
-      const float *v3 = FA_F32_ROW(T, TO_F32, vb + (j + 3) * sv, row + 3 * dv, dv);         \
-      const float w0 = s[j], w1 = s[j + 1], w2 = s[j + 2], w3 = s[j + 3];                   \
-      _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) {                                \
-        o[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];                          \
-      }                                                                                     \
-    }                                                                                       \
-    for (; j < L; ++j) {                                                                    \
+    for (int64_t j = 0; j < L; ++j) {                                                       \
       const float *vr = FA_F32_ROW(T, TO_F32, vb + j * sv, row, dv);                        \
       const float w = s[j];                                                                 \
       _Pragma("omp simd") for (int64_t c = 0; c < dv; ++c) o[c] += w * vr[c];               \
@@ -665,7 +642,7 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
        task has a tile of queries: decoder steps never pack (and never allocate them) */    \
     float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float)); \
     float *o = s + FA_ROWS * mp, *kt = NULL, *vp = NULL;                                    \
-    float *qt = (float *)malloc((size_t)(FA_ROWS * d + 4 * wide) * sizeof(float));          \
+    float *qt = (float *)malloc((size_t)(FA_ROWS * d + wide) * sizeof(float));          \
     float *row = qt + FA_ROWS * d;                                                          \
     int64_t Ls[FA_ROWS];                                                                    \
     for (int64_t t = FA_NEXT(next, 0); t < tasks; t = FA_NEXT(next, t + 1)) {               \
