@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 import torch
+
 from g2p_toy import toy_lexicon_text
 
 matplotlib.use("Agg")

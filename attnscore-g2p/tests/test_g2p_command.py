@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 
+import attnscore
 import attnscore_g2p
 from attnscore.cli import _root
 from attnscore.cli import main as attnscore_main
 from attnscore_g2p import command
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 
 
 def _python(code: str) -> str:
     """stdout of ``python -c code`` with this checkout's packages first on the path."""
-    src = [str(ROOT / "src"), str(ROOT / "attnscore-g2p" / "src")]
+    src = [str(Path(m.__file__).resolve().parents[1]) for m in (attnscore_g2p, attnscore)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(src)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -31,7 +32,7 @@ def _python(code: str) -> str:
 
 def test_the_entry_point_names_this_command() -> None:
     assert _root.installed()["g2p"] is command
-    assert 'g2p = "attnscore_g2p.command"' in (ROOT / "attnscore-g2p/pyproject.toml").read_text()
+    assert 'g2p = "attnscore_g2p.command"' in (HERE.parent / "pyproject.toml").read_text()
 
 
 @pytest.mark.parametrize(
