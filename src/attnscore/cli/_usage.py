@@ -60,8 +60,8 @@ def _missing_extra(module: str, option: str | None, otherwise: str = "") -> Usag
 
 def require_extra(module: str, option: str, *, otherwise: str = "") -> None:
     """Import the optional package ``module`` (a key of :data:`EXTRAS`), or refuse the
-    ``option`` that needs it (``"--normalizer sparsemax"``) with a UsageError naming the
-    extra to install, ended by ``otherwise`` (``", or pass --data FILE"``)."""
+    ``option`` that needs it (``"--normalizer sparsemax"``) with a UsageError naming what
+    to install, ended by ``otherwise`` (``", or pass --data FILE"``)."""
     try:
         importlib.import_module(module)
     except ImportError:
