@@ -397,7 +397,6 @@ def test_keep_freed_memory_reuses_freed_blocks() -> None:
 
 def test_enc_layers_option_builds_a_deeper_encoder(toy_dict: Path, tmp_path: Path) -> None:
     from attnscore_g2p._handlers import train_config
-
     from attnscore_g2p.cli import build_parser
 
     args = build_parser().parse_args(
