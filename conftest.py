@@ -21,6 +21,10 @@ collect_ignore_glob = (
     if importlib.util.find_spec("triton")
     else ["src/attnscore/kernels/_cuda.py", "src/attnscore/kernels/_triton_*.py"]
 )
+# The test folders' conftest files hold no doctests, and two share the module name conftest
+# (tests/ and attnscore-g2p/tests/): collected as doctest modules, one would be imported in
+# place of the other.
+collect_ignore_glob += ["tests/conftest.py", "attnscore-g2p/tests/conftest.py"]
 
 
 @pytest.fixture(autouse=True)

@@ -36,16 +36,17 @@ HF_SUITE_DEPS = (
 )
 
 
-def _install(session: nox.Session, extras: str = "test") -> None:
+def _install(session: nox.Session, extras: str = "test", *, g2p: bool = False) -> None:
     if session.venv_backend == "none":  # --no-venv: use what is installed
         return
     session.install(TORCH)
-    session.install("-e", f".[{extras}]")
+    # g2p: attnscore-g2p (attnscore-g2p/), whose tests the suite runs
+    session.install("-e", f".[{extras}]", *(["-e", "./attnscore-g2p"] if g2p else []))
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    _install(session, CI_EXTRAS)  # the hf and onnx tests are skipped without their extras
+    _install(session, CI_EXTRAS, g2p=True)  # hf and onnx tests are skipped without them
     session.run("python", "-m", "pytest", *session.posargs, env={"MPLBACKEND": "Agg"})
 
 

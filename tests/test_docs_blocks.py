@@ -286,6 +286,10 @@ def _named_extras(command: str) -> set[str]:
     return {e for group in found for e in group.split(",")}
 
 
+EDITABLE = r"\.(\[[\w,]+\])?|\./attnscore-g2p"
+"""What ``pip install -e`` takes in the pages: the checkout, or its G2P distribution."""
+
+
 def _check_install_block(block: Block) -> None:
     torch_pin, _ = _ci_install()
     for command in _commands(block.code):
@@ -294,9 +298,9 @@ def _check_install_block(block: Block) -> None:
             assert _named_extras(command) <= _extras(), f"{block.id}: unknown extra in {command}"
             pinned = [w for w in words if w.startswith("torch==")]
             assert all(w == torch_pin for w in pinned), f"{block.id}: {pinned} is not CI's pin"
-            if "-e" in words:  # from the clone: the checkout itself, with or without extras
-                target = words[words.index("-e") + 1]
-                assert re.fullmatch(r"\.(\[[\w,]+\])?", target), f"{block.id}: -e {target}"
+            # from the clone: the checkout itself, with or without extras, and attnscore-g2p
+            for target in (words[i + 1] for i, w in enumerate(words) if w == "-e"):
+                assert re.fullmatch(EDITABLE, target), f"{block.id}: -e {target}"
         else:
             assert INSTALL.match(command) or command == "python -m pytest", (
                 f"{block.id}: `{command}` is neither an install command nor the test command; "
@@ -320,6 +324,8 @@ def test_the_readme_test_command_is_what_ci_runs():
     assert _named_extras(install) == ci_extras
     assert commands[-1] == "python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text()
+    # attnscore-g2p's tests are in the suite (pyproject's testpaths): installed by both
+    assert install.endswith(" -e ./attnscore-g2p") and "-e ./attnscore-g2p\n" in ci
     assert re.search(r"^\s*python -m pytest \|\| rc=\$\?$", ci, re.M), ".ci/run's test step"
     assert "The command CI runs" in readme
     nox = (ROOT / "noxfile.py").read_text()

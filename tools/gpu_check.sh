@@ -41,7 +41,9 @@ if [ -n "${WHEELS:-}" ]; then
     "$py" -m pip install -q --no-index --no-deps --target /tmp/gpu-site "$WHEELS"/*.whl || exit 2
     export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# attnscore-g2p from its src/ too: not installed, so `attnscore g2p` (an entry point) is not
+# found; the G2P step runs `python -m attnscore_g2p` instead
+export PYTHONPATH="$PWD/src:$PWD/attnscore-g2p/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 start=$SECONDS
 log() { echo "$*" | tee -a "$out/env.txt"; }
 run_step() { # run_step NAME LIMIT_S COMMAND...: time-limited, logged, never fatal
@@ -80,7 +82,7 @@ else
     g2p=(--steps "$steps" --precision bfloat16 --hidden 512 --dropout 0.0 --eval-every 0
         --ckpt-every 0 --no-progress --device cuda --seed 0 --out "$out/g2p")
     if [ -n "$data" ]; then g2p+=(--data "$data"); fi
-    run_step g2p 60 "$py" -m attnscore g2p train "${g2p[@]}" >"$out/g2p.log" 2>&1
+    run_step g2p 60 "$py" -m attnscore_g2p train "${g2p[@]}" >"$out/g2p.log" 2>&1
     tail -3 "$out/g2p.log"
     for row in dot heads multihead general cosine masked_softmax additive "dot (issue)" \
         "heads (issue)" "masked_softmax (issue)" "dot (mid)" "decoder_step"; do

@@ -107,7 +107,7 @@ _HOMES: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     """A public name (imported from its module on first use) or a submodule
-    (``attnscore.kernels``, ``attnscore.g2p``, ...)."""
+    (``attnscore.kernels``, ``attnscore.bench``, ...)."""
     home = _HOMES.get(name)
     if home is not None:
         value = getattr(importlib.import_module(f".{home}", __name__), name)

