@@ -212,10 +212,9 @@ def masked(
             # zeros itself and a gradient flows (zeroed after): lengths raised to 1 write
             # that mask in one op. Without gradients such rows are overwritten whatever SDPA
             # gives them, NaN included.
-            keyless = has_idle is not False and not empty_rows_are_zero(q.device.type)
+            keyless = grad and has_idle is not False and not empty_rows_are_zero(q.device.type)
             positions = torch.arange(m, device=q.device)
-            raised = keyless and grad
-            allowed = positions < (lengths.clamp_min(1) if raised else lengths).unsqueeze(-1)
+            allowed = positions < (lengths.clamp_min(1) if keyless else lengths).unsqueeze(-1)
             attn_mask = allowed.view(*(1,) * (4 - allowed.ndim), *allowed.shape)
             if lengths.shape[-1] == 1:  # one length per (example, head): not allowed
                 padded = (positions >= lengths).unsqueeze(-1)
