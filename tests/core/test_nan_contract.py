@@ -224,3 +224,49 @@ def test_the_finite_scan_sees_every_non_finite_entry(dtype, bad, contiguous):
             permuted = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in pair]
             assert backend.all_finite(permuted) is (bad is None)
     assert _plain.all_finite([torch.empty(3, device="meta")])  # nothing to read
+
+
+@pytest.mark.parametrize("mask", ["lengths (B,)", "lengths (B, n)", "attend_mask", "causal"])
+@pytest.mark.parametrize("implementation", ["c_by_lengths", "sdpa"])
+def test_a_training_call_reads_no_key_or_value_for_the_contract(implementation, mask, monkeypatch):
+    """Training calls with a mask run before anything looks at their inputs, like inference
+    ones: the implementation never reads their padding or makes it inert itself, so the
+    contract reads the output (and the queries, where the implementation hides a NaN
+    query), never the keys and values; output and gradients are the plain maths'."""
+    from attnscore.kernels import _cpu
+
+    if implementation == "c_by_lengths" and mask in ("attend_mask", "causal"):
+        pytest.skip("the kernel takes no boolean mask, nor causal masking at this size")
+    read: list[torch.Tensor] = []
+    scan = _cpu.all_finite
+
+    def watched(tensors):
+        read.extend(tensors)
+        return scan(tensors)
+
+    monkeypatch.setattr(_cpu, "all_finite", watched)
+    gen = torch.Generator().manual_seed(0)
+    B, H, n, m, d = 2, 4, 48, 64, 16
+    q, k, v = (torch.randn(B, H, s, d, generator=gen, requires_grad=True) for s in (n, m, m))
+    valid_lens, masks, allowed = _mask(mask, (B, H), n, m, gen)
+    if mask == "lengths (B, n)":
+        valid_lens = valid_lens.clamp(min=1)
+        allowed = allowed_keys(valid_lens, (B, H), n, m)
+    if mask == "causal":
+        q = torch.randn(B, H, m, d, generator=gen, requires_grad=True)
+        allowed = torch.ones(m, m, dtype=torch.bool).tril().expand(B, H, m, m)
+    with attnscore.kernels.use(implementation, "plain", ordered=True):
+        seen = attnscore.explain(attnscore.dot_product_attention, q, k, v, valid_lens, **masks)
+        out = attnscore.dot_product_attention(q, k, v, valid_lens, **masks)
+    assert seen.chosen == [implementation]
+    storages = {t.untyped_storage().data_ptr() for t in (k, v)}
+    assert read and all(t.untyped_storage().data_ptr() not in storages for t in read)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    scores = (q64 @ k64.mT / d**0.5).masked_fill(~allowed, float("-inf"))
+    want = torch.softmax(scores, -1).masked_fill(~allowed, 0.0) @ v64  # idle rows: zeros
+    g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), g.float())
+    expected = torch.autograd.grad(want, (q64, k64, v64), g)
+    torch.testing.assert_close(out.detach().double(), want.detach(), atol=2e-5, rtol=2e-5)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5)

@@ -349,8 +349,8 @@ def test_small_inference_is_one_c_pass_and_training_no_sdpa_call(sdpa_calls, dty
 def test_small_call_with_non_finite_values_where_attended_gives_the_plain_maths(sdpa_calls, value):
     """Where an attended key or value is not finite, the C pass hands the call to the
     general path, which gives the plain maths' result (NaN / inf exactly where the terms
-    of the attending queries put them): with gradients without SDPA (which returns 0 for a
-    NaN query); without, SDPA's first result, not finite, is dropped."""
+    of the attending queries put them): SDPA's first result, not finite, is dropped, with
+    and without gradients."""
     q, k, v, _ = _inputs((2,), 3, 5)
     mask = build_mask(torch.Size([2]), 3, 5, q.device, valid_lens=torch.tensor([4, 5]))
     allowed = torch.arange(5) < torch.tensor([4, 5]).view(2, 1, 1)
@@ -364,8 +364,6 @@ def test_small_call_with_non_finite_values_where_attended_gives_the_plain_maths(
             with torch.set_grad_enabled(grad):
                 out = K.dot_product_attention(q.requires_grad_(grad), key, val, mask, scale=0.5)
             torch.testing.assert_close(out.detach().double(), expected, equal_nan=True)
-            if grad:
-                assert sdpa_calls == []
 
 
 def test_training_with_fewer_heads_than_threads_groups_examples_by_length(thresholds, monkeypatch):

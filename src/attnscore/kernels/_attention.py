@@ -204,44 +204,51 @@ def dot_product_attention(
     that attend nothing) changes nothing, whatever it holds.
     """
     if presumed_finite(q, k, v):
-        out = _run(q, k, v, mask, scale, dropout_p, score_bias, True)
-        if result_finite(q, out):
+        out, call = _run(q, k, v, mask, scale, dropout_p, score_bias, True)
+        if result_exact(call, q, k, v, out):
             return out
     # Inputs to look at first, or something the result read is not finite: the plain
     # formulation must carry NaN and inf exactly (padding made inert, the rest as it is).
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
-    return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)
+    return _run(q, k, v, mask, scale, dropout_p, score_bias, finite)[0]
 
 
-def presumed_finite(q: Tensor, k: Tensor, v: Tensor, *, masked: bool = True) -> bool:
+def presumed_finite(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether a call runs before anything looks at its inputs, its result checked instead
-    (:func:`result_finite`): eager calls on the CPU that compute no gradient, and those
-    with no mask (not ``masked``) in any step. The NaN contract then costs a read of the
-    queries and the output, never of the keys and values (a decode step's whole cache).
-    Masked calls that compute gradients look at their inputs first (:func:`finite_inputs`):
-    a finite output does not make the backward's products finite (a padded key of -inf
-    gives its queries a finite output, and 0 x -inf in the gradient of their scores). With
-    no mask every key is attended by every query, in every implementation as in the plain
-    formulation: what the backward multiplies, the forward multiplied too."""
-    return (
-        q.is_cpu
-        and not (
-            masked
-            and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad)
-        )
-        and not in_transform(q, k, v)
-    )
+    (:func:`result_exact`): eager calls on the CPU, in inference and in training. The NaN
+    contract then costs a read of the queries and the output, never of the keys and values
+    (a decode step's whole cache, a training step's keys)."""
+    return q.is_cpu and not in_transform(q, k, v)
 
 
-def result_finite(q: Tensor, out: Tensor) -> bool:
+def result_exact(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> bool:
+    """Whether ``call``, run on q, k, v presumed finite (:func:`presumed_finite`), gave what
+    the plain formulation gives, output and gradients. Without gradients, and in training
+    on an implementation whose padding reaches no gradient
+    (:meth:`~._select.Implementation.padding_inert`): its queries and output finite
+    (:func:`result_finite`). Otherwise its inputs finite (:func:`finite_inputs`): a finite
+    output does not make the backward's products finite where padding is read (a padded key
+    of -inf gives the queries a finite output, and 0 x -inf in the gradient of their
+    scores). The queries are read only where the implementation hides a query's NaN
+    (:meth:`~._select.Implementation.shows_queries`). Off the CPU (and where values cannot
+    be read) true: nothing is read."""
+    ran = call.ran
+    if ran is None:
+        return result_finite(q, out)
+    if call.needs_grad and not ran.padding_inert(call):
+        return finite_inputs(q, k, v)
+    return result_finite(None if ran.shows_queries(call) else q, out)
+
+
+def result_finite(q: Tensor | None, out: Tensor) -> bool:
     """Whether a fused call on inputs presumed finite (:func:`presumed_finite`) gave what the
-    plain formulation gives: its queries and output finite. Non-finite keys or values that a
-    query's result reads make its output non-finite in every implementation (SDPA adds its
-    mask to NaN scores, 0 x NaN is NaN in the products, the C kernels keep NaN through
-    their softmax); what none reads changes nothing. A NaN query is the one case a result
-    hides: SDPA without a mask returns zeros for it, hence the queries' read."""
-    return backend_for(q, "all_finite")((q, out))  # type: ignore[no-any-return]
+    plain formulation gives: its queries (unless None) and output finite. Non-finite keys
+    or values that a query's result reads make its output non-finite in every
+    implementation (SDPA adds its mask to NaN scores, 0 x NaN is NaN in the products, the C
+    kernels keep NaN through their softmax); what none reads changes nothing. A NaN query
+    is the one case a result may hide: SDPA without a mask returns zeros for it, hence the
+    queries' read where such an implementation ran."""
+    return backend_for(out, "all_finite")((out,) if q is None else (q, out))  # type: ignore[no-any-return]
 
 
 def _run(
@@ -253,8 +260,9 @@ def _run(
     dropout_p: float,
     score_bias: Tensor | None,
     finite: bool,
-) -> Tensor:
-    """:func:`dot_product_attention` on inputs whose padding is inert unless ``finite``."""
+) -> tuple[Tensor, AttentionCall]:
+    """:func:`dot_product_attention` on inputs whose padding is inert unless ``finite``;
+    (output, the call as the implementations saw it)."""
     batch = tuple(q.shape[:-2])
     q4, k4, v4 = _sdpa.as_4d(q), _sdpa.as_4d(k), _sdpa.as_4d(v)
     # (causal masking alone needs no mask laid out where its implementations take it whole)
@@ -266,7 +274,7 @@ def _run(
     )
     out = choose(call)
     assert out is not None  # not projected: some implementation runs it
-    return out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out
+    return (out.reshape(*batch, *out.shape[-2:]) if q.ndim != 4 else out), call
 
 
 def causal_alone(mask: AttentionMask) -> bool:
@@ -317,8 +325,28 @@ def projected(
     mask, no dropout); None elsewhere: the caller then runs its own pipeline. ``inert``
     (q, k, v) -> (q, k, v): the caller's zeroing of padding (in training the projections'
     gradients read it), applied only once lengths are taken; with nothing padded, keys no
-    query sees (causal, n < m) are cut off, never projected or read."""
+    query sees (causal, n < m) are cut off, never projected or read. The NaN contract as in
+    :func:`dot_product_attention`: run first where the result tells (:func:`result_exact`)."""
+    if presumed_finite(q, k, v):
+        out, call = _projected_run(q, k, v, mask, project, scale, inert, True)
+        if out is None or result_exact(call, q, k, v, out):
+            return out
     (q, k, v), finite = _inert_unless_finite(q, k, v, mask)
+    return _projected_run(q, k, v, mask, project, scale, inert, finite)[0]
+
+
+def _projected_run(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    project: Projection,
+    scale: float,
+    inert: Inert | None,
+    finite: bool,
+) -> tuple[Tensor | None, AttentionCall]:
+    """:func:`projected` on inputs whose padding is inert unless ``finite``; (output or
+    None, the call as the implementations saw it)."""
     batch = q.shape[:-2]
     if mask.unmasked or causal_alone(mask):
         k, v = _seen(q, k, v, mask.causal)
@@ -341,8 +369,8 @@ def projected(
         )
     out = choose(call)
     if out is None or out.ndim == len(batch) + 2:
-        return out
-    return out.reshape(*batch, *out.shape[-2:])
+        return out, call
+    return out.reshape(*batch, *out.shape[-2:]), call
 
 
 def _seen(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
@@ -390,16 +418,11 @@ def unpadded_call(
     mask (at mid sizes those layers cost as much as the work), on the implementation the
     checked path would choose. Only well-formed calls are taken (:func:`_well_formed`, one
     d for q and k); None for every other call, which then takes the checks (and their
-    errors), and for calls whose inputs are not all finite (the checked path carries them:
-    a call without gradients or without a mask finds out from its result,
-    :func:`result_finite`; one with gradients and causal masking from its inputs,
-    :func:`finite_inputs`)."""
+    errors), and for calls whose inputs are not all finite (the checked path carries them;
+    the call finds out after it ran: :func:`result_exact`)."""
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    presumed = presumed_finite(q, k, v, masked=causal)
-    if not presumed and not backend_for(q, "all_finite")((q, k, v)):
-        return None
     call = AttentionCall(
         q,
         k,
@@ -411,7 +434,7 @@ def unpadded_call(
     )
     out = choose(call, route="unpadded lane")
     assert out is not None
-    return out if not presumed or result_finite(q, out) else None
+    return out if result_exact(call, q, k, v, out) else None
 
 
 def lengths_call(
@@ -441,9 +464,6 @@ def lengths_call(
     shortest, longest = value_range(valid_lens)  # (the checks' one read of the lengths)
     if shortest < 0 or longest > m:
         return None
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad and not backend_for(q, "all_finite")((q, k, v)):
-        return None
     full = lengths.expand(B, H, n)
     mask = AttentionMask(n=n, m=m, lengths=full, key_lengths=full)
     q4, k4, v4 = (q, k, v) if heads else (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
@@ -452,7 +472,7 @@ def lengths_call(
     assert out is not None
     if not heads:
         out = out.squeeze(1)
-    return (out, shortest) if needs_grad or result_finite(q, out) else None
+    return (out, shortest) if result_exact(call, q, k, v, out) else None
 
 
 def projected_call(
@@ -470,17 +490,14 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    presumed = presumed_finite(q, k, v, masked=causal)  # else eager: finite_inputs
-    if not presumed and not backend_for(q, "all_finite")((q, k, v)):
-        return None
     seen_k, seen_v = _seen(q, k, v, causal)
     mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
     call = AttentionCall(
         q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
     )
     out = choose(call, route="unpadded lane", lane=causal)
-    if out is not None:
-        return (out, None) if not presumed or result_finite(q, out) else None
+    if out is not None:  # (keys no query sees are cut off: nothing padded)
+        return (out, None) if result_exact(call, q, seen_k, seen_v, out) else None
     if causal:  # the checked path: its pipeline masks the scores
         return None
     qp, kp = project(q, k)

@@ -1300,6 +1300,12 @@ class SmallPass(Implementation):
             return "the C library is not loaded"
         return _cuts_no_key(call)
 
+    def padding_inert(self, call: AttentionCall) -> bool:
+        return True  # (padding never read; no gradients either)
+
+    def shows_queries(self, call: AttentionCall) -> bool:
+        return True  # (it declines a call whose scores are not finite)
+
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
         out = None
@@ -1342,6 +1348,12 @@ class ByLengths(Implementation):
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
         return _by_lengths_declines(call.q, call.k, call.v) or _cuts_no_key(call)
+
+    def padding_inert(self, call: AttentionCall) -> bool:
+        return True  # keys beyond an (example, head)'s longest length are never read
+
+    def shows_queries(self, call: AttentionCall) -> bool:
+        return True  # NaN and inf stay in the scores of the query, in float32
 
     def run(self, call: AttentionCall) -> Tensor | None:
         direct = call.project is None and call.inert is None
@@ -1434,6 +1446,11 @@ class CutExamples(Implementation):
             return "training with fewer heads than threads: its backward would leave threads idle"
         return None
 
+    def padding_inert(self, call: AttentionCall) -> bool:
+        # Keys beyond an example's longest length are cut off; inside the cut each key is
+        # attended in every head by the longest query, unless lengths differ by head.
+        return call.lengths.shape[1] == 1
+
     def run(self, call: AttentionCall) -> Tensor:
         cuts = call.notes["plan"][0]  # (its supports found them)
         q, k, v = call.projected()
@@ -1468,6 +1485,9 @@ class GroupedExamples(Implementation):
         if (B * n * k.shape[-2] - kept) * work < len(groups) * _CALL_WORK:
             return "grouping examples saves too little (call_work)"
         return None
+
+    def padding_inert(self, call: AttentionCall) -> bool:
+        return True  # looked at and zeroed where not finite (below)
 
     def run(self, call: AttentionCall) -> Tensor:
         groups = call.notes["groups"]  # (its supports found them)

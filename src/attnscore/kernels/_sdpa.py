@@ -294,6 +294,14 @@ class Sdpa(Implementation):
             )
         return None
 
+    def padding_inert(self, call: AttentionCall) -> bool:
+        # A mask: :func:`masked` zeroes the padding where it is not finite. Causal masking
+        # alone leaves keys no query sees only with fewer queries than keys; a score bias
+        # leaves the padding to the caller.
+        if call.bias is not None:
+            return False
+        return call.kind != "causal" or call.q.shape[-2] >= call.k.shape[-2]
+
     def run(self, call: AttentionCall) -> Tensor:
         q, k, v = call.projected() if call.project or call.inert else (call.q, call.k, call.v)
         mask, scale, p = call.mask, call.scale, call.dropout_p

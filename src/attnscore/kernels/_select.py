@@ -111,6 +111,7 @@ class AttentionCall:
         "notes",
         "project",
         "q",
+        "ran",
         "scale",
         "traced",
         "v",
@@ -155,6 +156,8 @@ class AttentionCall:
         self._sizes: tuple[int, int, int, int, int] | None = None
         self._work: int | None = None
         self._projected: tuple[Tensor, Tensor, Tensor] | None = None
+        #: The implementation that ran the call (set by :func:`choose`).
+        self.ran: Implementation | None = None
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int]:
@@ -232,6 +235,21 @@ class Implementation:
 
     def run(self, call: AttentionCall) -> Tensor | None:
         raise NotImplementedError
+
+    def padding_inert(self, call: AttentionCall) -> bool:
+        """Whether NaN or inf in the call's padding (keys and values that no query of their
+        (example, head) attends) reaches none of its gradients when it runs the call: it
+        never reads them, or makes them inert itself. Where it does, a training call on
+        inputs presumed finite needs a look at them (:func:`~._attention.result_exact`);
+        elsewhere its result tells (a non-finite query, key or value that some query
+        attends shows in that query's output). False unless the implementation says so."""
+        return False
+
+    def shows_queries(self, call: AttentionCall) -> bool:
+        """Whether NaN or inf in a query that attends some key shows in that query's output
+        when it runs the call, so that its result tells without a read of the queries
+        (SDPA returns zeros for a NaN query). False unless the implementation says so."""
+        return False
 
     def __repr__(self) -> str:
         return f"<attention implementation {self.name!r}: {self.summary}>"
@@ -418,6 +436,7 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
         why = impl.supports(call) if call.kind in impl.kinds else _other_kind(impl, call.kind)
         if why is None:
             out = impl.run(call)
+            call.ran = impl
             if out is not None or impl.name == "plain":
                 if seen and (out is not None or not lane):  # None: a projected call handed back
                     chosen = impl.name if out is not None else PIPELINE

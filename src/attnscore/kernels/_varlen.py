@@ -187,6 +187,9 @@ class FlashVarlen(Implementation):
     )
     kinds = frozenset({"lengths"})
 
+    def padding_inert(self, call: AttentionCall) -> bool:
+        return True  # padded keys are never read
+
     def supports(self, call: AttentionCall) -> str | None:
         if not enabled():
             return "kernels disabled"
