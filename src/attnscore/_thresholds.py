@@ -141,9 +141,16 @@ def _checked(name: str, given: object) -> Any:
     return MappingProxyType(dict(given))
 
 
+#: How many times a threshold was set (:func:`thresholds`): what was decided from the
+#: values before (the kernels' kept plans) is stale once it changes.
+changes = 0
+
+
 def _bind(name: str, v: Any) -> None:
     """Set threshold ``name`` to ``v`` where it is in force: the modules imported so far
     that bind it (the others bind :data:`_current` when they are imported)."""
+    global changes
+    changes += 1
     _current[name] = v
     for where in _BY_NAME[name].bound_as:
         module, attribute = where.split(":")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import attnscore
 from attnscore import kernels as K
 from attnscore.kernels import _sdpa
 from attnscore.masking import build_mask
@@ -665,3 +666,44 @@ def test_the_route_for_sdpa_without_zero_rows(training, lengths_kind, monkeypatc
     want = torch.autograd.grad((reference(*clean, mask, 0.3) * grad.double()).sum(), clean)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5)
+
+
+def test_a_call_like_an_earlier_one_keeps_its_choice_until_what_decided_changes(
+    sdpa_calls, thresholds
+):
+    """Calls with nothing padded keep, per signature (sizes, strides, dtype, scale,
+    dropout, gradients, threads), the implementation chosen for the first such call and its
+    runner; later ones skip the selection. Setting a threshold, the tune file or the
+    benchmark mode forgets every kept choice; explained calls take the selection (and
+    record it). Every output is the float64 reference's."""
+    from attnscore._thresholds import NEVER
+
+    q, k, v, _ = _inputs((2, 4), 64, 64, dtype=torch.float32)
+    want = reference(q, k, v, build_mask(torch.Size([2, 4]), 64, 64, q.device), 0.5)
+    dot = attnscore.DotProductAttention(scale=0.5)
+
+    def run(times: int) -> int:
+        sdpa_calls.clear()
+        for _ in range(times):
+            out = dot(q, k, v)
+            torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+        return len(sdpa_calls)
+
+    thresholds(small_work=-1, by_lengths_work=0, unpadded_inference=0)
+    assert run(3) == 0  # the kernel, chosen once
+    thresholds(unpadded_inference=NEVER)
+    assert run(3) == 3  # SDPA from the first call on
+    assert attnscore.explain(dot, q, k, v).chosen == ["sdpa"]
+    with attnscore.kernels.tuned("no-such-file.json"):
+        assert run(2) == 2
+    thresholds(unpadded_inference=0)
+    assert run(2) == 0
+    with attnscore.kernels.use("sdpa"):
+        assert run(2) == 2
+    assert run(2) == 0
+    with attnscore.kernels.disabled():  # the C kernels off: SDPA
+        assert run(2) == 2
+    assert run(1) == 0
+    k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # other strides, same values
+    sdpa_calls.clear()
+    torch.testing.assert_close(dot(q, k_t, v).double(), want, atol=2e-5, rtol=2e-5)

@@ -37,6 +37,7 @@ from ._select import (
     Implementation,
     choose,
     implementations,
+    planned,
     record,
     restricted,
     watched,
@@ -235,9 +236,18 @@ def result_exact(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, out: Tens
     ran = call.ran
     if ran is None:
         return result_finite(q, out)
-    if call.needs_grad and not ran.padding_inert(call):
+    inert, shows = ran.padding_inert(call), ran.shows_queries(call)
+    return _exact(call.needs_grad, inert, shows, q, k, v, out)
+
+
+def _exact(
+    needs_grad: bool, inert: bool, shows: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor
+) -> bool:
+    """:func:`result_exact` given what the implementation that ran declares (``inert``:
+    its padding reaches no gradient; ``shows``: its output shows a NaN query)."""
+    if needs_grad and not inert:
         return finite_inputs(q, k, v)
-    return result_finite(None if ran.shows_queries(call) else q, out)
+    return result_finite(None if shows else q, out)
 
 
 def result_finite(q: Tensor | None, out: Tensor) -> bool:
@@ -423,6 +433,16 @@ def unpadded_call(
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    key = None
+    if q.is_cpu:  # every fact the choice and the runner depend on (:func:`planned`)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
+        key = (causal, *sizes, scale, dropout_p, grad, torch.get_num_threads(), enabled())
+        plan = planned(key)
+        if plan is not None:  # the choice made for the first call like this one
+            done = plan.run(q, k, v)
+            exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
+            return done if exact else None
     call = AttentionCall(
         q,
         k,
@@ -432,7 +452,7 @@ def unpadded_call(
         dropout_p=dropout_p,
         traced=False,
     )
-    out = choose(call, route="unpadded lane")
+    out = choose(call, route="unpadded lane", plan=key)
     assert out is not None
     return out if result_exact(call, q, k, v, out) else None
 

@@ -33,7 +33,7 @@ from .._thresholds import value
 from . import _build, _measured, _plain, _sdpa
 from ._build import has_float16, load_library
 from ._dispatch import enabled
-from ._select import AttentionCall, Implementation
+from ._select import AttentionCall, Implementation, Runner
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -1102,13 +1102,10 @@ def _by_lengths_forward(
     shape = q.shape
     B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])  # (B, n, d): one head
     m, dv = k.shape[-2], v.shape[-1]
-    # (B, n, dv), or with heads the same memory as (B, n, H, dv), each allocated in one op
-    out = q.new_empty((*shape[:-1], dv)) if H == 1 else q.new_empty((B, n, H, dv)).transpose(1, 2)
+    out = _by_lengths_output(q, B, H, n, dv)
     lse = torch.empty((B, H, n), dtype=torch.float32) if logsumexp else None
     strides = _int64s((*_strides(q, k, v, out), *by.strides))
-    # Tasks: (example, head), or chunks of its sorted queries where there are too few of
-    # those for the threads to share.
-    chunks = max(1, min(-(-4 * torch.get_num_threads() // (B * H)), n // _BY_LENGTHS_CHUNK))
+    chunks = _by_lengths_chunks(B * H, n)
     head = (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         None if lse is None else lse.data_ptr(), by.order.data_ptr(), by.lengths.data_ptr(),
@@ -1118,6 +1115,57 @@ def _by_lengths_forward(
     tail = (H, n, m, d, dv, chunks, scale)
     _run_tasks(_lib(), kernel, head, tail, B * H * chunks, B * H * n * m * (d + dv))
     return out, lse
+
+
+def _by_lengths_output(q: Tensor, B: int, H: int, n: int, dv: int) -> Tensor:
+    """The output of :func:`_by_lengths_forward`: (B, n, dv), or with heads the same
+    memory as (B, n, H, dv), each allocated in one op."""
+    if H == 1 and q.ndim == 3:
+        return q.new_empty((B, n, dv))
+    if H == 1:
+        return q.new_empty((B, 1, n, dv))
+    return q.new_empty((B, n, H, dv)).transpose(1, 2)
+
+
+def _by_lengths_chunks(pairs: int, n: int) -> int:
+    """Tasks per (example, head) of :func:`_by_lengths_forward`: one, or chunks of its
+    sorted queries where there are too few pairs for the threads to share."""
+    return max(1, min(-(-4 * torch.get_num_threads() // pairs), n // _BY_LENGTHS_CHUNK))
+
+
+def _by_lengths_runner(
+    q: Tensor, k: Tensor, v: Tensor, by: _ByLength, scale: float
+) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+    """:func:`_by_lengths_forward` without the logsumexps for every call of q, k, v's sizes,
+    strides and dtype (a plan's runner: :meth:`ByLengths.prepare`), with what depends only
+    on those worked out now: one C call per run. None where the kernels would run on
+    Python threads, or a last stride is not 1."""
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    shape = q.shape
+    B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])
+    m, dv = k.shape[-2], v.shape[-1]
+    chunks = _by_lengths_chunks(B * H, n)
+    tasks, work = B * H * chunks, B * H * n * m * (d + dv)
+    threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
+    lib, kernel = _lib(), _FLASH_LENGTHS[q.dtype]
+    strides = _int64s((*_strides(q, k, v, _by_lengths_output(q, B, H, n, dv)), *by.strides))
+    tail = (H, n, m, d, dv, chunks, scale)
+    if threads <= 1:
+        fn, middle = _function(lib, kernel), (None, tasks)
+    elif _build.state.parallel:
+        fn, middle = _function(lib, _driver(kernel)), (tasks, threads)
+    else:
+        return None
+
+    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        out = _by_lengths_output(q, B, H, n, dv)
+        order, lengths = by.order.data_ptr(), by.lengths.data_ptr()  # (keeps `by`)
+        fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, order, lengths,
+           strides, *middle, *tail)  # fmt: skip
+        return out
+
+    return run
 
 
 class _ByLengthsAttention(torch.autograd.Function):
@@ -1354,6 +1402,13 @@ class ByLengths(Implementation):
 
     def shows_queries(self, call: AttentionCall) -> bool:
         return True  # NaN and inf stay in the scores of the query, in float32
+
+    def prepare(self, call: AttentionCall) -> Runner | None:
+        if call.kind == "lengths" or call.needs_grad or call.project or call.inert:
+            return None
+        _, n, m, _, _ = call.sizes
+        by = _unpadded_by(n, m, call.kind == "causal")
+        return _by_lengths_runner(call.q, call.k, call.v, by, call.scale)
 
     def run(self, call: AttentionCall) -> Tensor | None:
         direct = call.project is None and call.inert is None

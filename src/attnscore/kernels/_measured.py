@@ -24,7 +24,7 @@ import torch
 from .._thresholds import CPUS
 from ._build import _cache_dir
 from ._sdpa import Sdpa
-from ._select import AttentionCall, Implementation
+from ._select import AttentionCall, Implementation, replan
 
 ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 #: Work buckets: bucket b holds (B·H)·n·m·(d + dv) in [2^(15+2b), 2^(17+2b)) (0: below,
@@ -144,10 +144,12 @@ def tuned(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
     """
     saved = _Tuning.path, _Tuning.loaded
     _Tuning.path, _Tuning.loaded = None if path is None else Path(path), None
+    replan()  # (the choices kept were made from other measurements)
     try:
         yield
     finally:
         _Tuning.path, _Tuning.loaded = saved
+        replan()
 
 
 def measure(call: AttentionCall, kernel: Implementation, sdpa: Implementation) -> dict[str, Any]:

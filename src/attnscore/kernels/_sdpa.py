@@ -31,7 +31,7 @@ from .._checks import LOOK_NUMEL, constant_when_compiling, garbage_in, in_transf
 from .._mask import AttentionMask, compact
 from . import _ops
 from ._dispatch import enabled
-from ._select import AttentionCall, Implementation
+from ._select import AttentionCall, Implementation, Runner
 
 
 def as_4d(t: Tensor) -> Tensor:
@@ -301,6 +301,23 @@ class Sdpa(Implementation):
         if call.bias is not None:
             return False
         return call.kind != "causal" or call.q.shape[-2] >= call.k.shape[-2]
+
+    def prepare(self, call: AttentionCall) -> Runner | None:
+        kind = call.kind
+        if kind not in ("none", "causal") or call.bias is not None or call.project or call.inert:
+            return None
+        sdpa = unmasked if kind == "none" else causal
+        scale, dropout_p = call.scale, call.dropout_p
+        if call.q.ndim == 4:
+            return functools.partial(sdpa, scale=scale, dropout_p=dropout_p)
+        if call.q.ndim != 3:
+            return None
+
+        def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # (B, n, d): views, inline
+            q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+            return sdpa(q4, k4, v4, scale=scale, dropout_p=dropout_p).squeeze(1)
+
+        return run
 
     def run(self, call: AttentionCall) -> Tensor:
         q, k, v = call.projected() if call.project or call.inert else (call.q, call.k, call.v)

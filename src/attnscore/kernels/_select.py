@@ -29,14 +29,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from .. import _thresholds
 from .._checks import in_transform, value_range
 from .._mask import AttentionMask, compact
 
@@ -69,6 +71,9 @@ WHERE: dict[str, str] = {
 #: What :func:`explain` names a call that no implementation of dot-product attention ran:
 #: the scorer's own pipeline (scores, normalizer, dropout, weighted sum) ran it.
 PIPELINE = "pipeline"
+
+Runner = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""(q, k, v) -> output: an implementation's run of the calls of one plan (:func:`planned`)."""
 
 
 class AttentionCall:
@@ -245,6 +250,13 @@ class Implementation:
         attends shows in that query's output). False unless the implementation says so."""
         return False
 
+    def prepare(self, call: AttentionCall) -> Runner | None:
+        """A runner for the calls of :func:`planned`'s key that ``call`` has (the same mask
+        kind, sizes, strides, dtype, scale, dropout and gradients): what :meth:`run` would
+        do for them, with what depends only on those worked out once. None (the default):
+        :meth:`run` it is."""
+        return None
+
     def shows_queries(self, call: AttentionCall) -> bool:
         """Whether NaN or inf in a query that attends some key shows in that query's output
         when it runs the call, so that its result tells without a read of the queries
@@ -411,12 +423,19 @@ def _candidates(
     return [i for i in listed if i.name in names]
 
 
-def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -> Tensor | None:
+def choose(
+    call: AttentionCall,
+    *,
+    route: str = "checked",
+    lane: bool = False,
+    plan: Hashable | None = None,
+) -> Tensor | None:
     """Run ``call`` on the first candidate of its device that takes it; its output, or
     None where a projected call falls to the caller's own pipeline (recorded as
     :data:`PIPELINE`). ``route`` names the entry for :func:`explain` and the log; a
     ``lane``'s None is not recorded (the checked path then runs the call and records its
-    choice).
+    choice). ``plan``: the key under which :func:`planned` keeps the choice for the calls
+    like this one (a caller that knows every candidate's verdict follows from it).
 
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
@@ -431,12 +450,15 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
     else:
         candidates = _candidates(call, only)
     declined: list[tuple[str, str]] = []
+    declined_late = False
     for impl in candidates:
         # (offered every candidate only when explained, logged or restricted)
         why = impl.supports(call) if call.kind in impl.kinds else _other_kind(impl, call.kind)
         if why is None:
             out = impl.run(call)
             call.ran = impl
+            if plan is not None and out is not None and only is None and not declined_late:
+                _keep_plan(plan, impl, call)
             if out is not None or impl.name == "plain":
                 if seen and (out is not None or not lane):  # None: a projected call handed back
                     chosen = impl.name if out is not None else PIPELINE
@@ -444,12 +466,79 @@ def choose(call: AttentionCall, *, route: str = "checked", lane: bool = False) -
                     record(call.device, chosen, route, declined, _described(call), rows)
                 return out
             why = call.notes.pop("declined", "declined once it ran")
+            declined_late = True  # (on what it read: a plan would skip that reading)
         declined.append((impl.name, why))
     reasons = "; ".join(f"{name}: {why}" for name, why in declined) or "none allowed here"
     raise NoImplementationError(
         f"No implementation allowed by attnscore.kernels.use takes this attention call "
         f"on {call.device} ({reasons})."
     )
+
+
+class Plan:
+    """What :func:`choose` decided for the calls of one key: the implementation, its
+    runner (:meth:`Implementation.prepare`; its :meth:`~Implementation.run` where it has
+    none), and what it declares about them (:meth:`~Implementation.padding_inert`,
+    :meth:`~Implementation.shows_queries`), which the caller's result check reads."""
+
+    __slots__ = ("impl", "padding_inert", "run", "shows_queries")
+
+    def __init__(self, impl: Implementation, run: Runner, inert: bool, shows: bool) -> None:
+        self.impl, self.run, self.padding_inert, self.shows_queries = impl, run, inert, shows
+
+
+#: Plans by key (:func:`planned`); forgotten whenever what decides changes (:func:`replan`,
+#: and :func:`_stamp`: the thresholds, the benchmark mode).
+_plans: dict[Hashable, Plan] = {}
+_PLANS_KEPT = 256
+_plans_stamp: list[tuple[int, bool]] = [(-1, False)]
+
+
+def _stamp() -> tuple[int, bool]:
+    """What every plan depends on beyond its key: the thresholds' changes so far and
+    whether :data:`attnscore.kernels.benchmark` measures."""
+    return _thresholds.changes, bool(sys.modules[__package__].benchmark)
+
+
+def planned(key: Hashable) -> Plan | None:
+    """The plan :func:`choose` kept for the calls of ``key``, or None: none yet, or calls
+    that :func:`use` restricts or that are explained or logged (they take :func:`choose`,
+    which records them). The key is the caller's: every fact on which the candidates'
+    verdicts and the runner depend (mask kind, sizes, strides, dtype, scale, dropout,
+    gradients, threads, :func:`~._dispatch.enabled`); the thresholds, the tune file and
+    the benchmark mode are not in it: changing them forgets every plan (:func:`replan`).
+    Like ``torch.backends.cudnn.benchmark``'s choices, kept per process."""
+    if _local.only is not None or _local.recording is not None or _log.isEnabledFor(_DEBUG):
+        return None
+    plan = _plans.get(key)
+    if plan is not None and _plans_stamp[0] != _stamp():
+        _plans.clear()
+        return None
+    return plan
+
+
+def _keep_plan(key: Hashable, impl: Implementation, call: AttentionCall) -> None:
+    stamp = _stamp()
+    if len(_plans) >= _PLANS_KEPT or _plans_stamp[0] != stamp:
+        _plans.clear()
+        _plans_stamp[0] = stamp
+    run = impl.prepare(call)
+    if run is None:  # (the closure keeps none of the call's tensors: the mask has none)
+        mask, scale, dropout_p = call.mask, call.scale, call.dropout_p
+
+        def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            again = AttentionCall(q, k, v, mask, scale=scale, dropout_p=dropout_p, traced=False)
+            out = impl.run(again)
+            assert out is not None  # (it ran the first call of the key)
+            return out
+
+    _plans[key] = Plan(impl, run, impl.padding_inert(call), impl.shows_queries(call))
+
+
+def replan() -> None:
+    """Forget every kept plan (:func:`planned`): the thresholds, the tune file or the
+    benchmark mode changed."""
+    _plans.clear()
 
 
 def _described(call: AttentionCall) -> str:
