@@ -7,11 +7,13 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs, one_length_each
+from ._checks import check_attention_inputs, in_transform, one_length_each
 from ._engine import MASK_NAMES, MaskOptions
 from ._habits import check_keywords, refuses_pytorch_keywords
 from ._lazy import LazyLinear
@@ -329,10 +331,11 @@ class MultiHeadAttention(nn.Module):
         if isinstance(attend_mask, Tensor) and attend_mask.ndim == 3:
             masks = {**masks, "attend_mask": attend_mask.unsqueeze(1)}  # (B, n, m): all heads
         keys, values = self._inert_padding(queries, keys, values, valid_lens, masks)
+        projected_keys, projected_values = self._memory(queries, keys, values)
         heads = self.attention(
             self._split_heads(self.W_q(queries)),
-            self._split_heads(self.W_k(keys)),
-            self._split_heads(self.W_v(values)),
+            self._split_heads(projected_keys),
+            self._split_heads(projected_values),
             valid_lens,
             return_weights=return_weights,
             **masks,
@@ -352,8 +355,18 @@ class MultiHeadAttention(nn.Module):
         masks: MaskOptions,
     ) -> tuple[Tensor, Tensor]:
         """Keys and values with the rows no query of any head attends zeroed where some row
-        may hold NaN or inf (:func:`~attnscore.kernels._attention.may_hold_garbage`): the
-        projections' weight gradients sum over every row, and 0 x NaN is NaN."""
+        may hold NaN or inf (:func:`~attnscore.kernels._attention.may_hold_garbage`), in
+        calls that compute gradients: the projections' weight gradients sum over every row,
+        and 0 x NaN is NaN. Without gradients the projected padding is the attention's own
+        (its padding, inert there): nothing to read or zero here."""
+        if valid_lens is None and not masks:
+            return keys, values
+        if not torch.is_grad_enabled() or not (
+            keys.requires_grad
+            or values.requires_grad
+            or any(p.requires_grad for p in (*self.W_k.parameters(), *self.W_v.parameters()))
+        ):
+            return keys, values
         if not may_hold_garbage(keys, values):
             return keys, values
         B, n, m = queries.shape[0], queries.shape[1], keys.shape[1]
@@ -369,6 +382,52 @@ class MultiHeadAttention(nn.Module):
             padded.expand(B, heads, m).all(1).unsqueeze(-1) if padded.ndim > 1 else padded[:, None]
         )
         return keys.masked_fill(rows, 0.0), values.masked_fill(rows, 0.0)
+
+    def _memory(self, queries: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """``W_k keys`` and ``W_v values``, computed once for the memory a decoder attends
+        at every step (cross-attention: keys that are not the queries).
+
+        Without gradients, the last call's projections are reused while the same keys and
+        values come back unchanged (same objects and versions) and so do ``W_k`` and
+        ``W_v`` (their parameters' versions and memory). Nothing is kept with gradients (it
+        would tie steps' autograd graphs), for inference-mode tensors (no version counter),
+        while tracing or compiling (a graph must hold the projections), or for
+        self-attention (new keys at every step).
+        """
+        if (
+            keys is queries
+            or torch.is_grad_enabled()
+            or in_transform(keys, values)
+            or keys.is_inference()
+            or values.is_inference()
+        ):
+            self.__dict__["_memory_cache"] = None
+            return self.W_k(keys), self.W_v(values)
+        cached = self.__dict__.get("_memory_cache")
+        if (
+            cached is not None
+            and cached[0]() is keys
+            and cached[1]() is values
+            and cached[2] == self._memory_stamp(keys, values)
+        ):
+            return cached[3], cached[4]
+        projected = self.W_k(keys), self.W_v(values)  # (sizes lazy projections first)
+        stamp = self._memory_stamp(keys, values)
+        self.__dict__["_memory_cache"] = (weakref.ref(keys), weakref.ref(values), stamp, *projected)
+        return projected
+
+    def _memory_stamp(self, keys: Tensor, values: Tensor) -> tuple[object, ...]:
+        """What the memory's projections depend on besides the tensors' identities: their
+        versions, and the projections' parameters' versions, memory and dtypes (a load, an
+        optimizer step, ``.to`` each change one)."""
+        params = (*self.W_k.parameters(), *self.W_v.parameters())
+        kept = tuple((p._version, p.data_ptr(), p.dtype) for p in params)
+        return keys._version, values._version, kept
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_memory_cache"] = None  # weak references: not picklable, and only a cache
+        return state
 
     def _check_sizes(self, queries: Tensor, keys: Tensor, values: Tensor) -> None:
         """Name the input whose feature size or dtype is not the projections' (given at

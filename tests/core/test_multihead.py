@@ -133,3 +133,36 @@ def test_inputs_of_another_dtype_than_the_module_are_named():
     assert mha.double()(x, x, x).dtype == torch.float64
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast mixes dtypes by design
         assert MultiHeadAttention(16, 2)(x.float(), x.float(), x.float()).dtype == torch.bfloat16
+
+
+def test_a_decoders_memory_is_projected_once():
+    """Cross-attention without gradients projects the keys and values once while the same
+    tensors come back unchanged (the decoder's steps over one encoder output), and again
+    once they or the projections change in place; with gradients, for self-attention and
+    for other tensors, at every call. Every output is a fresh module's."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, bias=True).eval()
+    x, memory = torch.randn(2, 1, 16), torch.randn(2, 7, 16)
+    lens = torch.tensor([5, 7])
+    seen = []
+    for linear in (mha.W_k, mha.W_v):
+        linear.register_forward_hook(lambda module, args, out: seen.append(module))
+
+    def step(*args, **kwargs):
+        out = mha(*args, **kwargs)
+        fresh = MultiHeadAttention(16, 4, bias=True)
+        fresh.load_state_dict(mha.state_dict())
+        torch.testing.assert_close(out, fresh(*args, **kwargs))
+        return len(seen)
+
+    with torch.no_grad():
+        assert step(x, memory, memory, lens) == 2
+        assert step(x, memory, memory, lens) == 2  # the same memory: no projection
+        assert step(x, memory, memory) == 2
+        memory.mul_(2.0)
+        assert step(x, memory, memory) == 4  # changed in place: projected again
+        mha.W_v.bias.add_(1.0)
+        assert step(x, memory, memory) == 6
+        assert step(x, memory.clone(), memory) == 8  # other keys
+        assert step(x, x, x) == 10 and step(x, x, x) == 12  # self-attention
+    assert step(x, memory, memory) == 14 and step(x, memory, memory) == 16  # gradients
