@@ -31,7 +31,8 @@ def rng():
 def padding_path(request, monkeypatch):
     """Each of the two ways a layer keeps NaN in unattended key and value rows out of its
     results: "checked" (the products are checked, the path of calls with few queries) and
-    "zeroed" (the rows are zeroed first, the path of calls with many), whatever n is."""
+    "zeroed" (the value rows are zeroed first, the key rows in the backward pass, the
+    path of calls with many), whatever n is."""
     from attnscore_keras import layers
 
     limit = 10**9 if request.param == "checked" else -1

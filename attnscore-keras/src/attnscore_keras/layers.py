@@ -68,8 +68,10 @@ class Attention(keras.layers.Layer):
     gradient. float16 and bfloat16 are reduced in float32 in the softmax. With at most
     ``CHECKED_MAX_QUERIES`` (16) queries the unattended key and value rows are not copied
     with zeros; a product that is not all finite is redone with them zeroed (so a call
-    whose inputs hold NaN or inf takes longer, with the same result). Those calls have
-    custom gradients: reverse mode only (not ``jax.jvp`` or ``jax.jacfwd``).
+    whose inputs hold NaN or inf takes longer, with the same result). With more, the
+    value rows are zeroed, and :class:`DotProductAttention` zeroes the key rows in its
+    backward pass only. Masked calls have custom gradients: reverse mode only (not
+    ``jax.jvp`` or ``jax.jacfwd``).
 
     After an eager call, :attr:`attention_weights` holds that call's weights (..., n, m)
     before dropout (inside ``jax.jit`` or a ``tf.function`` they are that trace's symbols).
@@ -103,12 +105,14 @@ class Attention(keras.layers.Layer):
         """Raise a ValueError naming queries or keys whose feature size is not the
         weights' (a no-op for layers without weights)."""
 
-    def score_unchecked(self, queries: Any, keys: Any, allowed: Any, zero_unattended: Any) -> Any:
-        """Scores (..., n, m) of keys whose rows no query of ``allowed`` attends may hold
-        NaN or inf, which must reach no gradient; ``zero_unattended(keys, allowed)`` zeroes
-        those rows. Here: the scores of the zeroed keys (:class:`DotProductAttention`
-        checks instead)."""
-        return self.score(queries, zero_unattended(keys, allowed))
+    def score_unchecked(
+        self, queries: Any, keys: Any, masks: tuple[Any, ...], zero_unattended: Any, *, check: bool
+    ) -> Any:
+        """Scores (..., n, m) of keys whose rows no query attends may hold NaN or inf, which
+        must reach no gradient; ``zero_unattended(keys, *masks)`` zeroes those rows. Here:
+        the scores of the zeroed keys (:class:`DotProductAttention` checks instead, or with
+        ``check=False`` zeroes them in its backward pass only)."""
+        return self.score(queries, zero_unattended(keys, *masks))
 
     def pool(self, queries: Any, keys: Any, values: Any, allowed: Any, training: Any) -> Any:
         """``dropout(softmax_where(score(queries, keys), allowed)) @ values`` on checked
@@ -163,42 +167,43 @@ class Attention(keras.layers.Layer):
         self.check_features(queries, keys)
         scores_shape = (*shape_of(queries)[:-1], shape_of(keys)[-2])
         dynamic = (*ops.shape(queries)[:-1], ops.shape(keys)[-2])
-        allowed = build_allowed(
-            scores_shape,
-            dynamic,
-            valid_lens=valid_lens,
-            query_valid_lens=query_valid_lens,
-            attend_mask=attend_mask,
-            causal=causal,
-        )
+        given = {
+            "valid_lens": valid_lens,
+            "query_valid_lens": query_valid_lens,
+            "attend_mask": attend_mask,
+        }
+        allowed = build_allowed(scores_shape, dynamic, causal=causal, **given)
         if allowed is None:  # nothing masked, nothing to keep from the products
             return self.pool(queries, keys, values, None, training)
+        # The masks as tensors, passed on to the products' conditionals and gradients,
+        # which rebuild ``allowed`` from them where they need it (the slow branch, the
+        # backward pass): as an operand, ``allowed`` would be written out, one more XLA
+        # op at a decoder step; rebuilt it fuses into its consumers.
+        names = [name for name, mask in given.items() if mask is not None]
+        masks = tuple(ops.convert_to_tensor(given[name]) for name in names)
         rank = len(scores_shape) - 2
+
+        def allowed_of(*raw: Any) -> Any:
+            kwargs = dict(zip(names, raw, strict=True))
+            return build_allowed(scores_shape, dynamic, causal=causal, **kwargs)
+
+        def zero_unattended(x: Any, *raw: Any) -> Any:
+            return zero_unused(allowed_of(*raw), rank, x, axis=-2)
+
         if query_valid_lens is not None:  # queries that attend nothing: zero rows
             queries = zero_unused(allowed, rank, queries, axis=-1)
         n = scores_shape[-2]
         if n is not None and n <= CHECKED_MAX_QUERIES:
-            # Few queries (a decoder step): zeroing the unattended key and value rows is a
-            # pass over all keys and values as long as the attention itself (2.6x Keras's
-            # layer at B*H=32, n=1, m=32 on the CPU). Instead the products check their
-            # results and redo the product with zeroed rows only where one is not finite.
-            def zero_unattended(x: Any, ok: Any) -> Any:
-                return zero_unused(ok, rank, x, axis=-2)
-
-            scores = self.score_unchecked(queries, keys, allowed, zero_unattended)
-            weights = fill_softmax(scores, allowed, zero_rows=True)
-            return self._apply(
-                weights,
-                values,
-                training,
-                lambda w, v: checked_pool(w, v, allowed, zero_unattended),
-            )
-        # Many queries: the zeroing passes are small beside the products, and a softmax
-        # with no select after it fuses into the matmul that follows (XLA's CPU backend),
-        # which the checks' custom gradients would keep apart.
-        keys = zero_unused(allowed, rank, keys, axis=-2)
+            return self._pool_checked(queries, keys, values, allowed, masks, allowed_of, training)
+        # Many queries: the values' unattended rows are zeroed (a select over them), and
+        # the keys' only in the backward pass (the scores' masking keeps them from the
+        # forward pass). A softmax with no select or conditional after it fuses with the
+        # products around it (XLA's CPU backend, forward and backward), which checks
+        # would split (1.1x Keras's layer forward, 2.7x for the training step at
+        # (96, 128, 64), the conditional's copy of the output and the split softmax).
+        scores = self.score_unchecked(queries, keys, masks, zero_unattended, check=False)
         values = zero_unused(allowed, rank, values, axis=-2)
-        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=False)
+        weights = fill_softmax(scores, allowed, zero_rows=False)
         out = self._apply(weights, values, training)
         # Exact zero rows where nothing is allowed (their weights are uniform): the kept
         # weights get them here (dead code in a compiled call that does not read them).
@@ -209,6 +214,47 @@ class Attention(keras.layers.Layer):
             attends = used_rows(allowed, rank, out, axis=-1)
             out = ops.where(attends, out, ops.zeros_like(out))
         return out
+
+    def _pool_checked(
+        self,
+        queries: Any,
+        keys: Any,
+        values: Any,
+        allowed: Any,
+        masks: tuple[Any, ...],
+        allowed_of: Any,
+        training: Any,
+    ) -> Any:
+        """The pooling of a call with few queries (a decoder step) whose unattended key and
+        value rows may hold NaN or inf, without copying them with zeros (a pass over all
+        keys and values, as long as the attention itself: 2.6x Keras's layer at B*H=32,
+        n=1, m=32 on the CPU): the product weights @ values is checked (its first row)
+        and redone with zeroed rows only where it is not finite, and so is the queries'
+        gradient. Exact zero weights where nothing is allowed (a select that fuses into the
+        softmax) also zero the weights' gradient there, NaN from unattended values
+        included. ``allowed_of(*masks)`` rebuilds ``allowed``."""
+        rank = len(allowed.shape) - 2
+
+        def zero_unattended(x: Any, *raw: Any) -> Any:
+            return zero_unused(allowed_of(*raw), rank, x, axis=-2)
+
+        def weights_of(s: Any, *raw: Any) -> Any:
+            return fill_softmax(s, allowed_of(*raw), zero_rows=True)
+
+        scores = self.score_unchecked(queries, keys, masks, zero_unattended, check=True)
+        # The slow branch of the pool recomputes the weights from the scores, unless
+        # dropout may act (random: it would not drop the same again), when the dropped
+        # weights are the branch's operand.
+        dropped = self.dropout_rate > 0 and training is not False
+        redo = None if dropped else (scores, weights_of)
+        return self._apply(
+            fill_softmax(scores, allowed, zero_rows=True),
+            values,
+            training,
+            lambda w, v: checked_pool(
+                w, v, masks, zero_unattended, redo=redo, zero_in_backward=False
+            ),
+        )
 
     @property
     def attention_weights(self) -> Any:
@@ -395,11 +441,17 @@ class DotProductAttention(Attention):
         """``scale · q·k`` (..., n, m); 16-bit inputs scale the products, not the queries."""
         return self._scaled(queries, lambda a: ops.matmul(a, ops.swapaxes(keys, -1, -2)))
 
-    def score_unchecked(self, queries: Any, keys: Any, allowed: Any, zero_unattended: Any) -> Any:
+    def score_unchecked(
+        self, queries: Any, keys: Any, masks: tuple[Any, ...], zero_unattended: Any, *, check: bool
+    ) -> Any:
         """:meth:`score` of keys whose unattended rows may hold NaN or inf: the masked
-        softmax keeps them from the output, and the queries' gradient is checked (see
-        :func:`~attnscore_keras.masking.checked_product`), so the keys are not copied."""
-        return self._scaled(queries, lambda a: checked_product(a, keys, allowed, zero_unattended))
+        softmax keeps them from the output, and the queries' gradient takes the keys with
+        those rows zeroed (with ``check``, only where they are not finite; see
+        :func:`~attnscore_keras.masking.checked_product`), so the keys are not copied in
+        the forward pass."""
+        return self._scaled(
+            queries, lambda a: checked_product(a, keys, masks, zero_unattended, check=check)
+        )
 
     def _scaled(self, queries: Any, product: Any) -> Any:
         """``scale · product(queries)``, the scale on the queries (or, in 16 bits, on the

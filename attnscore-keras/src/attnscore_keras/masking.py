@@ -153,9 +153,10 @@ def fill_softmax(scores: Any, allowed: Any, *, zero_rows: bool) -> Any:
     broadcastable) does not allow set to :data:`FILL`: exact zeros there in every row with
     an allowed entry; in a row with none, uniform weights, or exact zeros with
     ``zero_rows`` (one more select, which on XLA's CPU backend keeps the softmax out of the
-    fused matmul that follows). NaN or inf where not allowed reaches neither the result nor
-    the gradient. ``keras.ops.softmax``, not a softmax of our own: on JAX its custom
-    derivative fuses with the products around it. 16-bit scores run in float32."""
+    fused matmul that follows; its derivative, a select too, zeroes whatever the weights'
+    gradient holds there, NaN included). NaN or inf where not allowed reaches neither the
+    result nor the gradient. ``keras.ops.softmax``, not a softmax of our own: on JAX its
+    custom derivative fuses with the products around it. 16-bit scores run in float32."""
     dtype = dtype_of(scores)
     x = ops.cast(scores, "float32") if dtype in SIXTEEN_BITS else scores
     weights = ops.softmax(ops.where(allowed, x, FILL), axis=-1)
@@ -209,51 +210,133 @@ def all_finite(x: Any) -> Any:
     return ops.all(ops.isfinite(x))
 
 
-def checked_pool(weights: Any, values: Any, allowed: Any, zero_unattended: Any) -> Any:
+# XLA's CPU backend splits a reduction over a dimension longer than this into two more
+# ops (a windowed reduction, then the rest); see _folded_finite.
+_REDUCE_WINDOW = 32
+
+
+def _folded_finite(x: Any) -> Any:
+    """A scalar bool: every entry of ``x`` (..., c) is finite, as one XLA op on the CPU.
+
+    Why: XLA's CPU backend rewrites a reduction over a dimension longer than 32 into a
+    windowed reduction and a second one, three ops where the is-finite test is one; at a
+    decoder step each op costs about a microsecond beside Keras's 12-17 µs call. Here the
+    entries are first ANDed in halves (slices, which fuse into the reduction) until each
+    dimension is at most 32 long, and the one reduction that is left stays one op."""
+    ok = ops.isfinite(x)
+    c = ok.shape[-1]
+    if c is None:
+        return ops.all(ok)
+    ok = ops.reshape(ok, (-1, c))
+    for axis in (1, 0):
+        size = ok.shape[axis]
+        while size is not None and size > _REDUCE_WINDOW:
+            half = (size + 1) // 2  # odd sizes: the middle entry is in both halves
+            low = ok[:, :half] if axis else ok[:half]
+            high = ok[:, size - half :] if axis else ok[size - half :]
+            ok, size = ops.logical_and(low, high), half
+    return ops.all(ok)
+
+
+def first_row_finite(x: Any) -> Any:
+    """A scalar bool: the first row ``x[..., 0, :]`` of a product ``a @ b`` (..., n, c) is
+    all finite, which holds only if every entry of ``b`` is finite (where ``a`` is): a NaN
+    or inf in ``b[..., j, c]`` makes column c of every row of the product NaN or inf, even
+    where ``a[..., i, j]`` is 0 (0 x NaN and 0 x inf are NaN). One row, not the whole
+    product: at n = 16 the check reads 1/16 of it. Not finite (overflow included) means
+    only "take the slow path"; an empty product (n = 0) needs no check and passes."""
+    return _folded_finite(x[..., 0, :])
+
+
+def checked_product(
+    a: Any, b: Any, masks: tuple[Any, ...], zero_unattended: Any, *, check: bool
+) -> Any:
+    """``a @ bᵀ`` (..., n, m) of ``a`` (..., n, d) and ``b`` (..., m, d) whose rows no
+    query attends may hold NaN or inf; the scores' masking keeps them from the result, and
+    this keeps them from the gradient of ``a``, ``g @ b`` (g is 0 in those columns, but
+    0 x NaN is NaN), which takes ``zero_unattended(b, *masks)`` (those rows zeroed) instead
+    of ``b``: with ``check``, only where the first row of ``a @ bᵀ`` says ``b`` is not all
+    finite (see :func:`first_row_finite`; a conditional, no pass over ``b``), else always
+    (a select over ``b`` that XLA's CPU backend fuses into nothing but feeds, as an input,
+    to the fused softmax derivative and products, where a conditional would split them).
+    The gradient of ``b`` is ``gᵀ @ a``; ``masks`` (the raw mask tensors) get none."""
+
+    def product(x: Any, y: Any, *raw: Any) -> Any:
+        scores = ops.matmul(x, ops.swapaxes(y, -1, -2))
+        finite = first_row_finite(scores) if check else None
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
+            g = args[0] if upstream is None else upstream
+            if finite is None:
+                dx = ops.matmul(g, zero_unattended(y, *raw))
+            else:
+                dx = ops.cond(
+                    finite,
+                    lambda: ops.matmul(g, y),
+                    lambda: ops.matmul(g, zero_unattended(y, *raw)),
+                )
+            return (dx, ops.matmul(ops.swapaxes(g, -1, -2), x), *(None for _ in raw))
+
+        return scores, grad
+
+    return ops.custom_gradient(product)(a, b, *masks)
+
+
+def checked_pool(
+    weights: Any,
+    values: Any,
+    masks: tuple[Any, ...],
+    zero_unattended: Any,
+    *,
+    redo: Any = None,
+    zero_in_backward: bool,
+) -> Any:
     """``weights @ values`` (..., n, v) where rows of ``values`` no query attends may hold
     NaN or inf, without a pass over ``values`` to zero them: the plain product, and, only
-    where it is not all finite, the product with ``zero_unattended(values, allowed)`` (the
-    rows zeroed; traced inside that branch alone). ``weights`` (..., n, m) must be exactly
-    0 where ``allowed`` is False; the gradient of ``weights`` is 0 there, so whatever those
-    rows of ``values`` hold reaches no gradient either.
+    where its first row is not all finite (:func:`first_row_finite`), the product with
+    ``zero_unattended(values, *masks)`` (those rows zeroed; traced inside that branch
+    alone). ``weights`` (..., n, m) must be exactly 0 where no query attends.
 
-    Why: zeroing the rows first is a pass over all of ``values`` (written, then read by the
-    product); at a decoder step (n = 1) that pass costs as much as the attention itself,
-    while the check reads only the (..., n, v) product. ``allowed`` is an argument, not a
-    closure: JAX's custom gradients must not close over an enclosing ``jit``'s tracers."""
+    ``redo``: None, or ``(tensor, function)``: the slow branch computes the weights as
+    ``function(tensor, *masks)`` (the masked softmax of the scores) instead of taking
+    ``weights`` as an operand of the conditional, which would make XLA write the weights
+    out (at n = 128 it then cannot fuse the softmax into the product; at a decoder step it
+    writes them twice, in two layouts). Without dropout the two are the same weights.
 
-    def pool(w: Any, v: Any, ok: Any) -> Any:
+    The gradient of ``weights`` is ``g @ valuesᵀ``: NaN in the unattended columns, which
+    the caller's masked softmax zeroes (a select whose derivative is a select) or, with
+    ``zero_in_backward``, ``g @ zero_unattended(values)ᵀ`` (a select over ``values``
+    feeding the fused softmax derivative rather than sitting inside it). The gradient of
+    ``values`` is ``weightsᵀ @ g`` (0 in unattended rows). ``masks`` are arguments, not
+    closures: JAX's custom gradients must not close over an enclosing ``jit``'s tracers."""
+    extra = () if redo is None else (redo[0],)
+
+    def pool(w: Any, v: Any, *rest: Any) -> Any:
+        source, raw = (w, rest) if redo is None else (rest[0], rest[1:])
         out = ops.matmul(w, v)
-        out = ops.cond(all_finite(out), lambda: out, lambda: ops.matmul(w, zero_unattended(v, ok)))
+        # One query (a decoder step): the conditional on (..., v), not (..., 1, v), which
+        # XLA's CPU backend gives another layout and so a copy into it (one op fewer).
+        one = w.shape[-2] == 1
+        plain = out[..., 0, :] if one else out
 
-        def grad(*args: Any, upstream: Any = None) -> tuple[Any, Any, None]:
+        def slow() -> Any:
+            again = source if redo is None else redo[1](source, *raw)
+            fixed = ops.matmul(again, zero_unattended(v, *raw))
+            return fixed[..., 0, :] if one else fixed
+
+        out = ops.cond(first_row_finite(out), lambda: plain, slow)
+        out = ops.expand_dims(out, -2) if one else out
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
             g = args[0] if upstream is None else upstream
-            dw = ops.matmul(g, ops.swapaxes(v, -1, -2))
+            vv = zero_unattended(v, *raw) if zero_in_backward else v
+            dw = ops.matmul(g, ops.swapaxes(vv, -1, -2))
             dv = ops.matmul(ops.swapaxes(w, -1, -2), g)
-            return ops.where(ok, dw, ops.zeros_like(dw)), dv, None
+            return (dw, dv, *(None for _ in rest))
 
         return out, grad
 
-    return ops.custom_gradient(pool)(weights, values, allowed)
-
-
-def checked_product(a: Any, b: Any, allowed: Any, zero_unattended: Any) -> Any:
-    """``a @ bᵀ`` (..., n, m) of ``a`` (..., n, d) and ``b`` (..., m, d) whose rows no
-    query attends may hold NaN or inf (the scores' masking keeps them from the result):
-    the gradient of ``a``, ``g @ b``, is the plain product, and, only where it is not all
-    finite, ``g @ zero_unattended(b, allowed)`` (g is 0 in those columns, but 0 x NaN is
-    NaN). The gradient of ``b`` is ``gᵀ @ a``."""
-
-    def product(x: Any, y: Any, ok: Any) -> Any:
-        def grad(*args: Any, upstream: Any = None) -> tuple[Any, Any, None]:
-            g = args[0] if upstream is None else upstream
-            dx = ops.matmul(g, y)
-            dx = ops.cond(all_finite(dx), lambda: dx, lambda: ops.matmul(g, zero_unattended(y, ok)))
-            return dx, ops.matmul(ops.swapaxes(g, -1, -2), x), None
-
-        return ops.matmul(x, ops.swapaxes(y, -1, -2)), grad
-
-    return ops.custom_gradient(product)(a, b, allowed)
+    return ops.custom_gradient(pool)(weights, values, *extra, *masks)
 
 
 def masked_softmax(X: Any, valid_lens: Any = None) -> Any:
