@@ -437,9 +437,10 @@ def unpadded_call(
     if q.is_cpu:  # every fact the choice and the runner depend on (:func:`planned`)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
-        key = (causal, *sizes, scale, dropout_p, grad, torch.get_num_threads(), enabled())
+        threads = torch.get_num_threads()
+        key = ("unpadded", causal, *sizes, scale, dropout_p, grad, threads, enabled())
         plan = planned(key)
-        if plan is not None:  # the choice made for the first call like this one
+        if plan is not None and plan.run is not None:  # the choice for the first such call
             done = plan.run(q, k, v)
             exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
             return done if exact else None
@@ -510,16 +511,36 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    key, plan = None, None
+    if q.is_cpu:  # the facts the choice depends on (:func:`planned`; not the projection)
+        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
+        grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+        key = ("projected", causal, *sizes, dropout_p, grad, threads, enabled())
+        plan = planned(key)
+        if plan is not None and plan.impl.name == "plain":  # no implementation took it
+            return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
     seen_k, seen_v = _seen(q, k, v, causal)
     mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
     call = AttentionCall(
         q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
     )
-    out = choose(call, route="unpadded lane", lane=causal)
+    out = None
+    if plan is not None:  # what took the first such call, without the selection
+        out = plan.impl.run(call)
+        call.ran = plan.impl
+    if out is None:
+        out = choose(call, route="unpadded lane", lane=causal, plan=key)
     if out is not None:  # (keys no query sees are cut off: nothing padded)
         return (out, None) if result_exact(call, q, seen_k, seen_v, out) else None
     if causal:  # the checked path: its pipeline masks the scores
         return None
+    return _projected_pipeline(q, k, v, project, dropout_p)
+
+
+def _projected_pipeline(
+    q: Tensor, k: Tensor, v: Tensor, project: Projection, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    """:func:`projected_call`'s plain pipeline without a mask: (output, weights)."""
     qp, kp = project(q, k)
     weights = _ops.softmax(_ops.matmul(qp, kp.transpose(-1, -2)))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights

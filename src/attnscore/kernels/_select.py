@@ -457,9 +457,9 @@ def choose(
         if why is None:
             out = impl.run(call)
             call.ran = impl
-            if plan is not None and out is not None and only is None and not declined_late:
-                _keep_plan(plan, impl, call)
             if out is not None or impl.name == "plain":
+                if plan is not None and only is None and not declined_late:
+                    _keep_plan(plan, impl, call, out)
                 if seen and (out is not None or not lane):  # None: a projected call handed back
                     chosen = impl.name if out is not None else PIPELINE
                     rows = _rows(call, candidates, declined, impl.name, chosen)
@@ -478,12 +478,14 @@ def choose(
 class Plan:
     """What :func:`choose` decided for the calls of one key: the implementation, its
     runner (:meth:`Implementation.prepare`; its :meth:`~Implementation.run` where it has
-    none), and what it declares about them (:meth:`~Implementation.padding_inert`,
-    :meth:`~Implementation.shows_queries`), which the caller's result check reads."""
+    none; None for projected calls, whose caller runs ``impl`` with the call's projection,
+    or its own pipeline where that is ``plain``), and what it declares about them
+    (:meth:`~Implementation.padding_inert`, :meth:`~Implementation.shows_queries`), which
+    the caller's result check reads."""
 
     __slots__ = ("impl", "padding_inert", "run", "shows_queries")
 
-    def __init__(self, impl: Implementation, run: Runner, inert: bool, shows: bool) -> None:
+    def __init__(self, impl: Implementation, run: Runner | None, inert: bool, shows: bool) -> None:
         self.impl, self.run, self.padding_inert, self.shows_queries = impl, run, inert, shows
 
 
@@ -517,11 +519,20 @@ def planned(key: Hashable) -> Plan | None:
     return plan
 
 
-def _keep_plan(key: Hashable, impl: Implementation, call: AttentionCall) -> None:
+def _keep_plan(
+    key: Hashable, impl: Implementation, call: AttentionCall, out: Tensor | None
+) -> None:
+    """Keep what ran ``call`` for the calls of ``key``: ``impl`` and its runner; for a
+    projected call, ``impl`` alone (a runner would need the call's projection; ``plain``,
+    which handed it back (``out`` None): the caller's pipeline)."""
     stamp = _stamp()
     if len(_plans) >= _PLANS_KEPT or _plans_stamp[0] != stamp:
         _plans.clear()
         _plans_stamp[0] = stamp
+    inert, shows = impl.padding_inert(call), impl.shows_queries(call)
+    if out is None or call.project is not None:
+        _plans[key] = Plan(impl, None, inert, shows)
+        return
     run = impl.prepare(call)
     if run is None:  # (the closure keeps none of the call's tensors: the mask has none)
         mask, scale, dropout_p = call.mask, call.scale, call.dropout_p
@@ -532,7 +543,7 @@ def _keep_plan(key: Hashable, impl: Implementation, call: AttentionCall) -> None
             assert out is not None  # (it ran the first call of the key)
             return out
 
-    _plans[key] = Plan(impl, run, impl.padding_inert(call), impl.shows_queries(call))
+    _plans[key] = Plan(impl, run, inert, shows)
 
 
 def replan() -> None:
