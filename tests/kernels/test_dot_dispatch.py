@@ -707,3 +707,34 @@ def test_a_call_like_an_earlier_one_keeps_its_choice_until_what_decided_changes(
     k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # other strides, same values
     sdpa_calls.clear()
     torch.testing.assert_close(dot(q, k_t, v).double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_projected_calls_keep_their_choice_with_their_own_projections(thresholds):
+    """General and cosine attention with nothing padded keep, per signature, what took
+    their first call (the kernel, run with each call's own projections, or their pipeline,
+    which gives the weights too): every later call is the float64 reference's, the module's
+    weights included, causal masking on the checked path."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 32) for _ in range(3))
+    general = attnscore.MultiplicativeAttention(32, 32)
+    W = general.W_a.weight.detach().double()
+
+    def want(causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = q.double() @ W @ k.double().mT
+        if causal:
+            scores = scores.masked_fill(~torch.ones(64, 64, dtype=torch.bool).tril(), -math.inf)
+        weights = torch.softmax(scores, -1)
+        return weights @ v.double(), weights
+
+    thresholds(small_work=-1, by_lengths_work=0, unpadded_inference=0)
+    for grad in (True, False, True, False):  # the pipeline, the kernel (inference), again
+        with torch.set_grad_enabled(grad):
+            for causal in (False, True, False):
+                out = general(q, k, v, causal=causal)
+                out_ref, weights_ref = want(causal)
+                torch.testing.assert_close(out.double(), out_ref, atol=2e-5, rtol=2e-5)
+                weights = general.attention_weights.double()
+                torch.testing.assert_close(weights, weights_ref, atol=2e-6, rtol=2e-5)
+        with torch.no_grad():
+            general.W_a.weight.mul_(0.5)  # in place: the choice stays, the projection follows
+            W = general.W_a.weight.detach().double()
