@@ -738,3 +738,28 @@ def test_projected_calls_keep_their_choice_with_their_own_projections(thresholds
         with torch.no_grad():
             general.W_a.weight.mul_(0.5)  # in place: the choice stays, the projection follows
             W = general.W_a.weight.detach().double()
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_calls_by_lengths_keep_their_choice_whatever_the_lengths(grad, thresholds):
+    """The lengths lane keeps its choice per signature and whether the lengths cut a key;
+    each later call runs on its own lengths (output and gradients the float64 reference's,
+    lengths that change, lengths that cut nothing, a query with none)."""
+    thresholds(small_work=-1, by_lengths_work=0)
+    dot = attnscore.DotProductAttention(scale=0.5)
+    q, k, v, _ = _inputs((3, 2), 16, 24, dtype=torch.float32)
+    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+    for lens in ([5, 24, 9], [1, 2, 3], [24, 24, 24], [0, 7, 24], [20, 3, 11]):
+        valid_lens = torch.tensor(lens)
+        with torch.set_grad_enabled(grad):
+            out = dot(q, k, v, valid_lens)
+        mask = build_mask(torch.Size([3, 2]), 16, 24, q.device, valid_lens=valid_lens)
+        qd, kd, vd = (t.detach().double().requires_grad_(grad) for t in (q, k, v))
+        want = reference(qd, kd, vd, mask, 0.5)
+        torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5, msg=str(lens))
+        if grad:
+            g = torch.randn(want.shape, dtype=torch.float64)
+            got = torch.autograd.grad(out, (q, k, v), g.float())
+            expected = torch.autograd.grad(want, (qd, kd, vd), g)
+            for a, b in zip(got, expected, strict=True):
+                torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5, msg=str(lens))

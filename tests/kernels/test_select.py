@@ -339,9 +339,10 @@ def test_architecture_doc_shows_the_priority_lists():
 
 def test_the_call_trace_tool_sees_the_selection():
     """tools/call_trace.py (the decisions count of docs and notes) lists the attnscore
-    functions of a training call: the selection and the kernel by lengths among them."""
+    functions of a training call after a first one: the choice kept for it (the plan) and
+    the kernel by lengths among them."""
     from tool_modules import load_tool
 
     calls = load_tool("call_trace").trace(True, (2, 16, 16, 8))
-    assert ("kernels/_select.py", "choose") in calls
+    assert ("kernels/_select.py", "planned") in calls
     assert calls[0] == ("modules.py", "forward")

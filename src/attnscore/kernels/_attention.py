@@ -489,7 +489,18 @@ def lengths_call(
     mask = AttentionMask(n=n, m=m, lengths=full, key_lengths=full)
     q4, k4, v4 = (q, k, v) if heads else (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
     call = AttentionCall(q4, k4, v4, mask, scale=scale, traced=False, lengths=(lengths, shortest))
-    out = choose(call, route="lengths lane")
+    # The facts the choice depends on (:func:`planned`): of the lengths, their layout and
+    # whether they cut any key (implementations that weigh more of them keep no plan).
+    sizes = (qs, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, ls)
+    threads = torch.get_num_threads()
+    key = ("lengths", *sizes, shortest < m, scale, call.needs_grad, threads, enabled())
+    plan = planned(key)
+    out = None
+    if plan is not None:  # what took the first such call, without the selection
+        out = plan.impl.run(call)
+        call.ran = plan.impl
+    if out is None:
+        out = choose(call, route="lengths lane", plan=key)
     assert out is not None
     if not heads:
         out = out.squeeze(1)

@@ -1492,6 +1492,7 @@ class CutExamples(Implementation):
     name = "flash_cut"
     summary = "PyTorch's flash kernel per example, on keys cut to its longest length"
     kinds = frozenset({"lengths"})
+    weighs_lengths = True
 
     def supports(self, call: AttentionCall) -> str | None:
         plan = _plan(call)
@@ -1522,6 +1523,7 @@ class GroupedExamples(Implementation):
     name = "flash_grouped"
     summary = "PyTorch's flash kernel per group of examples of similar length (training)"
     kinds = frozenset({"lengths"})
+    weighs_lengths = True
 
     def supports(self, call: AttentionCall) -> str | None:
         plan = _plan(call)

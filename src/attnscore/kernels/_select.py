@@ -234,6 +234,9 @@ class Implementation:
     #: The mask kinds (:attr:`AttentionCall.kind`) it may take: a call of another kind is
     #: never offered to its ``supports`` (:func:`choose` says why it declines).
     kinds: ClassVar[frozenset[str]] = frozenset({"none", "causal", "lengths", "boolean"})
+    #: Whether its verdict weighs the lengths' values beyond whether they cut any key (what
+    #: cutting per example saves): a choice it took part in is not kept (:func:`planned`).
+    weighs_lengths: ClassVar[bool] = False
 
     def supports(self, call: AttentionCall) -> str | None:
         raise NotImplementedError
@@ -450,15 +453,16 @@ def choose(
     else:
         candidates = _candidates(call, only)
     declined: list[tuple[str, str]] = []
-    declined_late = False
+    declined_late = weighed = False
     for impl in candidates:
         # (offered every candidate only when explained, logged or restricted)
         why = impl.supports(call) if call.kind in impl.kinds else _other_kind(impl, call.kind)
+        weighed = weighed or (impl.weighs_lengths and call.kind in impl.kinds)
         if why is None:
             out = impl.run(call)
             call.ran = impl
             if out is not None or impl.name == "plain":
-                if plan is not None and only is None and not declined_late:
+                if plan is not None and only is None and not (declined_late or weighed):
                     _keep_plan(plan, impl, call, out)
                 if seen and (out is not None or not lane):  # None: a projected call handed back
                     chosen = impl.name if out is not None else PIPELINE
@@ -478,8 +482,8 @@ def choose(
 class Plan:
     """What :func:`choose` decided for the calls of one key: the implementation, its
     runner (:meth:`Implementation.prepare`; its :meth:`~Implementation.run` where it has
-    none; None for projected calls, whose caller runs ``impl`` with the call's projection,
-    or its own pipeline where that is ``plain``), and what it declares about them
+    none; None for projected calls and calls by lengths, whose caller runs ``impl`` on its
+    own call, or its own pipeline where that is ``plain``), and what it declares about them
     (:meth:`~Implementation.padding_inert`, :meth:`~Implementation.shows_queries`), which
     the caller's result check reads."""
 
@@ -523,14 +527,15 @@ def _keep_plan(
     key: Hashable, impl: Implementation, call: AttentionCall, out: Tensor | None
 ) -> None:
     """Keep what ran ``call`` for the calls of ``key``: ``impl`` and its runner; for a
-    projected call, ``impl`` alone (a runner would need the call's projection; ``plain``,
-    which handed it back (``out`` None): the caller's pipeline)."""
+    projected call or one by lengths, ``impl`` alone (a runner would need the call's
+    projection or lengths: the caller runs ``impl`` on its call; ``plain``, which handed a
+    projected call back (``out`` None): the caller's pipeline)."""
     stamp = _stamp()
     if len(_plans) >= _PLANS_KEPT or _plans_stamp[0] != stamp:
         _plans.clear()
         _plans_stamp[0] = stamp
     inert, shows = impl.padding_inert(call), impl.shows_queries(call)
-    if out is None or call.project is not None:
+    if out is None or call.project is not None or call.kind == "lengths":
         _plans[key] = Plan(impl, None, inert, shows)
         return
     run = impl.prepare(call)
