@@ -1119,11 +1119,11 @@ def _by_lengths_forward(
 
 def _by_lengths_output(q: Tensor, B: int, H: int, n: int, dv: int) -> Tensor:
     """The output of :func:`_by_lengths_forward`: (B, n, dv), or with heads the same
-    memory as (B, n, H, dv), each allocated in one op."""
+    memory as (B, n, H, dv), each allocated in one op (and a view)."""
     if H == 1 and q.ndim == 3:
         return q.new_empty((B, n, dv))
-    if H == 1:
-        return q.new_empty((B, 1, n, dv))
+    if H == 1 or n == 1:  # (a decoder step's (B, 1, H, dv) is (B, H, 1, dv) in memory)
+        return q.new_empty((B, H, n, dv))
     return q.new_empty((B, n, H, dv)).transpose(1, 2)
 
 
