@@ -763,3 +763,35 @@ def test_calls_by_lengths_keep_their_choice_whatever_the_lengths(grad, threshold
             expected = torch.autograd.grad(want, (qd, kd, vd), g)
             for a, b in zip(got, expected, strict=True):
                 torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5, msg=str(lens))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_the_result_check_reads_the_queries_only_where_sdpa_may_hide_a_nan_one(dtype, monkeypatch):
+    """Where the probe finds that SDPA gives a NaN row for a NaN query (off the CPU it says
+    no), the result check of a call SDPA ran reads its output alone, else the queries too;
+    a NaN query reaches exactly its own row either way (no mask, a boolean mask, causal
+    masking)."""
+    from attnscore.kernels import _cpu
+
+    assert _sdpa.nan_queries_show("cuda", dtype) is False
+    shows = _sdpa.nan_queries_show("cpu", dtype)
+    read: list[torch.Tensor] = []
+    scan = _cpu.all_finite
+    monkeypatch.setattr(_cpu, "all_finite", lambda tensors: read.extend(tensors) or scan(tensors))
+    q, k, v, _ = _inputs((2, 3), 24, 40, dtype=dtype)
+    attend = torch.rand(24, 40, generator=torch.Generator().manual_seed(1)) > 0.3
+    attend[:, 0] = True
+    for masks in ({}, {"attend_mask": attend}, {"causal": True}):
+        mask = build_mask(torch.Size([2, 3]), 24, 40, q.device, **masks)
+        read.clear()
+        with K.use("sdpa", "plain", ordered=True):
+            K.dot_product_attention(q, k, v, mask, scale=0.3)
+        queries_read = any(t.data_ptr() == q.data_ptr() for t in read)
+        assert read and queries_read is not shows, masks
+        dirty = q.clone()
+        dirty[1, 2, 5, 0] = float("nan")
+        with K.use("sdpa", "plain", ordered=True):
+            out = K.dot_product_attention(dirty, k, v, mask, scale=0.3)
+        nan = torch.zeros(out.shape, dtype=torch.bool)
+        nan[1, 2, 5] = True
+        assert torch.equal(out.isnan(), nan), masks

@@ -256,8 +256,9 @@ def result_finite(q: Tensor | None, out: Tensor) -> bool:
     or values that a query's result reads make its output non-finite in every
     implementation (SDPA adds its mask to NaN scores, 0 x NaN is NaN in the products, the C
     kernels keep NaN through their softmax); what none reads changes nothing. A NaN query
-    is the one case a result may hide: SDPA without a mask returns zeros for it, hence the
-    queries' read where such an implementation ran."""
+    is the one case a result may hide (some versions of SDPA returned zeros for it), hence
+    the queries' read where the implementation that ran does not show it
+    (:meth:`~._select.Implementation.shows_queries`)."""
     return backend_for(out, "all_finite")((out,) if q is None else (q, out))  # type: ignore[no-any-return]
 
 

@@ -22,6 +22,7 @@ query/key size, dv value size. Everything here takes the 4-D layout (B, H, n, d)
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,44 @@ def _probe_empty_rows(device_type: str) -> bool:
         out = F.scaled_dot_product_attention(q, q, q, attn_mask=allowed)
         (grad,) = torch.autograd.grad(out.sum(), (q,))
     return bool((out[0, 0, 1] == 0).all()) and bool(torch.isfinite(grad).all())
+
+
+@constant_when_compiling
+def nan_queries_show(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether SDPA on this device type and dtype gives a NaN output row for a query that
+    holds NaN, so that a result's check need not read the queries
+    (:meth:`Sdpa.shows_queries`; some versions returned zeros for it). Probed once per
+    device type and dtype on the CPU, on every path its calls take: without a mask, with a
+    boolean and a float mask and causal masking, one query and a tile of them, with and
+    without gradients (a constant for torch.compile). Elsewhere False (several GPU kernels
+    may serve one call)."""
+    return _probe_nan_queries(device_type, dtype)
+
+
+@functools.cache
+def _probe_nan_queries(device_type: str, dtype: torch.dtype) -> bool:
+    if device_type != "cpu":
+        return False
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode(False):
+        for n, m, d in ((1, 16, 16), (24, 40, 64)):
+            q, k, v = (torch.randn(1, 2, s, d, generator=generator).to(dtype) for s in (n, m, m))
+            q[0, 0, 0, 1] = float("nan")
+            allowed = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+            bias = torch.zeros(n, m, dtype=dtype).masked_fill(~allowed, float("-inf"))
+            masks: tuple[dict[str, Any], ...] = (
+                {},
+                {"attn_mask": allowed},
+                {"attn_mask": bias},
+                {"is_causal": True},
+            )
+            for grad in (False, True):
+                for kwargs in masks:
+                    with torch.set_grad_enabled(grad):
+                        out = F.scaled_dot_product_attention(q.requires_grad_(grad), k, v, **kwargs)
+                    if not bool(out[0, 0, 0].isnan().all()):
+                        return False
+    return True
 
 
 def unmasked(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
@@ -293,6 +332,9 @@ class Sdpa(Implementation):
                 "a projected scorer: its own pipeline measured faster than SDPA of the projections"
             )
         return None
+
+    def shows_queries(self, call: AttentionCall) -> bool:
+        return nan_queries_show(call.device, call.q.dtype)
 
     def padding_inert(self, call: AttentionCall) -> bool:
         # A mask: :func:`masked` zeroes the padding where it is not finite. Causal masking

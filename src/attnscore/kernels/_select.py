@@ -263,7 +263,8 @@ class Implementation:
     def shows_queries(self, call: AttentionCall) -> bool:
         """Whether NaN or inf in a query that attends some key shows in that query's output
         when it runs the call, so that its result tells without a read of the queries
-        (SDPA returns zeros for a NaN query). False unless the implementation says so."""
+        (some versions of SDPA returned zeros for a NaN query: it is probed). False unless
+        the implementation says so."""
         return False
 
     def __repr__(self) -> str:
