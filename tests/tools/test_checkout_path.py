@@ -42,4 +42,4 @@ def test_call_trace_names_package_files_in_a_clone_named_attnscore(tmp_path):
     calls = ast.literal_eval(done.stdout)
     # the same files as tests/kernels/test_select.py's call-trace test names
     assert calls[0] == ("modules.py", "forward")
-    assert ("kernels/_select.py", "choose") in calls
+    assert ("kernels/_select.py", "planned") in calls
