@@ -431,20 +431,24 @@ def unpadded_call(
     d for q and k); None for every other call, which then takes the checks (and their
     errors), and for calls whose inputs are not all finite (the checked path carries them;
     the call finds out after it ran: :func:`result_exact`)."""
+    key = None
+    if type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and q.is_cpu:
+        # Every fact the choice and the runner depend on (:func:`planned`), and every one
+        # _well_formed reads but whether the call is traced: a key kept is a well-formed
+        # call's.
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
+        kinds = (q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu)
+        threads = torch.get_num_threads()
+        key = ("unpadded", causal, *sizes, *kinds, scale, dropout_p, grad, threads, enabled())
+        plan = planned(key)
+        if plan is not None and plan.run is not None and not in_transform(q, k, v):
+            done = plan.run(q, k, v)  # the choice for the first such call
+            exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
+            return done if exact else None
     if not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    key = None
-    if q.is_cpu:  # every fact the choice and the runner depend on (:func:`planned`)
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
-        threads = torch.get_num_threads()
-        key = ("unpadded", causal, *sizes, scale, dropout_p, grad, threads, enabled())
-        plan = planned(key)
-        if plan is not None and plan.run is not None:  # the choice for the first such call
-            done = plan.run(q, k, v)
-            exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
-            return done if exact else None
     call = AttentionCall(
         q,
         k,
