@@ -432,17 +432,22 @@ def unpadded_call(
     errors), and for calls whose inputs are not all finite (the checked path carries them;
     the call finds out after it ran: :func:`result_exact`)."""
     key = None
-    if type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and q.is_cpu:
+    if (
+        type(q) is Tensor
+        and type(k) is Tensor
+        and type(v) is Tensor
+        and q.is_cpu
+        and not in_transform(q, k, v)
+    ):
         # Every fact the choice and the runner depend on (:func:`planned`), and every one
-        # _well_formed reads but whether the call is traced: a key kept is a well-formed
-        # call's.
+        # _well_formed reads: a key kept is a well-formed call's.
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
         kinds = (q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu)
         threads = torch.get_num_threads()
         key = ("unpadded", causal, *sizes, *kinds, scale, dropout_p, grad, threads, enabled())
         plan = planned(key)
-        if plan is not None and plan.run is not None and not in_transform(q, k, v):
+        if plan is not None and plan.run is not None:
             done = plan.run(q, k, v)  # the choice for the first such call
             exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
             return done if exact else None
