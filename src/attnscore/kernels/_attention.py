@@ -504,13 +504,7 @@ def lengths_call(
     sizes = (qs, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, ls)
     threads = torch.get_num_threads()
     key = ("lengths", *sizes, shortest < m, scale, call.needs_grad, threads, enabled())
-    plan = planned(key)
-    out = None
-    if plan is not None:  # what took the first such call, without the selection
-        out = plan.impl.run(call)
-        call.ran = plan.impl
-    if out is None:
-        out = choose(call, route="lengths lane", plan=key)
+    out = choose(call, route="lengths lane", plan=key)
     assert out is not None
     if not heads:
         out = out.squeeze(1)
@@ -532,25 +526,21 @@ def projected_call(
     if not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    key, plan = None, None
+    key = None
     if q.is_cpu:  # the facts the choice depends on (:func:`planned`; not the projection)
         sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
         grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
         key = ("projected", causal, *sizes, dropout_p, grad, threads, enabled())
         plan = planned(key)
-        if plan is not None and plan.impl.name == "plain":  # no implementation took it
+        # No implementation took the first such call: the pipeline, without a call made.
+        if plan is not None and plan.impl.name == "plain":
             return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
     seen_k, seen_v = _seen(q, k, v, causal)
     mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
     call = AttentionCall(
         q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
     )
-    out = None
-    if plan is not None:  # what took the first such call, without the selection
-        out = plan.impl.run(call)
-        call.ran = plan.impl
-    if out is None:
-        out = choose(call, route="unpadded lane", lane=causal, plan=key)
+    out = choose(call, route="unpadded lane", lane=causal, plan=key)
     if out is not None:  # (keys no query sees are cut off: nothing padded)
         return (out, None) if result_exact(call, q, seen_k, seen_v, out) else None
     if causal:  # the checked path: its pipeline masks the scores

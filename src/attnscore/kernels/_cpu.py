@@ -1051,15 +1051,31 @@ def _run_tasks(
     torch's threads, each taking the next task from a shared counter as it finishes one
     (the C driver ``<op>_par_<suffix>(*head, tasks, threads, *tail)`` on OpenMP threads, or
     the kernel on Python threads)."""
+    in_c = _in_c(lib, kernel, tasks, work)
+    if in_c is not None:
+        fn, middle = in_c
+        fn(*head, *middle, *tail)
+        return
+    # Python threads sharing one task counter
+    threads = min(torch.get_num_threads(), tasks)
+    counter = torch.zeros(1, dtype=torch.int64)
+    fn = _function(lib, kernel)
+    _run_threads(fn, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
+
+
+def _in_c(
+    lib: ctypes.CDLL, kernel: str, tasks: int, work: int
+) -> tuple[Callable[..., None], tuple[Any, ...]] | None:
+    """How :func:`_run_tasks` calls ``kernel`` in one C call: (the function, the arguments
+    between its head and its tail), on one thread when ``work`` is too little for two, else
+    on torch's threads through the OpenMP driver; None where the kernels run on Python
+    threads instead."""
     threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
     if threads <= 1:
-        _function(lib, kernel)(*head, None, tasks, *tail)
-    elif _build.state.parallel:
-        _function(lib, _driver(kernel))(*head, tasks, threads, *tail)
-    else:  # Python threads sharing one task counter
-        counter = torch.zeros(1, dtype=torch.int64)
-        fn = _function(lib, kernel)
-        _run_threads(fn, [(counter.data_ptr(), tasks)] * threads, lambda _i: (head, tail))
+        return _function(lib, kernel), (None, tasks)
+    if _build.state.parallel:
+        return _function(lib, _driver(kernel)), (tasks, threads)
+    return None
 
 
 @functools.cache
@@ -1146,17 +1162,12 @@ def _by_lengths_runner(
     B, H, n, d = shape if len(shape) == 4 else (shape[0], 1, *shape[1:])
     m, dv = k.shape[-2], v.shape[-1]
     chunks = _by_lengths_chunks(B * H, n)
-    tasks, work = B * H * chunks, B * H * n * m * (d + dv)
-    threads = min(torch.get_num_threads(), tasks) if work >= 2 * _MIN_WORK_PER_THREAD else 1
-    lib, kernel = _lib(), _FLASH_LENGTHS[q.dtype]
+    in_c = _in_c(_lib(), _FLASH_LENGTHS[q.dtype], B * H * chunks, B * H * n * m * (d + dv))
+    if in_c is None:
+        return None
+    fn, middle = in_c
     strides = _int64s((*_strides(q, k, v, _by_lengths_output(q, B, H, n, dv)), *by.strides))
     tail = (H, n, m, d, dv, chunks, scale)
-    if threads <= 1:
-        fn, middle = _function(lib, kernel), (None, tasks)
-    elif _build.state.parallel:
-        fn, middle = _function(lib, _driver(kernel)), (tasks, threads)
-    else:
-        return None
 
     def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         out = _by_lengths_output(q, B, H, n, dv)

@@ -439,13 +439,20 @@ def choose(
     :data:`PIPELINE`). ``route`` names the entry for :func:`explain` and the log; a
     ``lane``'s None is not recorded (the checked path then runs the call and records its
     choice). ``plan``: the key under which :func:`planned` keeps the choice for the calls
-    like this one (a caller that knows every candidate's verdict follows from it).
+    like this one (a caller that knows every candidate's verdict follows from it): a choice
+    kept runs the call without the selection (unless it declines once it ran).
 
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
+    kept = None if plan is None else planned(plan)
+    if kept is not None:  # what took the first call of this key, without the selection
+        out = kept.impl.run(call)
+        if out is not None or kept.impl.name == "plain":
+            call.ran = kept.impl
+            return out
     only = _local.only
     seen = not call.traced and watched()
     candidates: Sequence[Implementation]
