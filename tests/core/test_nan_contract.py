@@ -270,3 +270,43 @@ def test_a_training_call_reads_no_key_or_value_for_the_contract(implementation, 
     torch.testing.assert_close(out.detach().double(), want.detach(), atol=2e-5, rtol=2e-5)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("bad", ["q", "k", "v", "k inf", "v inf"])
+def test_a_call_with_no_mask_reads_nothing_for_the_contract(bad, training, monkeypatch):
+    """Without a mask every query attends every key: a NaN or inf anywhere reaches the
+    outputs it reaches in the plain formulation in every implementation, so an inference
+    call runs and returns with no look at its inputs or its output, its kept choice too
+    (second call). A training call looks at its output: where that is not finite, the
+    plain formulation's backward differs from a fused one's (a row of NaN weights makes
+    every value's gradient NaN). Output and gradients carry the non-finite entries as the
+    float64 plain maths does."""
+    from attnscore.kernels import _cpu
+
+    read: list[torch.Tensor] = []
+    scan = _cpu.all_finite
+    monkeypatch.setattr(_cpu, "all_finite", lambda tensors: read.extend(tensors) or scan(tensors))
+    gen = torch.Generator().manual_seed(3)
+    B, H, n, m, d = 2, 4, 24, 40, 16
+    module = attnscore.DotProductAttention()
+    for _ in range(2):  # the second call runs the choice kept for the first
+        clean = [torch.randn(B, H, s, d, generator=gen, dtype=torch.float64) for s in (n, m, m)]
+        where, value = bad[0], float("inf") if bad.endswith("inf") else NAN
+        clean["qkv".index(where)][1, 2, 5, 3] = value
+        inputs = [t.float().requires_grad_(training) for t in clean]
+        with torch.set_grad_enabled(training):
+            out = module(*inputs)
+        assert bool(read) is training
+        ref64 = [t.requires_grad_(training) for t in clean]
+        want = torch.softmax(ref64[0] @ ref64[1].mT / d**0.5, -1) @ ref64[2]
+        assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.isinf(), want.isinf())
+        fine = torch.isfinite(want)
+        torch.testing.assert_close(out.double()[fine], want[fine], atol=2e-5, rtol=2e-5)
+        if training:
+            g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+            got = torch.autograd.grad(out, inputs, g.float())
+            expected = torch.autograd.grad(want, ref64, g)
+            for a, b in zip(got, expected, strict=True):
+                assert torch.equal(a.isnan(), b.isnan()), bad
+        read.clear()

@@ -231,13 +231,20 @@ def result_exact(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, out: Tens
     output does not make the backward's products finite where padding is read (a padded key
     of -inf gives the queries a finite output, and 0 x -inf in the gradient of their
     scores). The queries are read only where the implementation hides a query's NaN
-    (:meth:`~._select.Implementation.shows_queries`). Off the CPU (and where values cannot
-    be read) true: nothing is read."""
+    (:meth:`~._select.Implementation.shows_queries`). Nothing is read without a mask (or
+    score bias) or gradients, where the queries' NaN shows: every query attends every key,
+    so a NaN or inf in a key or value reaches, in every implementation, the outputs it
+    reaches in the plain formulation (all rows, or its feature in all rows). Not their
+    gradients: a backward that recomputes the weights differs from the plain one's where
+    the output is not finite (the values' gradients of a row of NaN weights). Off the CPU
+    (and where values cannot be read) true: nothing is read."""
     ran = call.ran
     if ran is None:
         return result_finite(q, out)
-    inert, shows = ran.padding_inert(call), ran.shows_queries(call)
-    return _exact(call.needs_grad, inert, shows, q, k, v, out)
+    shows = ran.shows_queries(call)
+    if shows and call.kind == "none" and call.bias is None and not call.needs_grad:
+        return True
+    return _exact(call.needs_grad, ran.padding_inert(call), shows, q, k, v, out)
 
 
 def _exact(
@@ -449,6 +456,8 @@ def unpadded_call(
         plan = planned(key)
         if plan is not None and plan.run is not None:
             done = plan.run(q, k, v)  # the choice for the first such call
+            if not (causal or grad) and plan.shows_queries:
+                return done  # nothing masked, inference: exact by construction (result_exact)
             exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
             return done if exact else None
     if not _well_formed(q, k, v, same_d=True):
