@@ -532,18 +532,27 @@ def projected_call(
     implementations do not take and for calls that are not well-formed
     (:func:`_well_formed`): they take the checked path. The caller checks that
     ``project`` can run on q and k."""
-    if not _well_formed(q, k, v, same_d=False):
-        return None
-    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     key = None
-    if q.is_cpu:  # the facts the choice depends on (:func:`planned`; not the projection)
-        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype)
+    if (
+        type(q) is Tensor
+        and type(k) is Tensor
+        and type(v) is Tensor
+        and q.is_cpu
+        and not in_transform(q, k, v)
+    ):
+        # Every fact the choice depends on (:func:`planned`; not the projection), and every
+        # one _well_formed reads: a key kept is a well-formed call's.
+        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
+        kinds = (q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu)
         grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
-        key = ("projected", causal, *sizes, dropout_p, grad, threads, enabled())
+        key = ("projected", causal, *sizes, *kinds, dropout_p, grad, threads, enabled())
         plan = planned(key)
         # No implementation took the first such call: the pipeline, without a call made.
         if plan is not None and plan.impl.name == "plain":
             return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
+    if not _well_formed(q, k, v, same_d=False):
+        return None
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     seen_k, seen_v = _seen(q, k, v, causal)
     mask = _nothing_padded(q, seen_k.shape[-2], causal, eager=True)
     call = AttentionCall(
