@@ -170,6 +170,15 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     mha(x, x, x, Lm)
     case("multihead lengths (B,) fwd+bwd", fwdbwd(lambda: mha(x, x, x, Lm), x))
     case("multihead causal + lengths fwd", lambda: mha(x, x, x, Lm, causal=True))
+    # a decoder's step of cross-attention: B=1, one query, m=50 encoder outputs, E=256, H=8
+    cross = attnscore.MultiHeadAttention(256, 8).eval()
+    torch_cross = torch.nn.MultiheadAttention(256, 8, batch_first=True).eval()
+    memory, xq = rn(1, 50, 256), rn(1, 1, 256)
+    case(
+        "multihead cross-attention decode step",
+        lambda: cross(xq, memory, memory),
+        lambda: torch_cross(xq, memory, memory, need_weights=False),
+    )
     # additive B=4 n=128 m=256 h=128 d=64
     add = attnscore.AdditiveAttention(64, 64, 128)
     qa, ka, va = rn(4, 128, 64, grad=True), rn(4, 256, 64, grad=True), rn(4, 256, 64, grad=True)

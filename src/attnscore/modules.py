@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import operator
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from ._checks import check_dropout, in_transform, one_length_each
+from ._checks import check_dropout, one_length_each
 from ._engine import (
     VERSIONS,
     ComputedWeights,
@@ -39,6 +38,7 @@ from ._engine import (
     refuse_if_changed,
 )
 from ._lazy import LazyLinear
+from ._projected import Kept, project_once
 from .kernels._attention import (
     lengths_call,
     projected_call,
@@ -658,7 +658,7 @@ class AdditiveAttention(ScorerAttention):
             keep_weights=keep_weights,
         )
         h = self.w_v.in_features
-        self._keys_cache: tuple[weakref.ref[Tensor], tuple[object, ...], Tensor] | None = None
+        self._keys_cache: Kept | None = None  # (project_once: W_k keys, a decoder's)
         self.normalize = bool(normalize)
         b = nn.Parameter(torch.zeros(h)) if normalize or bias else None
         g = nn.Parameter(torch.tensor(1.0 / math.sqrt(h))) if normalize else None
@@ -678,7 +678,7 @@ class AdditiveAttention(ScorerAttention):
         w = self.w_v.weight
         if self.g is not None:
             w = self.g * w / w.norm()
-        return qh, self._projected_keys(keys), w.reshape(-1)
+        return qh, project_once(self, "_keys_cache", self.W_k, keys), w.reshape(-1)
 
     def _small(
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
@@ -701,27 +701,6 @@ class AdditiveAttention(ScorerAttention):
         return small_additive_attention(
             queries, keys, values, valid_lens, self.w_v.in_features, self._projections
         )
-
-    def _projected_keys(self, keys: Tensor) -> Tensor:
-        """``W_k keys``, computed once for the keys a decoder passes at every step.
-
-        Without gradients, the last keys' projection is reused while the same tensor comes
-        back unchanged (same object and version) and so does ``W_k``. Nothing is kept with
-        gradients (it would tie steps' autograd graphs), for inference-mode tensors (no
-        version counter) or while tracing or compiling (a graph must hold the projection).
-        """
-        weight = self.W_k.weight
-        # in_transform first: tracers (torch.compile) cannot evaluate is_inference().
-        if torch.is_grad_enabled() or in_transform(keys) or keys.is_inference():
-            self.__dict__["_keys_cache"] = None
-            return self.W_k(keys)  # type: ignore[no-any-return]
-        stamp = (keys._version, weight._version, weight.data_ptr(), weight.dtype)
-        cached = self._keys_cache
-        if cached is not None and cached[0]() is keys and cached[1] == stamp:
-            return cached[2]
-        projected: Tensor = self.W_k(keys)
-        self.__dict__["_keys_cache"] = (weakref.ref(keys), stamp, projected)
-        return projected
 
     def __getstate__(self) -> dict[str, object]:
         state = super().__getstate__()

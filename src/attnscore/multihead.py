@@ -7,16 +7,15 @@ scorer of the library runs on them once, with ``valid_lens`` broadcast over head
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from ._checks import check_attention_inputs, in_transform, one_length_each
+from ._checks import check_attention_inputs, one_length_each
 from ._engine import MASK_NAMES, MaskOptions
 from ._habits import check_keywords, refuses_pytorch_keywords
 from ._lazy import LazyLinear
+from ._projected import project_once
 from .kernels._attention import may_hold_garbage
 from .masking import build_mask
 from .modules import Attention, DotProductAttention, _check_size, make_scorer
@@ -385,48 +384,21 @@ class MultiHeadAttention(nn.Module):
 
     def _memory(self, queries: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """``W_k keys`` and ``W_v values``, computed once for the memory a decoder attends
-        at every step (cross-attention: keys that are not the queries).
-
-        Without gradients, the last call's projections are reused while the same keys and
-        values come back unchanged (same objects and versions) and so do ``W_k`` and
-        ``W_v`` (their parameters' versions and memory). Nothing is kept with gradients (it
-        would tie steps' autograd graphs), for inference-mode tensors (no version counter),
-        while tracing or compiling (a graph must hold the projections), or for
-        self-attention (new keys at every step).
-        """
-        if (
-            keys is queries
-            or torch.is_grad_enabled()
-            or in_transform(keys, values)
-            or keys.is_inference()
-            or values.is_inference()
-        ):
-            self.__dict__["_memory_cache"] = None
+        at every step (cross-attention: keys that are not the queries), each reused while
+        it comes back unchanged (:func:`~attnscore._projected.project_once`). Nothing is kept
+        for self-attention (new keys at every step)."""
+        if keys is queries:
+            self.__dict__["_keys_cache"] = self.__dict__["_values_cache"] = None
             return self.W_k(keys), self.W_v(values)
-        cached = self.__dict__.get("_memory_cache")
-        if (
-            cached is not None
-            and cached[0]() is keys
-            and cached[1]() is values
-            and cached[2] == self._memory_stamp(keys, values)
-        ):
-            return cached[3], cached[4]
-        projected = self.W_k(keys), self.W_v(values)  # (sizes lazy projections first)
-        stamp = self._memory_stamp(keys, values)
-        self.__dict__["_memory_cache"] = (weakref.ref(keys), weakref.ref(values), stamp, *projected)
-        return projected
-
-    def _memory_stamp(self, keys: Tensor, values: Tensor) -> tuple[object, ...]:
-        """What the memory's projections depend on besides the tensors' identities: their
-        versions, and the projections' parameters' versions, memory and dtypes (a load, an
-        optimizer step, ``.to`` each change one)."""
-        params = (*self.W_k.parameters(), *self.W_v.parameters())
-        kept = tuple((p._version, p.data_ptr(), p.dtype) for p in params)
-        return keys._version, values._version, kept
+        return (
+            project_once(self, "_keys_cache", self.W_k, keys),
+            project_once(self, "_values_cache", self.W_v, values),
+        )
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
-        state["_memory_cache"] = None  # weak references: not picklable, and only a cache
+        # weak references: not picklable, and only a cache
+        state["_keys_cache"] = state["_values_cache"] = None
         return state
 
     def _check_sizes(self, queries: Tensor, keys: Tensor, values: Tensor) -> None:

@@ -137,9 +137,9 @@ def test_inputs_of_another_dtype_than_the_module_are_named():
 
 def test_a_decoders_memory_is_projected_once():
     """Cross-attention without gradients projects the keys and values once while the same
-    tensors come back unchanged (the decoder's steps over one encoder output), and again
-    once they or the projections change in place; with gradients, for self-attention and
-    for other tensors, at every call. Every output is a fresh module's."""
+    tensors come back unchanged (the decoder's steps over one encoder output), each again
+    once it or its projection changes in place or another tensor comes; with gradients and
+    for self-attention at every call. Every output is a fresh module's."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, bias=True).eval()
     x, memory = torch.randn(2, 1, 16), torch.randn(2, 7, 16)
@@ -162,7 +162,7 @@ def test_a_decoders_memory_is_projected_once():
         memory.mul_(2.0)
         assert step(x, memory, memory) == 4  # changed in place: projected again
         mha.W_v.bias.add_(1.0)
-        assert step(x, memory, memory) == 6
-        assert step(x, memory.clone(), memory) == 8  # other keys
-        assert step(x, x, x) == 10 and step(x, x, x) == 12  # self-attention
-    assert step(x, memory, memory) == 14 and step(x, memory, memory) == 16  # gradients
+        assert step(x, memory, memory) == 5  # the values alone projected again
+        assert step(x, memory.clone(), memory) == 6  # other keys: the keys alone
+        assert step(x, x, x) == 8 and step(x, x, x) == 10  # self-attention
+    assert step(x, memory, memory) == 12 and step(x, memory, memory) == 14  # gradients
