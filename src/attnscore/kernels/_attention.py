@@ -428,6 +428,24 @@ def _well_formed(q: object, k: object, v: object, *, same_d: bool) -> bool:
     )
 
 
+def _eager_layout(q: object, k: object, v: object) -> tuple[object, ...] | None:
+    """The sizes, strides, dtypes and devices of plain CPU tensors q, k, v in eager code:
+    every fact :func:`_well_formed` reads, so that a lane's key holding them (:func:`planned`)
+    is kept only for well-formed calls; None for anything else (the lane then checks)."""
+    if not (
+        type(q) is Tensor
+        and type(k) is Tensor
+        and type(v) is Tensor
+        and q.is_cpu
+        and not in_transform(q, k, v)
+    ):
+        return None
+    return (
+        *(q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride()),
+        *(q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu),
+    )
+
+
 def unpadded_call(
     q: object, k: object, v: object, *, causal: bool, scale: float, dropout_p: float
 ) -> Tensor | None:
@@ -439,20 +457,13 @@ def unpadded_call(
     errors), and for calls whose inputs are not all finite (the checked path carries them;
     the call finds out after it ran: :func:`result_exact`)."""
     key = None
-    if (
-        type(q) is Tensor
-        and type(k) is Tensor
-        and type(v) is Tensor
-        and q.is_cpu
-        and not in_transform(q, k, v)
-    ):
-        # Every fact the choice and the runner depend on (:func:`planned`), and every one
-        # _well_formed reads: a key kept is a well-formed call's.
+    layout = _eager_layout(q, k, v)
+    if layout is not None:  # (and so q, k, v are tensors)
+        assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+        # Every fact the choice and the runner depend on (:func:`planned`).
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
-        kinds = (q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu)
         threads = torch.get_num_threads()
-        key = ("unpadded", causal, *sizes, *kinds, scale, dropout_p, grad, threads, enabled())
+        key = ("unpadded", causal, *layout, scale, dropout_p, grad, threads, enabled())
         plan = planned(key)
         if plan is not None and plan.run is not None:
             done = plan.run(q, k, v)  # the choice for the first such call
@@ -533,20 +544,13 @@ def projected_call(
     (:func:`_well_formed`): they take the checked path. The caller checks that
     ``project`` can run on q and k."""
     key = None
-    if (
-        type(q) is Tensor
-        and type(k) is Tensor
-        and type(v) is Tensor
-        and q.is_cpu
-        and not in_transform(q, k, v)
-    ):
-        # Every fact the choice depends on (:func:`planned`; not the projection), and every
-        # one _well_formed reads: a key kept is a well-formed call's.
-        sizes = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
-        kinds = (q.dtype, k.dtype, v.dtype, k.is_cpu, v.is_cpu)
+    layout = _eager_layout(q, k, v)
+    if layout is not None:  # the facts the choice depends on (:func:`planned`), not the
+        # projection's (its parameters' gradients too: grad mode, not requires_grad)
         grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
-        key = ("projected", causal, *sizes, *kinds, dropout_p, grad, threads, enabled())
+        key = ("projected", causal, *layout, dropout_p, grad, threads, enabled())
         plan = planned(key)
+        assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
         # No implementation took the first such call: the pipeline, without a call made.
         if plan is not None and plan.impl.name == "plain":
             return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
