@@ -215,18 +215,10 @@ def all_finite(x: Any) -> Any:
 _REDUCE_WINDOW = 32
 
 
-def _folded_finite(x: Any) -> Any:
-    """A scalar bool: every entry of ``x`` (..., c) is finite, as one XLA op on the CPU.
-
-    Why: XLA's CPU backend rewrites a reduction over a dimension longer than 32 into a
-    windowed reduction and a second one, three ops where the is-finite test is one; at a
-    decoder step each op costs about a microsecond beside Keras's 12-17 µs call. Here the
-    entries are first ANDed in halves (slices, which fuse into the reduction) until each
-    dimension is at most 32 long, and the one reduction that is left stays one op."""
-    ok = ops.isfinite(x)
+def _folded(ok: Any) -> Any:
+    """A bool (rows, c) ANDed in halves (slices, which fuse into the reduction that
+    follows) until neither dimension is over :data:`_REDUCE_WINDOW`."""
     c = ok.shape[-1]
-    if c is None:
-        return ops.all(ok)
     ok = ops.reshape(ok, (-1, c))
     for axis in (1, 0):
         size = ok.shape[axis]
@@ -235,7 +227,38 @@ def _folded_finite(x: Any) -> Any:
             low = ok[:, :half] if axis else ok[:half]
             high = ok[:, size - half :] if axis else ok[size - half :]
             ok, size = ops.logical_and(low, high), half
-    return ops.all(ok)
+    return ok
+
+
+def _folded_finite(*xs: Any) -> Any:
+    """A scalar bool: every entry of each ``x`` (..., c) in ``xs`` is finite, as one XLA
+    op on the CPU.
+
+    Why: XLA's CPU backend rewrites a reduction over a dimension longer than 32 into a
+    windowed reduction and a second one, three ops where the is-finite test is one; at a
+    decoder step each op costs about a microsecond beside Keras's 12-17 µs call. Here the
+    entries are first ANDed in halves (slices, which fuse into the reduction) until each
+    dimension is at most 32 long, and the one reduction that is left stays one op. Several
+    tensors are folded each and ANDed where the folds have one shape (one reduction for
+    all; a concatenation of them would be written out)."""
+    folds: list[Any] = []
+    for x in xs:
+        ok = ops.isfinite(x)
+        if ok.shape[-1] is None:
+            folds.append(ok)
+            continue
+        ok = _folded(ok)
+        for i, other in enumerate(folds):
+            if tuple(other.shape) == tuple(ok.shape):
+                folds[i] = ops.logical_and(other, ok)
+                break
+        else:
+            folds.append(ok)
+    alls = [ops.all(ok) for ok in folds]
+    result = alls[0]
+    for more in alls[1:]:
+        result = ops.logical_and(result, more)
+    return result
 
 
 def first_row_finite(x: Any) -> Any:
@@ -337,6 +360,92 @@ def checked_pool(
         return out, grad
 
     return ops.custom_gradient(pool)(weights, values, *extra, *masks)
+
+
+def checked_attention(
+    queries: Any, keys: Any, values: Any, masks: tuple[Any, ...], allowed_of: Any, rank: int
+) -> Any:
+    """``softmax(queries @ keysᵀ) @ values`` (..., n, v), the softmax over the keys each
+    query may attend: ``allowed_of(*masks)`` (bool, broadcastable to (..., n, m), ``rank``
+    leading dimensions) rebuilds where, from the raw mask tensors ``masks``. Queries
+    (..., n, d), keys (..., m, d), values (..., m, v), float32 or float64, n small (a
+    decoder step: the products are checked, not the inputs zeroed). A query that may
+    attend no key gets exact zeros (and zero gradients). NaN or inf in the key and value
+    rows no query attends reaches neither the output nor any gradient, and nothing copies
+    those rows unless they hold it.
+
+    One custom-gradient op, so that XLA runs as few ops as Keras's own layer does (each
+    about a microsecond at a decoder step):
+
+    - the softmax is normalised after the product, ``(e @ values) / sum(e)`` with
+      ``e = exp(score - max)`` exactly 0 where not allowed (-inf before the exponential):
+      the division fuses into the op that writes the output, where dividing the weights
+      first writes them out once more;
+    - one check, one reduction over the first rows of the scores and of ``e @ values``
+      (:func:`first_row_finite`): NaN or inf in an unattended key makes its score, and in
+      an unattended value its column of the product, not finite. Where the check fails the
+      product is redone with those value rows zeroed, and the backward pass's product
+      ``dS @ keys`` with those key rows zeroed (conditionals: no pass over the inputs
+      otherwise);
+    - the backward pass is written out (the softmax's derivative with a select that drops
+      ``g @ valuesᵀ``'s NaN in unattended columns before the row sum), so it runs the ops
+      Keras's layer runs, with the one conditional for the queries' gradient.
+
+    With one query (n = 1) the softmax runs on (..., m), not (..., 1, m): XLA's CPU
+    backend gives the latter another layout than the product's operand, and so a copy.
+
+    Masks get no gradient. Reverse mode only (not ``jax.jvp``)."""
+
+    def attend(q: Any, k: Any, v: Any, *raw: Any) -> Any:
+        allowed = allowed_of(*raw)
+        one = q.shape[-2] == 1
+
+        def rows(x: Any) -> Any:  # (..., 1, c) -> (..., c) with one query; see above
+            return x[..., 0, :] if one and len(x.shape) >= 2 else x
+
+        def matrix(x: Any) -> Any:  # back to (..., 1, c) for the products
+            return ops.expand_dims(x, -2) if one else x
+
+        def zeroed(x: Any) -> Any:
+            return zero_unused(allowed_of(*raw), rank, x, axis=-2)
+
+        scores = ops.matmul(q, ops.swapaxes(k, -1, -2))
+        s, mask = rows(scores), rows(allowed)
+        top = ops.stop_gradient(ops.max(ops.where(mask, s, FILL), axis=-1, keepdims=True))
+        e = ops.exp(ops.where(mask, s, float("-inf")) - top)  # 0 where not allowed
+        total = ops.sum(e, axis=-1, keepdims=True)
+        r = 1.0 / ops.where(total > 0, total, ops.ones_like(total))  # rows with no key: 0 x 1
+        num = ops.matmul(matrix(e), v)
+        ok = _folded_finite(scores[..., 0, :], num[..., 0, :])
+        # The conditional's operand sliced outside it (inside, XLA copies it into another
+        # layout).
+        plain = rows(num)
+        kept = ops.cond(ok, lambda: plain, lambda: rows(ops.matmul(matrix(e), zeroed(v))))
+        out = matrix(kept * r)
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
+            g = args[0] if upstream is None else upstream
+            w = e * r
+            # g @ vᵀ is NaN in the columns of unattended NaN values; the selects drop it
+            # (w is 0 there, but 0 x NaN is NaN). Two selects, not one shared: each fuses
+            # into its consumer, where one would be written out.
+            gw = rows(ops.matmul(g, ops.swapaxes(v, -1, -2)))
+            inner = ops.sum(ops.where(mask, w * gw, 0.0), axis=-1, keepdims=True)
+            ds = ops.where(mask, w * (gw - inner), 0.0)
+            # ds goes into the conditional as it is, (..., m) with one query, and becomes
+            # a matrix inside: made outside, XLA gives it a layout it copies out of twice.
+            dq = ops.cond(
+                ok,
+                lambda: rows(ops.matmul(matrix(ds), k)),
+                lambda: rows(ops.matmul(matrix(ds), zeroed(k))),
+            )
+            dk = ops.matmul(ops.swapaxes(matrix(ds), -1, -2), q)
+            dv = ops.matmul(ops.swapaxes(matrix(w), -1, -2), g)
+            return (matrix(dq), dk, dv, *(None for _ in raw))
+
+        return out, grad
+
+    return ops.custom_gradient(attend)(queries, keys, values, *masks)
 
 
 def masked_softmax(X: Any, valid_lens: Any = None) -> Any:
