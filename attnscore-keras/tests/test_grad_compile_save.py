@@ -96,7 +96,7 @@ def test_gradient_of_an_empty_row_is_zero_and_nan_padding_gives_finite_gradients
 
 
 @pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine"])
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])
 def test_nan_and_inf_in_padded_keys_and_values_reach_no_gradient(
     kind, compile_it, rng, padding_path
 ):

@@ -186,23 +186,36 @@ def zero_unused(allowed: Any, batch_rank: int, x: Any, *, axis: int) -> Any:
     return ops.where(used_rows(allowed, batch_rank, x, axis=axis), x, ops.zeros_like(x))
 
 
-def inert_padding(
-    allowed: Any, batch_rank: int, queries: Any, keys: Any, values: Any, *, padded_queries: bool
-) -> tuple[Any, Any, Any]:
-    """``(queries, keys, values)`` of shapes (B, n, q), (B, m, k), (B, m, v) (or with the
-    scores' leading dimensions) with zeros in the key and value rows no query of
-    ``allowed`` attends, and with ``padded_queries`` (query lengths were given) in the
-    query rows that attend nothing: NaN or inf held there then reaches no output and no
-    gradient (0 x NaN is NaN). Queries within their lengths are the caller's data, kept as
-    they are (as attnscore's PyTorch modules do).
+def project_used(x: Any, weight: Any, bias: Any, used: Any) -> Any:
+    """``x @ weight [+ bias]`` (B, rows, o) of ``x`` (B, rows, i), ``weight`` (i, o),
+    ``bias`` (o,) or None, where the rows of ``x`` that ``used`` (bool (B, rows, 1))
+    marks False may hold NaN or inf and the caller discards theirs of the result (their
+    gradient must be 0). The gradients of ``weight`` and ``bias`` take those rows as zeros
+    (``xᵀ @ g`` would be NaN: 0 x NaN); ``x``'s is ``g @ weightᵀ``. Only the backward pass
+    zeroes (a select over ``x``); ``used`` gets no gradient."""
 
-    ``allowed`` is broadcastable to (B, ..., n, m) with ``batch_rank`` leading dimensions;
-    the inputs' leading dimensions are (B,) or all of them."""
-    keys = zero_unused(allowed, batch_rank, keys, axis=-2)
-    values = zero_unused(allowed, batch_rank, values, axis=-2)
-    if padded_queries:
-        queries = zero_unused(allowed, batch_rank, queries, axis=-1)
-    return queries, keys, values
+    def project(xx: Any, w: Any, *rest: Any) -> Any:
+        b, keep = (None, rest[0]) if len(rest) == 1 else rest
+        y = ops.matmul(xx, w)
+        if b is not None:
+            y = y + b
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
+            g = args[0] if upstream is None else upstream
+            # Both weight gradients from one (B * rows, o) view of g: XLA otherwise lays
+            # g out twice, once for each.
+            g2 = ops.reshape(g, (-1, g.shape[-1]))
+            zx = ops.reshape(ops.where(keep, xx, ops.zeros_like(xx)), (-1, xx.shape[-1]))
+            dw = ops.matmul(ops.transpose(zx), g2)
+            dx = ops.matmul(g, ops.transpose(w))
+            if b is None:
+                return dx, dw, None
+            return dx, dw, ops.sum(g2, axis=0), None
+
+        return y, grad
+
+    args = (x, weight, used) if bias is None else (x, weight, bias, used)
+    return ops.custom_gradient(project)(*args)
 
 
 def all_finite(x: Any) -> Any:
