@@ -228,50 +228,43 @@ def all_finite(x: Any) -> Any:
 _REDUCE_WINDOW = 32
 
 
-def _folded(ok: Any) -> Any:
-    """A bool (rows, c) ANDed in halves (slices, which fuse into the reduction that
-    follows) until neither dimension is over :data:`_REDUCE_WINDOW`."""
-    c = ok.shape[-1]
-    ok = ops.reshape(ok, (-1, c))
-    for axis in (1, 0):
-        size = ok.shape[axis]
-        while size is not None and size > _REDUCE_WINDOW:
-            half = (size + 1) // 2  # odd sizes: the middle entry is in both halves
-            low = ok[:, :half] if axis else ok[:half]
-            high = ok[:, size - half :] if axis else ok[size - half :]
-            ok, size = ops.logical_and(low, high), half
-    return ok
-
-
 def _folded_finite(*xs: Any) -> Any:
     """A scalar bool: every entry of each ``x`` (..., c) in ``xs`` is finite, as one XLA
     op on the CPU.
 
-    Why: XLA's CPU backend rewrites a reduction over a dimension longer than 32 into a
-    windowed reduction and a second one, three ops where the is-finite test is one; at a
-    decoder step each op costs about a microsecond beside Keras's 12-17 µs call. Here the
-    entries are first ANDed in halves (slices, which fuse into the reduction) until each
-    dimension is at most 32 long, and the one reduction that is left stays one op. Several
-    tensors are folded each and ANDed where the folds have one shape (one reduction for
-    all; a concatenation of them would be written out)."""
+    The test is ``sum(x * 0) == 0``: 0 x NaN and 0 x inf are NaN, which the sum keeps,
+    and 0 x a finite number is ±0 (no overflow). A float sum, not an AND of booleans:
+    measured 2-5% faster for the whole call at a decoder step.
+
+    One op: XLA's CPU backend rewrites a reduction over a dimension longer than 32 into a
+    windowed reduction and a second one (three ops; at a decoder step each costs about a
+    microsecond beside Keras's 12-17 µs call). So the zeros are first added in halves
+    (slices, which fuse into the reduction) until no dimension is over 32, and those of
+    all the tensors added together where their shapes agree: one reduction is left (a
+    concatenation would be written out)."""
     folds: list[Any] = []
     for x in xs:
-        ok = ops.isfinite(x)
-        if ok.shape[-1] is None:
-            folds.append(ok)
-            continue
-        ok = _folded(ok)
+        z = x * ops.zeros((), dtype=x.dtype)
+        c = z.shape[-1]
+        if c is not None:
+            z = ops.reshape(z, (-1, c))
+            for axis in (1, 0):
+                size = z.shape[axis]
+                while size is not None and size > _REDUCE_WINDOW:
+                    half = (size + 1) // 2  # odd sizes: the middle entry is in both halves
+                    low = z[:, :half] if axis else z[:half]
+                    high = z[:, size - half :] if axis else z[size - half :]
+                    z, size = low + high, half
         for i, other in enumerate(folds):
-            if tuple(other.shape) == tuple(ok.shape):
-                folds[i] = ops.logical_and(other, ok)
+            if tuple(other.shape) == tuple(z.shape):
+                folds[i] = other + z
                 break
         else:
-            folds.append(ok)
-    alls = [ops.all(ok) for ok in folds]
-    result = alls[0]
-    for more in alls[1:]:
-        result = ops.logical_and(result, more)
-    return result
+            folds.append(z)
+    total = ops.sum(folds[0])
+    for more in folds[1:]:
+        total = total + ops.sum(more)
+    return ops.equal(total, ops.zeros((), dtype=total.dtype))
 
 
 def first_row_finite(x: Any) -> Any:
@@ -387,8 +380,8 @@ def checked_attention(
     rows no query attends reaches neither the output nor any gradient, and nothing copies
     those rows unless they hold it.
 
-    One custom-gradient op, so that XLA runs as few ops as Keras's own layer does (each
-    about a microsecond at a decoder step):
+    One custom-gradient op, so that XLA runs few ops (each about a microsecond at a
+    decoder step; Keras's layer runs 7 forward, 14 for a training step):
 
     - the softmax is normalised after the product, ``(e @ values) / sum(e)`` with
       ``e = exp(score - max)`` exactly 0 where not allowed (-inf before the exponential):

@@ -43,7 +43,10 @@ class MultiHeadAttention(keras.layers.Layer):
     Masks apply to every head: ``valid_lens`` (B,) or (B, n); ``query_valid_lens`` (B,);
     ``attend_mask`` bool (n, m), (B, n, m) or (B, H, n, m), True = may attend. Queries that
     may attend no key get a zero attention output (their result is ``b_o``, 0 without
-    bias). :attr:`attention_weights` is (B, H, n, m), the last eager call's.
+    bias). :attr:`attention_weights` is (B, H, n, m), the last eager call's. NaN or inf in
+    key and value rows no query attends reaches no output and no gradient: those rows are
+    projected as they are, their heads zeroed, and the projection weights' gradients take
+    them as zeros (masked calls have custom gradients: reverse mode only).
 
     Raises:
         ValueError: ``num_hiddens`` not a multiple of ``num_heads``, sizes that are not
