@@ -96,7 +96,7 @@ def test_gradient_of_an_empty_row_is_zero_and_nan_padding_gives_finite_gradients
 
 
 @pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine"])
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])
 def test_nan_and_inf_in_padded_keys_and_values_reach_no_gradient(
     kind, compile_it, rng, padding_path
 ):
@@ -138,6 +138,45 @@ def test_nan_and_inf_in_padded_keys_and_values_reach_no_gradient(
         assert np.all(grads[0][empty] == 0)
         out = layer(*(tensor(x, "float64") for x in (q, bad_k, bad_v)), lens)
         assert np.all(to_np(out)[empty] == 0) and np.isfinite(to_np(out)).all()
+
+
+@pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_one_query_with_nan_padding_matches_the_clean_call(scale, compile_it, rng):
+    """A decoder step (n = 1, the dot layer's path that runs its softmax on (B, m)): NaN
+    and inf in the padded keys and values change no output and no gradient (bit for bit
+    against 7.0 there), padded rows get zero gradients, a row with no key is zero."""
+    layer = ak.DotProductAttention(scale=scale, dtype="float64")
+    m = 5
+    q, k, v = rng.normal(size=(B, 1, D)), rng.normal(size=(B, m, D)), rng.normal(size=(B, m, D))
+    R = keras.ops.convert_to_tensor(rng.normal(size=(B, 1, D)))
+    for lens in (np.array([3, 0]), np.array([[5], [2]])):
+        used = lens.reshape(-1)
+        bad_k, bad_v = k.copy(), v.copy()
+        for b, n_used in enumerate(used):
+            bad_k[b, n_used:] = np.nan
+            bad_v[b, n_used:] = np.inf
+        clean_k, clean_v = (np.where(np.isfinite(x), x, 7.0) for x in (bad_k, bad_v))
+        lens_t = keras.ops.convert_to_tensor(lens)
+
+        def loss(qx, kx, vx, lens_t=lens_t):
+            return keras.ops.sum(layer(qx, kx, vx, lens_t) * R)
+
+        fn = compiled(loss) if compile_it else loss
+        results = []
+        for kx, vx in ((bad_k, bad_v), (clean_k, clean_v)):
+            args = [tensor(x, "float64") for x in (q, kx, vx)]
+            results.append((to_np(fn(*args)), gradients(fn, args)))
+        (value, grads), (clean_value, clean_grads) = results
+        assert np.isfinite(value) and value == clean_value
+        for g, clean in zip(grads, clean_grads, strict=True):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(g, clean)
+        for b, n_used in enumerate(used):
+            assert np.all(grads[1][b, n_used:] == 0) and np.all(grads[2][b, n_used:] == 0)
+        out = to_np(layer(*(tensor(x, "float64") for x in (q, bad_k, bad_v)), lens_t))
+        assert np.isfinite(out).all()
+        assert np.all(out[used == 0] == 0) and np.all(grads[0][used == 0] == 0)
 
 
 @pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine", "multihead"])

@@ -26,6 +26,7 @@ from ._checks import (
 )
 from .masking import (
     build_allowed,
+    checked_attention,
     checked_pool,
     checked_product,
     fill_softmax,
@@ -452,6 +453,36 @@ class DotProductAttention(Attention):
         return self._scaled(
             queries, lambda a: checked_product(a, keys, masks, zero_unattended, check=check)
         )
+
+    def _pool_checked(
+        self,
+        queries: Any,
+        keys: Any,
+        values: Any,
+        allowed: Any,
+        masks: tuple[Any, ...],
+        allowed_of: Any,
+        training: Any,
+    ) -> Any:
+        """:meth:`Attention._pool_checked` as one op
+        (:func:`~attnscore_keras.masking.checked_attention`) in float32 and float64 where
+        dropout does not act (it acts on the normalised weights, which that op never
+        writes out); else the shared path."""
+        dropped = self.dropout_rate > 0 and training is not False
+        if dropped or dtype_of(queries) in SIXTEEN_BITS:
+            return super()._pool_checked(
+                queries, keys, values, allowed, masks, allowed_of, training
+            )
+        rank = len(allowed.shape) - 2
+
+        def attend(q: Any) -> Any:
+            return checked_attention(q, keys, values, masks, allowed_of, rank)
+
+        out = self._scaled(queries, attend)
+        # The weights for attention_weights (an eager call's; dead code when compiled).
+        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=True)
+        self.__dict__["_last_weights"] = weights
+        return out
 
     def _scaled(self, queries: Any, product: Any) -> Any:
         """``scale · product(queries)``, the scale on the queries (or, in 16 bits, on the

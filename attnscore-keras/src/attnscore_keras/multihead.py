@@ -9,7 +9,7 @@ from keras import ops
 
 from ._checks import check_attention_inputs, check_dropout, check_normalizer, check_size, shape_of
 from .layers import SCORER_NAMES, Attention, make_scorer
-from .masking import build_allowed, inert_padding
+from .masking import build_allowed, project_used, used_rows, zero_unused
 
 __all__ = ["MultiHeadAttention"]
 
@@ -43,7 +43,10 @@ class MultiHeadAttention(keras.layers.Layer):
     Masks apply to every head: ``valid_lens`` (B,) or (B, n); ``query_valid_lens`` (B,);
     ``attend_mask`` bool (n, m), (B, n, m) or (B, H, n, m), True = may attend. Queries that
     may attend no key get a zero attention output (their result is ``b_o``, 0 without
-    bias). :attr:`attention_weights` is (B, H, n, m), the last eager call's.
+    bias). :attr:`attention_weights` is (B, H, n, m), the last eager call's. NaN or inf in
+    key and value rows no query attends reaches no output and no gradient: those rows are
+    projected as they are, their heads zeroed, and the projection weights' gradients take
+    them as zeros (masked calls have custom gradients: reverse mode only).
 
     Raises:
         ValueError: ``num_hiddens`` not a multiple of ``num_heads``, sizes that are not
@@ -192,19 +195,44 @@ class MultiHeadAttention(keras.layers.Layer):
             attend_mask=attend_mask,
             causal=causal,
         )
-        if allowed is not None:
-            queries, keys, values = inert_padding(
-                allowed, 2, queries, keys, values, padded_queries=query_valid_lens is not None
+        if allowed is None:
+            k_heads = self._split(self._project(keys, self.W_k, self.b_k))
+            v_heads = self._split(self._project(values, self.W_v, self.b_v))
+        else:
+            if query_valid_lens is not None:  # queries that attend nothing: zero rows
+                queries = zero_unused(allowed, 2, queries, axis=-1)
+            # The key and value rows no query attends may hold NaN or inf (0 x NaN is
+            # NaN). They are projected as they are and their heads zeroed: that select
+            # fuses into the copy that splits the heads, where zeroing the inputs is a
+            # pass over each (two XLA ops at a decoder step). The weights' gradients
+            # take those input rows as zeros (:func:`project_used`).
+            used = used_rows(allowed, 2, keys, axis=-2)  # (B, m, 1)
+            k_heads, v_heads = (
+                zero_unused(
+                    allowed,
+                    2,
+                    self._split(project_used(x, self._weight(w), self._weight(b), used)),
+                    axis=-2,
+                )
+                for x, w, b in ((keys, self.W_k, self.b_k), (values, self.W_v, self.b_v))
             )
         heads = self.attention.pool(
             self._split(self._project(queries, self.W_q, self.b_q)),
-            self._split(self._project(keys, self.W_k, self.b_k)),
-            self._split(self._project(values, self.W_v, self.b_v)),
+            k_heads,
+            v_heads,
             allowed,
             training,
         )
         merged = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)), (-1, dyn_q[1], self.num_hiddens))
         return self._project(merged, self.W_o, self.b_o)
+
+    @staticmethod
+    def _weight(w: Any) -> Any:
+        """A weight (or None) as a tensor, an argument of a custom-gradient op: a copy,
+        because TensorFlow's custom gradients take a variable read inside them (its
+        conversion to a tensor is still the variable) as needing their own protocol.
+        Compiled, the copy is no op."""
+        return None if w is None else ops.copy(w)
 
     def _split(self, x: Any) -> Any:
         """(B, n, E) -> (B, H, n, E/H)."""
