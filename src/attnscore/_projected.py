@@ -42,16 +42,13 @@ def project_once(module: nn.Module, slot: str, linear: nn.Module, x: Tensor) -> 
 
 def _stamp(x: Tensor, linear: nn.Module) -> tuple[object, ...]:
     """What a projection of ``x`` depends on beyond its identity: its version, and the
-    version, memory and dtype of ``linear``'s weight and bias (read where ``nn.Module``
-    keeps them: its attribute lookup is slow for a decoder's every step)."""
-    weight, bias = _held(linear, "weight"), _held(linear, "bias")
-    assert weight is not None  # (a projection's)
-    stamp = (x._version, weight._version, weight.data_ptr(), weight.dtype)
-    return stamp if bias is None else (*stamp, bias._version, bias.data_ptr())
-
-
-def _held(linear: nn.Module, name: str) -> Tensor | None:
-    params = linear._parameters
-    if name in params:  # (None for a projection without bias)
-        return params[name]
-    return getattr(linear, name, None)  # a parametrization's, a subclass's property
+    version, memory and dtype of each of ``linear``'s parameters (an ``nn.Linear``'s weight
+    and bias read where it keeps them: a decoder's every step pays for this; any other
+    module's, a parametrized or adapted one's included, through ``parameters()``)."""
+    if type(linear) is nn.Linear:
+        weight, bias = linear._parameters["weight"], linear._parameters["bias"]
+        assert weight is not None
+        stamp = (x._version, weight._version, weight.data_ptr(), weight.dtype)
+        return stamp if bias is None else (*stamp, bias._version, bias.data_ptr())
+    params = tuple((p._version, p.data_ptr(), p.dtype) for p in linear.parameters())
+    return x._version, params

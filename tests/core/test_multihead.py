@@ -135,6 +135,44 @@ def test_inputs_of_another_dtype_than_the_module_are_named():
         assert MultiHeadAttention(16, 2)(x.float(), x.float(), x.float()).dtype == torch.bfloat16
 
 
+def test_a_kept_memory_follows_every_parameter_of_a_parametrized_projection():
+    """A projection that is not a plain ``nn.Linear`` (here ``W_k`` parametrized by a
+    scale of its own) is kept while every one of its parameters comes back unchanged, and
+    projected again once one of them, not its weight, changes in place: never a stale
+    projection."""
+    from torch import nn
+    from torch.nn.utils import parametrize
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s = nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return w * self.s
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    x, memory = torch.randn(2, 1, 16), torch.randn(2, 7, 16)
+    mha(x, memory, memory)  # sizes the projections
+    parametrize.register_parametrization(mha.W_k, "weight", Scaled())
+    calls = []
+    mha.W_k.register_forward_hook(lambda module, args, out: calls.append(out))
+
+    def unkept():  # with gradients nothing is kept: the reference
+        with torch.enable_grad():
+            return mha(x, memory, memory).detach()
+
+    with torch.no_grad():
+        first = mha(x, memory, memory)
+        assert torch.equal(mha(x, memory, memory), first) and len(calls) == 1
+        mha.W_k.parametrizations.weight[0].s.mul_(3.0)
+        again = mha(x, memory, memory)
+    assert len(calls) == 2
+    torch.testing.assert_close(again, unkept())
+    assert not torch.allclose(again, first)
+
+
 def test_a_decoders_memory_is_projected_once():
     """Cross-attention without gradients projects the keys and values once while the same
     tensors come back unchanged (the decoder's steps over one encoder output), each again
