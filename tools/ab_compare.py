@@ -226,9 +226,19 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
         case(f"additive ({size}) lengths", lambda q=q, k=k, v=v, L=L, f=a: f(q, k, v, L))
         gm = attnscore.MultiplicativeAttention(d, d).eval()
         case(f"general ({size}) lengths", lambda q=q, k=k, v=v, L=L, f=gm: f(q, k, v, L))
-        case(f"general ({size}) none", lambda q=q, k=k, v=v, f=gm: f(q, k, v))
+        case(
+            f"general ({size}) none",
+            lambda q=q, k=k, v=v, f=gm: f(q, k, v),
+            lambda q=q, k=k, v=v, W=gm.W_a.weight: torch.softmax((q @ W) @ k.mT, -1) @ v,
+        )  # (the plain formulation: PyTorch has no general attention)
         cos = attnscore.CosineAttention().eval()
-        case(f"cosine ({size}) none", lambda q=q, k=k, v=v, f=cos: f(q, k, v))
+        case(
+            f"cosine ({size}) none",
+            lambda q=q, k=k, v=v, f=cos: f(q, k, v),
+            lambda q=q, k=k, v=v, s=cos.log_scale: torch.softmax(
+                s.exp() * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT, -1
+            ) @ v,
+        )
     # decoder step: additive, B=128, m=20, h=256
     dec = attnscore.AdditiveAttention(256, 256, 256).eval()
     enc = rn(128, 20, 256)
