@@ -235,9 +235,9 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
         case(
             f"cosine ({size}) none",
             lambda q=q, k=k, v=v, f=cos: f(q, k, v),
-            lambda q=q, k=k, v=v, s=cos.log_scale: torch.softmax(
-                s.exp() * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT, -1
-            ) @ v,
+            lambda q=q, k=k, v=v, s=cos.log_scale: (
+                torch.softmax(s.exp() * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT, -1) @ v
+            ),
         )
     # decoder step: additive, B=128, m=20, h=256
     dec = attnscore.AdditiveAttention(256, 256, 256).eval()
