@@ -241,17 +241,27 @@ def result_exact(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, out: Tens
     ran = call.ran
     if ran is None:
         return result_finite(q, out)
-    shows = ran.shows_queries(call)
-    if shows and call.kind == "none" and call.bias is None and not call.needs_grad:
-        return True
-    return _exact(call.needs_grad, ran.padding_inert(call), shows, q, k, v, out)
+    unmasked = call.kind == "none" and call.bias is None
+    inert, shows = ran.padding_inert(call), ran.shows_queries(call)
+    return _exact(call.needs_grad, inert, shows, q, k, v, out, unmasked=unmasked)
 
 
 def _exact(
-    needs_grad: bool, inert: bool, shows: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor
+    needs_grad: bool,
+    inert: bool,
+    shows: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    *,
+    unmasked: bool,
 ) -> bool:
     """:func:`result_exact` given what the implementation that ran declares (``inert``:
-    its padding reaches no gradient; ``shows``: its output shows a NaN query)."""
+    its padding reaches no gradient; ``shows``: its output shows a NaN query) and whether
+    the call has neither a mask nor a score bias (``unmasked``)."""
+    if unmasked and shows and not needs_grad:
+        return True  # exact by construction: nothing to look at
     if needs_grad and not inert:
         return finite_inputs(q, k, v)
     return result_finite(None if shows else q, out)
@@ -467,9 +477,8 @@ def unpadded_call(
         plan = planned(key)
         if plan is not None and plan.run is not None:
             done = plan.run(q, k, v)  # the choice for the first such call
-            if not (causal or grad) and plan.shows_queries:
-                return done  # nothing masked, inference: exact by construction (result_exact)
-            exact = _exact(grad, plan.padding_inert, plan.shows_queries, q, k, v, done)
+            inert, shows = plan.padding_inert, plan.shows_queries
+            exact = _exact(grad, inert, shows, q, k, v, done, unmasked=not causal)
             return done if exact else None
     if not _well_formed(q, k, v, same_d=True):
         return None
