@@ -19,8 +19,9 @@ Kept = tuple["weakref.ref[Tensor]", tuple[object, ...], Tensor]
 
 def project_once(module: nn.Module, slot: str, linear: nn.Module, x: Tensor) -> Tensor:
     """``linear(x)``, reused from ``module``'s earlier call while the same tensor ``x`` comes
-    back unchanged (the same object and version) and so do ``linear``'s weight and bias
-    (versions, memory and dtype: a load, an optimizer step and ``.to`` each change one).
+    back unchanged (the same object and version) and so do ``linear``'s parameters
+    (versions, memory and dtype: a load, an optimizer step and ``.to`` each change one;
+    :func:`_stamp`).
     Kept in ``module.__dict__[slot]`` (:data:`Kept`; a module pickles it as None).
 
     Nothing is kept with gradients enabled (it would tie the steps' autograd graphs), for
