@@ -123,21 +123,30 @@ def test_nan_and_inf_in_padded_keys_and_values_reach_no_gradient(
             return keras.ops.sum(out * R)
 
         fn = compiled(loss) if compile_it else loss
-        results = []
-        for kx, vx in ((bad_k, bad_v), (clean_k, clean_v)):
-            args = [tensor(x, "float64") for x in (q, kx, vx)] + ws
-            results.append((to_np(fn(*args)), gradients(fn, args)))
-        (value, grads), (clean_value, clean_grads) = results
-        assert np.isfinite(value) and value == clean_value
-        for g, clean in zip(grads, clean_grads, strict=True):
-            assert np.isfinite(g).all()
-            np.testing.assert_array_equal(g, clean)
+        grads = _same_as_clean(fn, q, (bad_k, bad_v), (clean_k, clean_v), ws)
         for b, used in enumerate(longest):
             assert np.all(grads[1][b, used:] == 0) and np.all(grads[2][b, used:] == 0)
         empty = np.broadcast_to(lens.reshape(B, -1), (B, N)) == 0
         assert np.all(grads[0][empty] == 0)
         out = layer(*(tensor(x, "float64") for x in (q, bad_k, bad_v)), lens)
         assert np.all(to_np(out)[empty] == 0) and np.isfinite(to_np(out)).all()
+
+
+def _same_as_clean(fn, q, bad, clean, weights=()):
+    """``fn(q, k, v, *weights)`` (a scalar loss, float64) on the keys and values ``bad``
+    (NaN or inf in padded rows) and ``clean`` (7.0 there): the same finite value and, bit
+    for bit, the same finite gradients (of q, k, v and the weights). Returns the bad
+    call's gradients."""
+    results = []
+    for kx, vx in (bad, clean):
+        args = [tensor(x, "float64") for x in (q, kx, vx)] + list(weights)
+        results.append((to_np(fn(*args)), gradients(fn, args)))
+    (value, grads), (clean_value, clean_grads) = results
+    assert np.isfinite(value) and value == clean_value
+    for g, clean_g in zip(grads, clean_grads, strict=True):
+        assert np.isfinite(g).all()
+        np.testing.assert_array_equal(g, clean_g)
+    return grads
 
 
 @pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
@@ -163,15 +172,7 @@ def test_one_query_with_nan_padding_matches_the_clean_call(scale, compile_it, rn
             return keras.ops.sum(layer(qx, kx, vx, lens_t) * R)
 
         fn = compiled(loss) if compile_it else loss
-        results = []
-        for kx, vx in ((bad_k, bad_v), (clean_k, clean_v)):
-            args = [tensor(x, "float64") for x in (q, kx, vx)]
-            results.append((to_np(fn(*args)), gradients(fn, args)))
-        (value, grads), (clean_value, clean_grads) = results
-        assert np.isfinite(value) and value == clean_value
-        for g, clean in zip(grads, clean_grads, strict=True):
-            assert np.isfinite(g).all()
-            np.testing.assert_array_equal(g, clean)
+        grads = _same_as_clean(fn, q, (bad_k, bad_v), (clean_k, clean_v))
         for b, n_used in enumerate(used):
             assert np.all(grads[1][b, n_used:] == 0) and np.all(grads[2][b, n_used:] == 0)
         out = to_np(layer(*(tensor(x, "float64") for x in (q, bad_k, bad_v)), lens_t))

@@ -218,11 +218,6 @@ def project_used(x: Any, weight: Any, bias: Any, used: Any) -> Any:
     return ops.custom_gradient(project)(*args)
 
 
-def all_finite(x: Any) -> Any:
-    """A scalar bool: every entry of ``x`` is finite."""
-    return ops.all(ops.isfinite(x))
-
-
 # XLA's CPU backend splits a reduction over a dimension longer than this into two more
 # ops (a windowed reduction, then the rest); see _folded_finite.
 _REDUCE_WINDOW = 32
