@@ -46,7 +46,7 @@ from .kernels._attention import (
     small_dot_product_attention,
     unpadded_call,
 )
-from .kernels._dispatch import Projection
+from .kernels._dispatch import NOTHING_CUT, Projection
 from .masking import build_mask
 from .normalizers import Normalizer, get_normalizer, score_factor
 from .registry import Param, ScorerSpec, get_scorer, unprojected
@@ -511,7 +511,8 @@ class ScorerAttention(Attention):
         self, queries: Tensor, keys: Tensor, values: Tensor, valid_lens: Tensor | None
     ) -> tuple[Tensor, Tensor | WeightsFn] | None:
         """Small inference calls by key lengths (:meth:`_lane`), one C pass on the CPU
-        (:func:`~attnscore.kernels._attention.small_dot_product_attention`)."""
+        (:func:`~attnscore.kernels._attention.small_dot_product_attention`); lengths that
+        cut no key (read there) as a call with nothing padded (:meth:`_unpadded`)."""
         lane = self._lane(queries, keys, small=True)
         if lane is None:
             return None
@@ -529,7 +530,9 @@ class ScorerAttention(Attention):
             return by_lengths[0], _weights_later(queries, keys, scale, m, valid_lens)
         projections = None if project is None else KeptProjections(project)
         taken = small_dot_product_attention(queries, keys, values, valid_lens, scale, projections)
-        if taken is None:
+        if taken is NOTHING_CUT:  # lengths that cut no key: no mask
+            return self._unpadded(queries, keys, values, False)
+        if not isinstance(taken, tuple):
             return None
         output, weights = taken  # the weights the pass wrote, if it did
         if weights is not None:

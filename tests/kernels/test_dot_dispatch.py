@@ -433,12 +433,13 @@ def test_loop_backward_leaves_no_thread_behind(thresholds, monkeypatch):
 
 def _returns(wanted):
     """Whether the CPU backend's small path ``wanted`` took each call (returned a result),
-    while the body of the fixture that yields it runs."""
-    results: list[bool] = []
+    while the body of the fixture that yields it runs: True, False, or for lengths that cut
+    no key what it returned then (``"nothing cut"``)."""
+    results: list[bool | str] = []
 
     def seen(name, _args, out):
         if name == wanted:
-            results.append(out is not None)
+            results.append(out if isinstance(out, str) else out is not None)
 
     with observed_cpu(seen):
         yield results
@@ -508,11 +509,11 @@ def test_small_module_calls_decline_what_they_do_not_take(lane):
     torch.testing.assert_close(module(q, k, v, strided), expected)
     half = module(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens).double()
     torch.testing.assert_close(half, expected, atol=4e-2, rtol=4e-2)
-    assert lane == [False, False, True]
+    assert lane == ["nothing cut", False, True]
     torch.testing.assert_close(module(q, k, v, lens.int()), expected)  # never offered
     torch.testing.assert_close(module(q, k, v, lens, causal=False), expected)  # a mask option
     torch.testing.assert_close(module(q.requires_grad_(), k, v, lens).detach(), expected)
-    assert lane == [False, False, True]
+    assert lane == ["nothing cut", False, True]
     q = q.detach()
     with pytest.raises(TypeError, match="Expected `keys` to have the dtype of `queries`"):
         module(q.float(), k, v, lens)
@@ -520,7 +521,7 @@ def test_small_module_calls_decline_what_they_do_not_take(lane):
         module(q, k, v, lens[:2])
     with pytest.raises(ValueError, match="Expected `valid_lens` to be non-negative, but got -1"):
         module(q, k, v, torch.tensor([1, -1, 2]))
-    assert lane == [False, False, True, False, False, False]
+    assert lane == ["nothing cut", False, True, False, False, False]
 
 
 def test_small_multi_head_inference_takes_the_one_step(lane):
@@ -709,6 +710,65 @@ def test_a_call_like_an_earlier_one_keeps_its_choice_until_what_decided_changes(
     torch.testing.assert_close(dot(q, k_t, v).double(), want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("bad", [None, "q", "k", "v"])
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize(
+    ("scoring", "dtype", "lengths"),
+    [
+        ("scaled_dot", torch.float32, "(B,)"),  # the small lane's
+        ("scaled_dot", torch.float32, "(B, n) above m"),
+        ("scaled_dot", torch.bfloat16, "(B,)"),  # the checked path's
+        ("general", torch.float32, "(B,)"),
+        ("cosine", torch.float32, "(B, n) above m"),
+    ],
+)
+def test_lengths_that_cut_no_key_run_as_no_mask(scoring, dtype, lengths, grad, bad):
+    """Key lengths of m or more (a batch with no padding) are no mask: the call runs as one
+    with nothing padded (``explain``: the unpadded lane, or the checked path's call as
+    "none"), its output, gradients and weights the float64 formulation's without a mask,
+    NaN in any input reaching the outputs and weights it reaches there."""
+    B, H, n, m, d = 2, 3, 5, 7, 8
+    g = torch.Generator().manual_seed(4)
+    clean = [torch.randn(B, H, s, d, generator=g, dtype=torch.float64) for s in (n, m, m)]
+    if bad is not None:
+        clean["qkv".index(bad)][1, 2, 3, 4] = math.nan
+    module = attnscore.make_scorer(scoring, query_size=d, key_size=d).eval()
+    module = module.to(dtype)
+    valid_lens = torch.full((B,), m) if lengths == "(B,)" else torch.full((B, n), m + 3)
+    inputs = [t.to(dtype).requires_grad_(grad) for t in clean]
+    with torch.set_grad_enabled(grad):
+        out = module(*inputs, valid_lens)
+        choice = attnscore.explain(module, *inputs, valid_lens).choices[0]
+    assert choice.route == "unpadded lane" or "none (lengths that cut no key)" in choice.call
+    ref = [t.detach().clone().requires_grad_(grad) for t in clean]
+    qr, kr = ref[0], ref[1]
+    if scoring == "general":
+        qr = qr @ module.W_a.weight.detach().double()
+    elif scoring == "cosine":
+        scale = module.log_scale.detach().double().exp()
+        qr, kr = scale * F.normalize(qr, dim=-1), F.normalize(kr, dim=-1)
+    scale = 1 / math.sqrt(d) if scoring == "scaled_dot" else 1.0
+    weights = torch.softmax(qr @ kr.mT * scale, -1)
+    want = weights @ ref[2]
+    tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.equal(out.isnan(), want.isnan())
+    torch.testing.assert_close(out.double().nan_to_num(), want.nan_to_num(), **tol)
+    got_weights = module.attention_weights.double()
+    assert torch.equal(got_weights.isnan(), weights.isnan())
+    torch.testing.assert_close(got_weights.nan_to_num(), weights.detach().nan_to_num(), **tol)
+    if grad:
+        upstream = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        got = torch.autograd.grad(out, inputs, upstream.to(dtype))
+        expected = torch.autograd.grad(want, ref, upstream)
+        for a, b in zip(got, expected, strict=True):
+            # With NaN in the inputs, gradients hold NaN only where the formulation's do
+            # (docs/masks.md: a NaN output's gradient is the route's own: the scorers'
+            # pipeline passes none back through it, the formulation's products do).
+            assert not (a.isnan() & ~b.isnan()).any()
+            if bad is None:
+                torch.testing.assert_close(a.double(), b, **tol)
+
+
 def test_projected_calls_keep_their_choice_with_their_own_projections(thresholds):
     """General and cosine attention with nothing padded keep, per signature, what took
     their first call (the kernel, run with each call's own projections, or their pipeline,
@@ -765,24 +825,28 @@ def test_calls_by_lengths_keep_their_choice_whatever_the_lengths(grad, threshold
                 torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5, msg=str(lens))
 
 
+@pytest.mark.parametrize("m", [40, 7], ids=["40 keys", "7 keys"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_the_result_check_reads_the_queries_only_where_sdpa_may_hide_a_nan_one(dtype, monkeypatch):
+def test_the_result_check_reads_the_queries_only_where_sdpa_may_hide_a_nan_one(
+    dtype, m, monkeypatch
+):
     """Where the probe finds that SDPA gives a NaN row for a NaN query (off the CPU it says
-    no), the result check of a call SDPA ran reads its output alone (and nothing without a
-    mask), else the queries too; a NaN query reaches exactly its own row either way (no
-    mask, a boolean mask, causal masking)."""
+    no; on it, below one vector of keys PyTorch's kernel gives zeros), the result check of
+    a call SDPA ran reads its output alone (and nothing without a mask), else the queries
+    too; a NaN query reaches exactly its own row either way (no mask, a boolean mask,
+    causal masking)."""
     from attnscore.kernels import _cpu
 
-    assert _sdpa.nan_queries_show("cuda", dtype) is False
-    shows = _sdpa.nan_queries_show("cpu", dtype)
+    assert _sdpa.nan_queries_show("cuda", dtype, m) is False
+    shows = _sdpa.nan_queries_show("cpu", dtype, m)
     read: list[torch.Tensor] = []
     scan = _cpu.all_finite
     monkeypatch.setattr(_cpu, "all_finite", lambda tensors: read.extend(tensors) or scan(tensors))
-    q, k, v, _ = _inputs((2, 3), 24, 40, dtype=dtype)
-    attend = torch.rand(24, 40, generator=torch.Generator().manual_seed(1)) > 0.3
+    q, k, v, _ = _inputs((2, 3), 24, m, dtype=dtype)
+    attend = torch.rand(24, m, generator=torch.Generator().manual_seed(1)) > 0.3
     attend[:, 0] = True
     for masks in ({}, {"attend_mask": attend}, {"causal": True}):
-        mask = build_mask(torch.Size([2, 3]), 24, 40, q.device, **masks)
+        mask = build_mask(torch.Size([2, 3]), 24, m, q.device, **masks)
         read.clear()
         with K.use("sdpa", "plain", ordered=True):
             K.dot_product_attention(q, k, v, mask, scale=0.3)

@@ -35,6 +35,9 @@ MASKS = ("none", "lengths (B,)", "lengths (B, n)", "bool", "causal", "causal + l
 CACHE = "cache lengths (B,)"
 """Decoding's mask (outside the matrix): the lengths a KV cache holds, uniform in [m/2, m]."""
 
+UNCUT = "lengths (B,) = m"
+"""A batch with nothing padded (outside the matrix): key lengths, each m."""
+
 SOFTMAX_MASKS = ("none", "lengths (B,)", "lengths (B, n)")
 """``masked_softmax(X, valid_lens)`` takes lengths only."""
 
@@ -51,6 +54,8 @@ class Masks:
         self.causal = kind.startswith("causal")
         if kind in ("lengths (B,)", "causal + lengths", CACHE):
             self.valid_lens = lengths(B, m, device, low=max(1, m // 2) if kind == CACHE else 1)
+        elif kind == UNCUT:
+            self.valid_lens = torch.full((B,), m, device=device)
         elif kind == "lengths (B, n)":
             self.valid_lens = torch.randint(1, m + 1, (B, n), generator=gen).to(device)
         elif kind == "bool":
@@ -58,7 +63,8 @@ class Masks:
             attend[..., 0] = True
             self.attend = attend.to(device)
         elif kind != "none" and kind != "causal":
-            raise ValueError(f"Expected a mask among {(*MASKS, CACHE)}, but got {kind!r} instead.")
+            known = (*MASKS, CACHE, UNCUT)
+            raise ValueError(f"Expected a mask among {known}, but got {kind!r} instead.")
 
     def kwargs(self) -> dict[str, Any]:
         """attnscore's mask arguments (``valid_lens`` positional as the textbook's)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -614,16 +615,17 @@ def small_dot_product_attention(
     valid_lens: object,
     scale: float,
     project: Projection | None = None,
-) -> tuple[Tensor, Tensor | None] | None:
+) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
     """The backend contract's ``small_dot_product_attention`` for calls :func:`_offered`
-    takes (outside :func:`attnscore.kernels.use`); None for every other call, which then
-    takes the checks and :func:`dot_product_attention`. The caller checks that ``project``
-    can run."""
+    takes (outside :func:`attnscore.kernels.use`): its result, or
+    :data:`~._dispatch.NOTHING_CUT` (the caller then runs the call as one with nothing
+    padded); None for every other call, which then takes the checks and
+    :func:`dot_product_attention`. The caller checks that ``project`` can run."""
     if not _offered(q, k, v, valid_lens) or restricted():
         return None
     assert isinstance(q, Tensor)
     taken = backend_for(q, "small_dot_product_attention")(q, k, v, valid_lens, scale, project)
-    if taken is not None and watched():
+    if isinstance(taken, tuple) and watched():
         assert isinstance(k, Tensor) and isinstance(v, Tensor)
         _record_small(q, k, v, _SMALL_LANE[taken[1] is None])
     return taken  # type: ignore[no-any-return]

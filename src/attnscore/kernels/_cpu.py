@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from .._mask import AttentionMask
 from .._thresholds import value
 from . import _build, _measured, _plain, _sdpa
 from ._build import has_float16, load_library
-from ._dispatch import enabled
+from ._dispatch import NOTHING_CUT, enabled
 from ._select import AttentionCall, Implementation, Runner
 
 _pool: ThreadPoolExecutor | None = None
@@ -588,12 +588,13 @@ def _small_pass(
 
 def _small_layout(
     q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int, dtypes: Container[Any]
-) -> tuple[int, int] | None:
+) -> tuple[int, int] | Literal["nothing cut"] | None:
     """The checks a call from the caller's tensors passes (both kinds of scores): q (B, n,
     ·) or (B, H, n, ·), k and v alike, one dtype among ``dtypes``, on the CPU, lengths (B,)
-    or q.shape[:-1], contiguous, none negative and some below m (lengths that cut nothing
-    are for attention with nothing padded, as everywhere). Returns how many rows share a
-    length and the call's work (multiply-adds, ``features`` per score), or None."""
+    or q.shape[:-1], contiguous, none negative and some below m. Returns how many rows
+    share a length and the call's work (multiply-adds, ``features`` per score);
+    :data:`NOTHING_CUT` where only the last fails (attention with nothing padded, as
+    everywhere); else None."""
     # (each Tensor attribute read once: this runs on every small call)
     ndim, qs, ks, vs = q.ndim, q.shape, k.shape, v.shape
     if (
@@ -615,9 +616,9 @@ def _small_layout(
     ):
         return None
     read = _callers_lengths(valid_lens, qs[:-1])
-    if read is None or read[1] >= m:  # bad (the checks name it) or nothing cut
+    if read is None:  # (bad ones: the checks name them)
         return None
-    return read[0], q.numel() // d * m * (features + dv)
+    return NOTHING_CUT if read[1] >= m else (read[0], q.numel() // d * m * (features + dv))
 
 
 def small_dot_product_attention(
@@ -627,17 +628,18 @@ def small_dot_product_attention(
     valid_lens: Tensor,
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
-) -> tuple[Tensor, Tensor | None] | None:
+) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
     """Backend contract (C kernels), for calls :func:`_small_layout` takes (at mid sizes the
     layers between cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
     and float64 the C pass of :func:`_small_pass`, which writes the weights as well (one
     (..., n, m) tensor costs less than keeping copies of the inputs); above it and in 16
-    bits the kernel by lengths (:func:`_by_lengths_forward`) where it runs, no weights."""
+    bits the kernel by lengths (:func:`_by_lengths_forward`) where it runs, no weights;
+    :data:`~._dispatch.NOTHING_CUT` for lengths that cut no key, at any size."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
     taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
-    if taken is None:
-        return None
+    if not isinstance(taken, tuple):
+        return taken
     div, work = taken
     whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
     if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_declines(q, k, v) is not None):
@@ -674,7 +676,7 @@ def small_additive_attention(
     ``_SMALL_WORK`` multiply-adds (float32, float64): one C pass of each query row's scores
     over its valid keys only, their softmax and the weighted values."""
     taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
-    if taken is None or taken[1] > _SMALL_WORK:
+    if not isinstance(taken, tuple) or taken[1] > _SMALL_WORK:
         return None
     div = taken[0]
     qh, kh, w = (t.contiguous() for t in project(q, k))
@@ -1320,21 +1322,15 @@ def _kernel_declines(call: AttentionCall) -> str | None:
 
 
 def _lengths_decline(call: AttentionCall) -> str | None:
-    """Why lengths give the per-example loops nothing to skip: no lengths, this torch's
-    SDPA not giving zeros for rows with no key (the loops rely on it), or lengths that cut
-    no key."""
+    """Why lengths give the per-example loops nothing to skip: no lengths, or this torch's
+    SDPA not giving zeros for rows with no key (the loops rely on it). (Lengths that cut no
+    key never reach them: :meth:`~._select.AttentionCall.drop_uncut_lengths`.)"""
     kind = call.kind
     if kind != "lengths":
         return f"no lengths to skip by (mask: {kind})"
     if not _sdpa.empty_rows_are_zero("cpu"):
         return "this torch's SDPA gives no zeros for rows with no key"
-    return _cuts_no_key(call)
-
-
-def _cuts_no_key(call: AttentionCall) -> str | None:
-    """Why a C kernel's lengths give it nothing to skip: lengths that cut no key (the C
-    kernels write zeros for rows with no key themselves)."""
-    return "the lengths cut no key" if call.shortest >= call.k.shape[-2] else None
+    return None
 
 
 class SmallPass(Implementation):
@@ -1357,7 +1353,7 @@ class SmallPass(Implementation):
             return f"{call.work} multiply-adds, above small_work ({_SMALL_WORK})"
         if load_library() is None:
             return "the C library is not loaded"
-        return _cuts_no_key(call)
+        return None
 
     def padding_inert(self, call: AttentionCall) -> bool:
         return True  # (padding never read; no gradients either)
@@ -1406,7 +1402,7 @@ class ByLengths(Implementation):
             return _by_lengths_declines(call.q, call.k, call.v) or _unpadded_pays(call, self)
         if work < _BY_LENGTHS_WORK:
             return f"{work} multiply-adds, below by_lengths_work ({_BY_LENGTHS_WORK})"
-        return _by_lengths_declines(call.q, call.k, call.v) or _cuts_no_key(call)
+        return _by_lengths_declines(call.q, call.k, call.v)
 
     def padding_inert(self, call: AttentionCall) -> bool:
         return True  # keys beyond an (example, head)'s longest length are never read

@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -37,6 +37,11 @@ Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 AdditiveProjection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(queries, keys) -> (W_q q [+ b], W_k k, w_v) of additive attention."""
+
+NOTHING_CUT: Final = "nothing cut"
+"""What a small path returns (:meth:`Backend.small_dot_product_attention`) for a call it
+would take but for its lengths, which cut no key: the caller runs it as a call with
+nothing padded (it read the lengths: the caller need not)."""
 
 
 @runtime_checkable
@@ -105,15 +110,16 @@ class Backend(Protocol):
         valid_lens: Tensor,
         scale: float,
         project: Projection | None,
-    ) -> tuple[Tensor, Tensor | None] | None:
+    ) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
         """An inference call small enough for one thread, q (B, n, d) or (B, H, n, d), k, v
         alike, int64 ``valid_lens`` as the caller got them (unchecked): (output, the weights
         (..., n, m) where the backend wrote them, else None) where the backend runs such
         calls whole and everything fits (one dtype, lengths (B,) or q.shape[:-1], none
-        negative, some key cut); None otherwise (the caller then checks and takes the
-        general path). ``project``, when given, maps (q, k) to the vectors
-        whose dot products are the scores (general: q W_a; cosine: unit vectors), applied
-        only once the call is taken: q may then differ from k in size."""
+        negative, some key cut); :data:`NOTHING_CUT` where all that holds but no length
+        cuts a key; None otherwise (the caller then checks and takes the general path).
+        ``project``, when given, maps (q, k) to the vectors whose dot products are the
+        scores (general: q W_a; cosine: unit vectors), applied only once the call is
+        taken: q may then differ from k in size."""
 
     def small_additive_attention(
         self,

@@ -22,6 +22,7 @@ query/key size, dv value size. Everything here takes the 4-D layout (B, H, n, d)
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -65,41 +66,56 @@ def _probe_empty_rows(device_type: str) -> bool:
 
 
 @constant_when_compiling
-def nan_queries_show(device_type: str, dtype: torch.dtype) -> bool:
+def nan_queries_show(device_type: str, dtype: torch.dtype, m: int) -> bool:
     """Whether SDPA on this device type and dtype gives a NaN output row for a query that
-    holds NaN, so that a result's check need not read the queries
-    (:meth:`Sdpa.shows_queries`; some versions returned zeros for it). Probed once per
-    device type and dtype on the CPU, on every path its calls take: without a mask, with a
-    boolean and a float mask and causal masking, one query and a tile of them, with and
-    without gradients (a constant for torch.compile). Elsewhere False (several GPU kernels
-    may serve one call)."""
-    return _probe_nan_queries(device_type, dtype)
+    holds NaN, over ``m`` keys, so that a result's check need not read the queries
+    (:meth:`Sdpa.shows_queries`). PyTorch's CPU kernel returns zeros for it where m is
+    below one vector of its dtype (a row reduced by its scalar tail alone drops the NaN:
+    16 keys in float32 with AVX-512), so this holds from the smallest m from which the
+    probe saw every call show it (:func:`_nan_queries_shown_from`); elsewhere False
+    (several GPU kernels may serve one call). A constant for torch.compile."""
+    return m >= _nan_queries_shown_from(device_type, dtype)
+
+
+#: The key counts probed: each one up to 17, and both sides of 32 and 64 (a vector of
+#: float32 or float64 on any x86 or Arm SIMD width holds at most 16 entries).
+_PROBED_KEYS = (*range(1, 18), 31, 32, 33, 63, 64, 65)
 
 
 @functools.cache
-def _probe_nan_queries(device_type: str, dtype: torch.dtype) -> bool:
+def _nan_queries_shown_from(device_type: str, dtype: torch.dtype) -> float:
+    """The smallest probed m from which every probed call of SDPA over at least m keys
+    shows a NaN query in its output row (inf where the largest does not, and off the CPU):
+    one query and a tile of them, without a mask, with a boolean and a float mask and
+    causal masking (the NaN in the last query, which attends every key), with and without
+    gradients. Probed once per device type and dtype."""
     if device_type != "cpu":
-        return False
+        return math.inf
     generator = torch.Generator().manual_seed(0)
+    shown_from = math.inf
     with torch.inference_mode(False):
-        for n, m, d in ((1, 16, 16), (24, 40, 64)):
-            q, k, v = (torch.randn(1, 2, s, d, generator=generator).to(dtype) for s in (n, m, m))
-            q[0, 0, 0, 1] = float("nan")
-            allowed = torch.ones(n, m, dtype=torch.bool).tril(m - n)
-            bias = torch.zeros(n, m, dtype=dtype).masked_fill(~allowed, float("-inf"))
-            masks: tuple[dict[str, Any], ...] = (
-                {},
-                {"attn_mask": allowed},
-                {"attn_mask": bias},
-                {"is_causal": True},
-            )
-            for grad in (False, True):
-                for kwargs in masks:
-                    with torch.set_grad_enabled(grad):
-                        out = F.scaled_dot_product_attention(q.requires_grad_(grad), k, v, **kwargs)
-                    if not bool(out[0, 0, 0].isnan().all()):
-                        return False
-    return True
+        for m in reversed(_PROBED_KEYS):
+            for n in (1, 24):
+                sizes = (n, m, m)
+                q, k, v = (torch.randn(1, 2, s, 16, generator=generator).to(dtype) for s in sizes)
+                q[0, 0, n - 1, 1] = float("nan")
+                allowed = torch.ones(n, m, dtype=torch.bool).tril(max(m - n, 0))
+                bias = torch.zeros(n, m, dtype=dtype).masked_fill(~allowed, float("-inf"))
+                masks: tuple[dict[str, Any], ...] = (
+                    {},
+                    {"attn_mask": allowed},
+                    {"attn_mask": bias},
+                    {"is_causal": True},
+                )
+                for grad in (False, True):
+                    for kwargs in masks:
+                        with torch.set_grad_enabled(grad):
+                            q.requires_grad_(grad)
+                            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+                        if not bool(out[0, 0, n - 1].isnan().all()):
+                            return shown_from
+            shown_from = m
+    return shown_from
 
 
 def unmasked(q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float) -> Tensor:
@@ -334,7 +350,7 @@ class Sdpa(Implementation):
         return None
 
     def shows_queries(self, call: AttentionCall) -> bool:
-        return nan_queries_show(call.device, call.q.dtype)
+        return nan_queries_show(call.device, call.q.dtype, call.k.shape[-2])
 
     def padding_inert(self, call: AttentionCall) -> bool:
         # A mask: :func:`masked` zeroes the padding where it is not finite. Causal masking
@@ -374,8 +390,6 @@ class Sdpa(Implementation):
                 return sdpa(q4, k4, v4, scale=scale, dropout_p=p).squeeze(1)
             return sdpa(as_4d(q), as_4d(k), as_4d(v), scale=scale, dropout_p=p)
         if kind == "lengths" and call.read_lengths:  # what an implementation ahead read
-            if call.shortest == k.shape[-2]:  # lengths that cut nothing: no mask at all
-                return unmasked(q, k, v, scale=scale, dropout_p=p)
             has_idle = call.shortest == 0
             return masked(
                 q, k, v, mask, scale=scale, dropout_p=p, lengths=call.lengths, has_idle=has_idle

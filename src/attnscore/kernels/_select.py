@@ -206,6 +206,24 @@ class AttentionCall:
             self._shortest = value_range(self.lengths)[0]
         return self._shortest
 
+    def drop_uncut_lengths(self) -> bool:
+        """Make a call by lengths that cut no key (each at least m: every query attends
+        every key) a call with no mask, where the lengths can be read (an eager CPU call:
+        one read, which the candidates would make anyway); whether it did. Such lengths are
+        padding that is not there: without the mask every candidate takes the call as it
+        takes one with nothing padded (the mask's own path builds, lays out and applies a
+        mask that changes nothing), and its result is the plain formulation's, NaN and zero
+        rows included (no row is empty)."""
+        if self.kind != "lengths" or self.device != "cpu" or self.traced:
+            return False
+        m = self.mask.m
+        if self.shortest < m:
+            return False
+        self.mask, self.kind = AttentionMask(n=self.mask.n, m=m), "none"
+        self._lengths = self._shortest = None
+        self.notes["as"] = "none (lengths that cut no key)"
+        return True
+
     def projected(self) -> tuple[Tensor, Tensor, Tensor]:
         """(q, k, v) as the scores read them: padding zeroed by ``inert`` and q, k through
         ``project``, where given (once per call)."""
@@ -445,6 +463,8 @@ def choose(
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
+    if call.drop_uncut_lengths():
+        plan = None  # (decided by the lengths' values, which no plan's key holds)
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
     kept = None if plan is None else planned(plan)
@@ -570,7 +590,8 @@ def _described(call: AttentionCall) -> str:
     head = f"d {d}" if d == dv else f"d {d}, dv {dv}"
     step = "training" if call.needs_grad else "inference"
     dtype = str(call.q.dtype).removeprefix("torch.")
-    return f"mask {call.kind}, B·H {pairs}, n {n}, m {m}, {head}, {dtype}, {step}"
+    mask = call.notes.get("as", call.kind)
+    return f"mask {mask}, B·H {pairs}, n {n}, m {m}, {head}, {dtype}, {step}"
 
 
 def _rows(
