@@ -16,13 +16,15 @@ the ratio to PyTorch's call, timed in the same process, corrects for the drift.
     python tools/ab_compare.py /tmp/old/src src --rounds 5 [CASE SUBSTRINGS ...]
 
 Prints one row per case: the median ms of each, new/old, and (``--processes``) each one's
-ratio to PyTorch's call, or (one process) new minus old in microseconds (2 threads,
-torch.utils.benchmark medians).
+ratio to PyTorch's call, or (one process) new minus old in microseconds and new's ratio to
+PyTorch's call timed in the same rounds (``--threads``, default 2; torch.utils.benchmark
+medians).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -35,6 +37,9 @@ import tempfile
 from types import ModuleType
 from typing import Any
 
+THREADS = 2
+"""Torch threads for every timed call (``--threads``)."""
+
 
 def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     """Every case, name -> (attnscore's call, PyTorch's or None), on inputs from a fixed
@@ -42,7 +47,12 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
+    # as the bench does: freed blocks stay in the heap (otherwise whether a call's buffers
+    # fault in fresh pages decides its time; attnscore._memory.keep_freed_memory, which
+    # trees before it lack: in one process the new tree's call covers both)
+    with contextlib.suppress(ModuleNotFoundError):
+        importlib.import_module(f"{attnscore.__name__}._memory").keep_freed_memory()
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
 
@@ -257,7 +267,8 @@ def _timed(name: str, fn: Any, min_run_time: float) -> float:
     with torch.enable_grad() if "bwd" in name else torch.no_grad():
         fn()
         fn()
-        timer = benchmark.Timer("fn()", globals={"fn": fn})
+        # (Timer's own default is one thread: time on the process's, as the bench does)
+        timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
         return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
@@ -310,19 +321,27 @@ def one_process(old: str, new: str, only: list[str], rounds: int) -> int:
             sys.stderr.write(f"attnscore was imported from {where}, not {new}\n")
             return 1
         cases = {tag: cases_of(package) for tag, package in packages.items()}
-        print(f"{'case':40s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s} {'new-old us':>10s}")
+        print(f"{'case':40s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s} {'new-old us':>10s} "
+              f"{'new/torch':>9s}")  # fmt: skip
         for name in cases["new"]:
             if not _wanted(name, only) or name not in cases["old"]:
                 continue
-            times: dict[str, list[float]] = {"old": [], "new": []}
+            times: dict[str, list[float]] = {"old": [], "new": [], "torch": []}
+            base = cases["new"][name][1]
             for r in range(rounds):
                 for tag in ("old", "new") if r % 2 == 0 else ("new", "old"):
                     times[tag].append(_timed(name, cases[tag][name][0], 0.2))
+                if base is not None:  # (PyTorch's call in the same round, for new/torch)
+                    times["torch"].append(_timed(name, base, 0.2))
             ratio = statistics.median(
                 n / o for o, n in zip(times["old"], times["new"], strict=True)
             )
             o, n = (statistics.median(times[tag]) * 1e3 for tag in ("old", "new"))
-            print(f"{name:40s} {o:9.4f} {n:9.4f} {ratio:7.3f}x {(n - o) * 1e3:+10.2f}")
+            vs = "-"
+            if times["torch"]:
+                pairs = zip(times["new"], times["torch"], strict=True)
+                vs = f"{statistics.median(a / b for a, b in pairs):.2f}x"
+            print(f"{name:40s} {o:9.4f} {n:9.4f} {ratio:7.3f}x {(n - o) * 1e3:+10.2f} {vs:>9s}")
     finally:
         shutil.rmtree(into, ignore_errors=True)
     return 0
@@ -334,11 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", help="the new tree's src folder")
     parser.add_argument("cases", nargs="*", help="only cases whose name contains one of these")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument(
         "--processes", action="store_true", help="each round in its own process (old trees)"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_intermixed_args(argv)
+    global THREADS
+    THREADS = args.threads
     if args.worker:
         worker(args.cases)
         return 0
@@ -353,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PYTHONPATH": trees[tag]}
             env["ATTNSCORE_CACHE"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ab-{tag}")
             cmd = [sys.executable, __file__, args.old, args.new, *args.cases, "--worker"]
+            cmd += ["--threads", str(args.threads)]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode:
                 sys.stderr.write(proc.stderr[-3000:])
