@@ -255,6 +255,25 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     qd = rn(128, 1, 256)
     Ld = lens_b(128, 20)
     case("decoder_step", lambda: dec(qd, enc, enc, Ld))
+    # lengths that cut no key (a batch without padding), against SDPA with the all-True
+    # mask a user's code builds from them
+    uncut = attnscore.DotProductAttention().eval()
+    for name, shape, dt in (
+        ("tiny", (2, 1, 4, 8, 8), torch.float32),
+        ("mid", (2, 1, 64, 64, 32), torch.float32),
+        ("serving", (8, 12, 128, 128, 64), torch.bfloat16),
+    ):
+        B, H, n, m, d = shape
+        qu, ku, vu = rn(B, H, n, d, dt=dt), rn(B, H, m, d, dt=dt), rn(B, H, m, d, dt=dt)
+        Lu = torch.full((B,), m)
+        every = torch.arange(m) < Lu.view(B, 1, 1, 1)
+        case(
+            f"uncut lengths {name} {shape}",
+            lambda q=qu, k=ku, v=vu, L=Lu: uncut(q, k, v, L),
+            lambda q=qu, k=ku, v=vu, mask=every: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask
+            ),
+        )
     return cases
 
 

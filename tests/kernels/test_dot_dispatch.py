@@ -270,7 +270,10 @@ def sdpa_calls(monkeypatch):
     return calls
 
 
-def test_nothing_to_skip_is_one_sdpa_call(sdpa_calls):
+def test_nothing_to_skip_is_one_sdpa_call(sdpa_calls, thresholds):
+    """No mask, causal masking alone and lengths that cut no key: one call of SDPA without
+    a mask (above the small pass's size, which takes such calls too)."""
+    thresholds(small_work=-1)
     q, k, v, _ = _inputs((4,), 16, 16)
     full = torch.full((4,), 16)
     for kwargs, causal in (({}, False), ({"causal": True}, True), ({"valid_lens": full}, False)):
@@ -280,6 +283,30 @@ def test_nothing_to_skip_is_one_sdpa_call(sdpa_calls):
         assert len(sdpa_calls) == 1, kwargs
         assert sdpa_calls[0]["mask"] is None and sdpa_calls[0]["causal"] is causal
         assert sdpa_calls[0]["q"] == (4, 1, 16, 8)  # the 4-D layout
+
+
+@pytest.mark.parametrize("bad", [None, "q", "k", "v"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_small_calls_without_a_mask_take_the_pass_and_carry_nan(bad, dtype):
+    """A small inference call without a mask runs the C pass (every row over every key),
+    plans kept (second call) too; NaN anywhere gives the float64 formulation's NaN (the
+    pass declines, the next candidate runs), a NaN query its own row's, below the 16 keys
+    where SDPA's CPU kernel hides it."""
+    B, n, m, d = 3, 4, 7, 8
+    module = attnscore.DotProductAttention().eval()
+    for _ in range(2):
+        q, k, v, _ = _inputs((B,), n, m, d=d, dv=d, dtype=torch.float64)
+        if bad is not None:
+            {"q": q, "k": k, "v": v}[bad][1, 2, 3] = math.nan
+        with torch.no_grad():
+            out = module(q.to(dtype), k.to(dtype), v.to(dtype))
+        want = torch.softmax(q @ k.mT / math.sqrt(d), -1) @ v
+        assert torch.equal(out.isnan(), want.isnan())
+        tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+        torch.testing.assert_close(out.double().nan_to_num(), want.nan_to_num(), **tol)
+    q, k, v, _ = _inputs((B,), n, m, d=d, dv=d, dtype=dtype)
+    with torch.no_grad():
+        assert attnscore.explain(module, q, k, v).chosen == ["c_small"]
 
 
 def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
@@ -509,11 +536,11 @@ def test_small_module_calls_decline_what_they_do_not_take(lane):
     torch.testing.assert_close(module(q, k, v, strided), expected)
     half = module(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens).double()
     torch.testing.assert_close(half, expected, atol=4e-2, rtol=4e-2)
-    assert lane == ["nothing cut", False, True]
+    assert lane == [True, False, True]  # (lengths that cut nothing: the pass, as no mask)
     torch.testing.assert_close(module(q, k, v, lens.int()), expected)  # never offered
     torch.testing.assert_close(module(q, k, v, lens, causal=False), expected)  # a mask option
     torch.testing.assert_close(module(q.requires_grad_(), k, v, lens).detach(), expected)
-    assert lane == ["nothing cut", False, True]
+    assert lane == [True, False, True]
     q = q.detach()
     with pytest.raises(TypeError, match="Expected `keys` to have the dtype of `queries`"):
         module(q.float(), k, v, lens)
@@ -521,7 +548,7 @@ def test_small_module_calls_decline_what_they_do_not_take(lane):
         module(q, k, v, lens[:2])
     with pytest.raises(ValueError, match="Expected `valid_lens` to be non-negative, but got -1"):
         module(q, k, v, torch.tensor([1, -1, 2]))
-    assert lane == ["nothing cut", False, True, False, False, False]
+    assert lane == [True, False, True, False, False, False]
 
 
 def test_small_multi_head_inference_takes_the_one_step(lane):
@@ -724,9 +751,9 @@ def test_a_call_like_an_earlier_one_keeps_its_choice_until_what_decided_changes(
 )
 def test_lengths_that_cut_no_key_run_as_no_mask(scoring, dtype, lengths, grad, bad):
     """Key lengths of m or more (a batch with no padding) are no mask: the call runs as one
-    with nothing padded (``explain``: the unpadded lane, or the checked path's call as
-    "none"), its output, gradients and weights the float64 formulation's without a mask,
-    NaN in any input reaching the outputs and weights it reaches there."""
+    with nothing padded (``explain``: the small pass or the unpadded lane, or the checked
+    path's call as "none"), its output, gradients and weights the float64 formulation's
+    without a mask, NaN in any input reaching the outputs and weights it reaches there."""
     B, H, n, m, d = 2, 3, 5, 7, 8
     g = torch.Generator().manual_seed(4)
     clean = [torch.randn(B, H, s, d, generator=g, dtype=torch.float64) for s in (n, m, m)]
@@ -739,7 +766,8 @@ def test_lengths_that_cut_no_key_run_as_no_mask(scoring, dtype, lengths, grad, b
     with torch.set_grad_enabled(grad):
         out = module(*inputs, valid_lens)
         choice = attnscore.explain(module, *inputs, valid_lens).choices[0]
-    assert choice.route == "unpadded lane" or "none (lengths that cut no key)" in choice.call
+    ran_unmasked = choice.route in ("small lane", "unpadded lane")  # (the small pass: m each)
+    assert ran_unmasked or "none (lengths that cut no key)" in choice.call
     ref = [t.detach().clone().requires_grad_(grad) for t in clean]
     qr, kr = ref[0], ref[1]
     if scoring == "general":

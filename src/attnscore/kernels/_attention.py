@@ -478,6 +478,8 @@ def unpadded_call(
         plan = planned(key)
         if plan is not None and plan.run is not None:
             done = plan.run(q, k, v)  # the choice for the first such call
+            if done is None:  # (declined once it ran: not finite; the checked path carries it)
+                return None
             inert, shows = plan.padding_inert, plan.shows_queries
             exact = _exact(grad, inert, shows, q, k, v, done, unmasked=not causal)
             return done if exact else None

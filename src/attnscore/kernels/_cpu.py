@@ -588,13 +588,12 @@ def _small_pass(
 
 def _small_layout(
     q: Tensor, k: Tensor, v: Tensor, valid_lens: Tensor, features: int, dtypes: Container[Any]
-) -> tuple[int, int] | Literal["nothing cut"] | None:
+) -> tuple[int, int, bool] | None:
     """The checks a call from the caller's tensors passes (both kinds of scores): q (B, n,
     ·) or (B, H, n, ·), k and v alike, one dtype among ``dtypes``, on the CPU, lengths (B,)
-    or q.shape[:-1], contiguous, none negative and some below m. Returns how many rows
-    share a length and the call's work (multiply-adds, ``features`` per score);
-    :data:`NOTHING_CUT` where only the last fails (attention with nothing padded, as
-    everywhere); else None."""
+    or q.shape[:-1], contiguous, none negative. Returns how many rows share a length, the
+    call's work (multiply-adds, ``features`` per score) and whether some length cuts a key
+    (below m); else None."""
     # (each Tensor attribute read once: this runs on every small call)
     ndim, qs, ks, vs = q.ndim, q.shape, k.shape, v.shape
     if (
@@ -618,7 +617,7 @@ def _small_layout(
     read = _callers_lengths(valid_lens, qs[:-1])
     if read is None:  # (bad ones: the checks name them)
         return None
-    return NOTHING_CUT if read[1] >= m else (read[0], q.numel() // d * m * (features + dv))
+    return read[0], q.numel() // d * m * (features + dv), read[1] < m
 
 
 def small_dot_product_attention(
@@ -634,14 +633,17 @@ def small_dot_product_attention(
     and float64 the C pass of :func:`_small_pass`, which writes the weights as well (one
     (..., n, m) tensor costs less than keeping copies of the inputs); above it and in 16
     bits the kernel by lengths (:func:`_by_lengths_forward`) where it runs, no weights;
-    :data:`~._dispatch.NOTHING_CUT` for lengths that cut no key, at any size."""
+    above the pass, :data:`~._dispatch.NOTHING_CUT` for lengths that cut no key (the pass
+    takes them: nothing cut is every length m)."""
     if project is None and k.shape[-1] != q.shape[-1]:
         return None
     taken = _small_layout(q, k, v, valid_lens, k.shape[-1], _SMALL_DTYPES)
-    if not isinstance(taken, tuple):
-        return taken
-    div, work = taken
+    if taken is None:
+        return None
+    div, work, cut = taken
     whole = work <= _SMALL_WORK and q.dtype in _SMALL_SUFFIX  # else the kernel by lengths
+    if not (whole or cut):
+        return NOTHING_CUT
     if not whole and (work < _BY_LENGTHS_WORK or _by_lengths_declines(q, k, v) is not None):
         return None
     if project is not None:
@@ -676,7 +678,7 @@ def small_additive_attention(
     ``_SMALL_WORK`` multiply-adds (float32, float64): one C pass of each query row's scores
     over its valid keys only, their softmax and the weighted values."""
     taken = _small_layout(q, k, v, valid_lens, hidden, _SMALL_SUFFIX)
-    if not isinstance(taken, tuple) or taken[1] > _SMALL_WORK:
+    if taken is None or taken[1] > _SMALL_WORK:
         return None
     div = taken[0]
     qh, kh, w = (t.contiguous() for t in project(q, k))
@@ -1333,14 +1335,30 @@ def _lengths_decline(call: AttentionCall) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _every_key(m: int) -> Tensor:
+    """One length m, (1,) int64, for the small pass of a call without a mask (every row
+    shares it). Kept: the pass only reads it."""
+    return torch.full((1,), m, dtype=torch.int64)
+
+
+def _small_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | None:
+    """:func:`_small_pass` of a call without a mask (q (..., n, d), k, v alike): every row
+    over every key."""
+    rows = q.numel() // q.shape[-1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _small_pass(q, k, v, _every_key(k.shape[-2]), max(rows, 1), scale)
+
+
 class SmallPass(Implementation):
-    """Small inference calls by lengths in one C pass (:func:`_small_pass`): every
-    query over its own keys, padding never read, nothing zeroed and no mask built; up to
-    ``small_work`` multiply-adds. float32 and float64."""
+    """Small inference calls by lengths, or without a mask, in one C pass
+    (:func:`_small_pass`): every query over its own keys, padding never read, nothing
+    zeroed and no mask built; up to ``small_work`` multiply-adds (where SDPA's fixed cost
+    is most of a call). float32 and float64."""
 
     name = "c_small"
-    summary = "one C pass for small inference calls by lengths (float32, float64)"
-    kinds = frozenset({"lengths"})
+    summary = "one C pass for small inference calls (float32, float64)"
+    kinds = frozenset({"none", "lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         if call.needs_grad or call.dropout_p:  # (first: training calls are decided here)
@@ -1361,10 +1379,19 @@ class SmallPass(Implementation):
     def shows_queries(self, call: AttentionCall) -> bool:
         return True  # (it declines a call whose scores are not finite)
 
+    def prepare(self, call: AttentionCall) -> Runner | None:
+        if call.kind != "none" or call.project or call.inert:
+            return None
+        return functools.partial(_small_unmasked, scale=call.scale)
+
     def run(self, call: AttentionCall) -> Tensor | None:
-        q, k, v = call.projected()  # (B, H, n, ·): lengths (B or 1, H or 1, n or 1)
+        q, k, v = call.projected()  # lengths: (B, H, n, ·), lengths (B or 1, H or 1, n or 1)
         out = None
-        if q.dtype in _SMALL_SUFFIX:  # (under autocast projections change the dtype)
+        if q.dtype not in _SMALL_SUFFIX:  # (under autocast projections change the dtype)
+            pass
+        elif call.kind == "none":
+            out = _small_unmasked(q, k, v, call.scale)
+        else:
             B, H, n, _ = q.shape
             shared, div = _shared_lengths(call.lengths.expand(B, H, n))
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

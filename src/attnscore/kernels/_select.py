@@ -72,8 +72,9 @@ WHERE: dict[str, str] = {
 #: the scorer's own pipeline (scores, normalizer, dropout, weighted sum) ran it.
 PIPELINE = "pipeline"
 
-Runner = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""(q, k, v) -> output: an implementation's run of the calls of one plan (:func:`planned`)."""
+Runner = Callable[[Tensor, Tensor, Tensor], Tensor | None]
+"""(q, k, v) -> output: an implementation's run of the calls of one plan (:func:`planned`);
+None where it declines once it ran (as :meth:`Implementation.run`)."""
 
 
 class AttentionCall:
