@@ -467,7 +467,7 @@ def unpadded_call(
     d for q and k); None for every other call, which then takes the checks (and their
     errors), and for calls whose inputs are not all finite (the checked path carries them;
     the call finds out after it ran: :func:`result_exact`)."""
-    key = None
+    key = plan = None
     layout = _eager_layout(q, k, v)
     if layout is not None:  # (and so q, k, v are tensors)
         assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
@@ -483,7 +483,8 @@ def unpadded_call(
             inert, shows = plan.padding_inert, plan.shows_queries
             exact = _exact(grad, inert, shows, q, k, v, done, unmasked=not causal)
             return done if exact else None
-    if not _well_formed(q, k, v, same_d=True):
+    # (a plan is kept for well-formed calls only, and its key holds every fact read here)
+    if plan is None and not _well_formed(q, k, v, same_d=True):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     call = AttentionCall(
@@ -495,7 +496,7 @@ def unpadded_call(
         dropout_p=dropout_p,
         traced=False,
     )
-    out = choose(call, route="unpadded lane", plan=key)
+    out = choose(call, route="unpadded lane", plan=key, kept=plan)
     assert out is not None
     return out if result_exact(call, q, k, v, out) else None
 
@@ -555,7 +556,7 @@ def projected_call(
     implementations do not take and for calls that are not well-formed
     (:func:`_well_formed`): they take the checked path. The caller checks that
     ``project`` can run on q and k."""
-    key = None
+    key = plan = None
     layout = _eager_layout(q, k, v)
     if layout is not None:  # the facts the choice depends on (:func:`planned`), not the
         # projection's (its parameters' gradients too: grad mode, not requires_grad)
@@ -566,7 +567,8 @@ def projected_call(
         # No implementation took the first such call: the pipeline, without a call made.
         if plan is not None and plan.impl.name == "plain":
             return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
-    if not _well_formed(q, k, v, same_d=False):
+    # (a plan is kept for well-formed calls only, and its key holds every fact read here)
+    if plan is None and not _well_formed(q, k, v, same_d=False):
         return None
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     seen_k, seen_v = _seen(q, k, v, causal)
@@ -574,7 +576,7 @@ def projected_call(
     call = AttentionCall(
         q, seen_k, seen_v, mask, scale=1.0, dropout_p=dropout_p, project=project, traced=False
     )
-    out = choose(call, route="unpadded lane", lane=causal, plan=key)
+    out = choose(call, route="unpadded lane", lane=causal, plan=key, kept=plan)
     if out is not None:  # (keys no query sees are cut off: nothing padded)
         return (out, None) if result_exact(call, q, seen_k, seen_v, out) else None
     if causal:  # the checked path: its pipeline masks the scores

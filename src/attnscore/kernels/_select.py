@@ -452,6 +452,7 @@ def choose(
     route: str = "checked",
     lane: bool = False,
     plan: Hashable | None = None,
+    kept: Plan | None = None,
 ) -> Tensor | None:
     """Run ``call`` on the first candidate of its device that takes it; its output, or
     None where a projected call falls to the caller's own pipeline (recorded as
@@ -459,16 +460,18 @@ def choose(
     ``lane``'s None is not recorded (the checked path then runs the call and records its
     choice). ``plan``: the key under which :func:`planned` keeps the choice for the calls
     like this one (a caller that knows every candidate's verdict follows from it): a choice
-    kept runs the call without the selection (unless it declines once it ran).
+    kept runs the call without the selection (unless it declines once it ran). ``kept``:
+    that choice, where the caller looked it up already.
 
     Raises:
         NoImplementationError: inside :func:`use`, where no allowed candidate takes the call.
     """
     if call.drop_uncut_lengths():
-        plan = None  # (decided by the lengths' values, which no plan's key holds)
+        plan = kept = None  # (decided by the lengths' values, which no plan's key holds)
     # Traced calls (compiled ones among them) record and log nothing: the choice is made
     # while tracing, and torch.compile does not trace logging.
-    kept = None if plan is None else planned(plan)
+    if kept is None and plan is not None:
+        kept = planned(plan)
     if kept is not None:  # what took the first call of this key, without the selection
         out = kept.impl.run(call)
         if out is not None or kept.impl.name == "plain":
