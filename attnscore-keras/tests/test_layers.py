@@ -195,3 +195,49 @@ def test_dropout_on_the_weights_in_training_only(rng, padding_path):
     w = to_np(layer.attention_weights)
     np.testing.assert_allclose(w.sum(-1), 1)
     assert np.isfinite(train_out).all()
+
+
+ONE_QUERY_MASKS = {
+    "lens": {"valid_lens": np.array([3, 0])},
+    "lens_per_query": {"valid_lens": np.array([[5], [2]])},
+    "query_lens": {"valid_lens": np.array([4, 5]), "query_valid_lens": np.array([0, 1])},
+    "attend_mask": {"attend_mask": np.array([[[True, False, True, True, False]]] * B)},
+    "attend_mask_shared": {"attend_mask": np.array([[False, True, True, False, True]])},
+    "causal": {"causal": True, "valid_lens": np.array([3, 1])},
+    "all": {
+        "valid_lens": np.array([4, 2]),
+        "query_valid_lens": np.array([1, 1]),
+        "attend_mask": np.array([[True, True, False, True, True]]),
+    },
+}
+
+
+@pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mask", list(ONE_QUERY_MASKS))
+def test_one_query_matches_the_float64_reference(mask, dtype, compile_it, rng, one_query_path):
+    """A decoder step (n = 1) through each of the dot layer's two paths, every mask kind,
+    (B, 1, d) and (B, H, 1, d) queries: outputs and weights against the float64
+    reference, exact zero rows where nothing is allowed."""
+    from conftest import compiled
+
+    masks = ONE_QUERY_MASKS[mask]
+    for heads in (None, 2):
+        lead = (B,) if heads is None else (B, heads)
+        q, k, v = (rng.normal(size=(*lead, s, d)) for s, d in ((1, D), (M, D), (M, V)))
+        layer = ak.DotProductAttention(dtype=dtype)
+
+        def call(qx, kx, vx, layer=layer, masks=masks):
+            return layer(qx, kx, vx, **mask_kwargs(masks))
+
+        fn = compiled(call) if compile_it else call
+        out = to_np(fn(*(tensor(x, dtype) for x in (q, k, v))))
+        ok = numpy_allowed(masks, B, 1, M)
+        if heads is not None:
+            ok = np.broadcast_to(ok[:, None], (B, heads, 1, M))
+        qr, kr, vr = (to_np(tensor(x, dtype)) for x in (q, k, v))
+        expected, weights = ref.attention(ref.dot_scores(qr, kr), ok, vr)
+        np.testing.assert_allclose(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
+        if not compile_it:
+            np.testing.assert_allclose(to_np(layer.attention_weights), weights, atol=TOL[dtype])
+        assert np.all(out[~ok.any(-1)] == 0)
