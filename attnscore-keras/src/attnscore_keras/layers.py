@@ -506,9 +506,9 @@ class DotProductAttention(Attention):
         key by key, no check: 5 XLA ops forward at B=32, m=32 on the CPU, 9 for the
         training step, Keras's layer 7 and 14); else
         :func:`~attnscore_keras.masking.checked_attention`. The unrolled products lose
-        to the library's as m or n grows (at n = 1 on the CPU: ahead of the checked op
-        up to m = 48, 1.3x-1.45x of its time at m = 64; at n = 4, 1.6x), and eagerly they
-        are some 4m ops each."""
+        to the library's as m or n grows (on the CPU, JAX: ahead of the checked op up to
+        m = 48 at n = 1, 1.2x-1.3x its time at m = 64, 1.55x-1.65x at n = 4, m = 32), and
+        eagerly they are some 4m ops each."""
         dropped = self.dropout_rate > 0 and training is not False
         if dropped or dtype_of(queries) in SIXTEEN_BITS:
             return super()._pool_checked(
