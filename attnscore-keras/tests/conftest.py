@@ -40,6 +40,22 @@ def padding_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["checked", "unrolled"])
+def one_query_path(request, monkeypatch):
+    """Each of the two ways ``DotProductAttention`` keeps NaN in unattended key and value
+    rows out of a call with one query (float32, float64): "checked" (the products are
+    checked, redone where not finite) and "unrolled" (the products written out key by
+    key with the select inside, which a compiled JAX call with few keys takes), in eager
+    and compiled calls alike, on every backend."""
+    from attnscore_keras import layers
+
+    if request.param == "checked":
+        monkeypatch.setattr(layers, "UNROLLED_MAX_KEYS", -1)
+    else:
+        monkeypatch.setattr(layers, "staged", lambda: True)
+    return request.param
+
+
 def to_np(x):
     """A tensor (any backend, any float dtype) as a float64 NumPy array."""
     return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float64")))

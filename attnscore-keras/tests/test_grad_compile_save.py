@@ -151,10 +151,11 @@ def _same_as_clean(fn, q, bad, clean, weights=()):
 
 @pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("scale", [None, 1.0])
-def test_one_query_with_nan_padding_matches_the_clean_call(scale, compile_it, rng):
-    """A decoder step (n = 1, the dot layer's path that runs its softmax on (B, m)): NaN
-    and inf in the padded keys and values change no output and no gradient (bit for bit
-    against 7.0 there), padded rows get zero gradients, a row with no key is zero."""
+def test_one_query_with_nan_padding_matches_the_clean_call(scale, compile_it, rng, one_query_path):
+    """A decoder step (n = 1, the dot layer's paths that run the softmax on (B, m), checked
+    and unrolled): NaN and inf in the padded keys and values change no output and no
+    gradient (bit for bit against 7.0 there), padded rows get zero gradients, a row with
+    no key is zero."""
     layer = ak.DotProductAttention(scale=scale, dtype="float64")
     m = 5
     q, k, v = rng.normal(size=(B, 1, D)), rng.normal(size=(B, m, D)), rng.normal(size=(B, m, D))
@@ -234,3 +235,61 @@ def test_a_model_trains(rng):
     x = [rng.normal(size=(8, N, 4)).astype("float32"), rng.integers(0, N + 1, 8).astype("int32")]
     history = model.fit(x, np.zeros((8, N, 4), "float32"), epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
+
+
+@pytest.mark.parametrize("mask", ["lens", "all"])
+def test_one_query_gradients_match_float64_finite_differences(mask, rng, one_query_path):
+    """A decoder step (n = 1) through each of the dot layer's two paths: the directional
+    derivative of the queries, keys and values together against central differences,
+    with every mask kind at once (key lengths, query lengths, attend mask)."""
+    masks = _masks(
+        {"valid_lens": np.array([3, 0])}
+        if mask == "lens"
+        else {
+            "valid_lens": np.array([[4], [3]]),
+            "query_valid_lens": np.array([1, 0]),
+            "attend_mask": np.array([[True, False, True, True, True]]),
+        }
+    )
+    m = 5
+    args = [rng.normal(size=(B, 1, D)), rng.normal(size=(B, m, D)), rng.normal(size=(B, m, D))]
+    R = keras.ops.convert_to_tensor(rng.normal(size=(B, 1, D)))
+    layer = ak.DotProductAttention(dtype="float64")
+
+    def loss(qx, kx, vx):
+        return keras.ops.sum(layer(qx, kx, vx, **masks) * R)
+
+    grads = gradients(loss, [tensor(a, "float64") for a in args])
+    direction = [rng.normal(size=np.shape(a)) for a in args]
+    eps = 1e-6
+
+    def at(sign):
+        moved = zip(args, direction, strict=True)
+        return float(to_np(loss(*(tensor(a + sign * eps * d, "float64") for a, d in moved))))
+
+    numeric = (at(1) - at(-1)) / (2 * eps)
+    analytic = sum(float(np.sum(g * d)) for g, d in zip(grads, direction, strict=True))
+    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), (numeric, analytic)
+    assert all(np.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's program read through JAX")
+@pytest.mark.parametrize("m", [5, 48, 49])
+def test_a_compiled_decoder_step_runs_no_conditional_up_to_the_unrolled_limit(m, rng):
+    """The dot layer's compiled decoder step with key lengths takes the unrolled path (no
+    conditional in the forward or the backward program) for up to UNROLLED_MAX_KEYS keys,
+    and the checked path (conditionals) beyond."""
+    import jax
+    from attnscore_keras import layers
+
+    layer = ak.DotProductAttention()
+    q, k = (tensor(rng.normal(size=(B, s, D)), "float32") for s in (1, m))
+    lens = keras.ops.convert_to_tensor(np.array([m, 2]))
+
+    def loss(qx, kx, vx, lx):
+        return keras.ops.sum(layer(qx, kx, vx, lx) ** 2)
+
+    conditional = m > layers.UNROLLED_MAX_KEYS
+    for fn in (jax.jit(lambda *a: layer(*a)), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))):
+        text = fn.lower(q, k, k, lens).compile().as_text()
+        assert ("conditional(" in text) == conditional

@@ -53,9 +53,11 @@ def build_allowed(
     query_valid_lens: Any = None,
     attend_mask: Any = None,
     causal: bool = False,
+    key: int | None = None,
 ) -> Any:
     """The boolean tensor, broadcastable to ``scores_shape`` (..., n, m), that is True where
-    query i may attend key j; None where nothing is masked.
+    query i may attend key j; None where nothing is masked. With ``key``, its column for
+    that one key, broadcastable to (..., n, 1).
 
     Args:
         scores_shape: the scores' static shape (None for unknown dimensions).
@@ -66,6 +68,9 @@ def build_allowed(
             nothing.
         attend_mask: bool, broadcastable to (..., n, m); True = may attend.
         causal: query i attends keys j <= i only (top-left aligned).
+        key: None, or the index of the one key whose column is wanted (a Python int
+            below m). Built for that key alone, not sliced out of the whole: XLA then
+            fuses each column into its consumer (see :func:`key_sum`).
 
     Raises:
         TypeError: a mask of the wrong dtype, ``causal`` not a bool.
@@ -74,18 +79,22 @@ def build_allowed(
     batch, n = scores_shape[:-2], scores_shape[-2]
     n_dyn, m_dyn = dynamic_shape[-2], dynamic_shape[-1]
     allowed = None
+    if key is None:
+        cols = ops.arange(m_dyn, dtype="int32")
+    else:
+        cols = ops.convert_to_tensor([key], dtype="int32")
 
     def both(mask: Any) -> Any:
         return mask if allowed is None else ops.logical_and(allowed, mask)
 
     if valid_lens is not None:
         lens = _key_lengths(valid_lens, batch, n)
-        allowed = both(ops.less(ops.arange(m_dyn, dtype="int32"), lens))
+        allowed = both(ops.less(cols, lens))
     if not isinstance(causal, bool):
         raise TypeError(f"Expected `causal` to be a bool, but got {causal!r} instead.")
     if causal:
         rows = ops.expand_dims(ops.arange(n_dyn, dtype="int32"), -1)
-        allowed = both(ops.greater_equal(rows, ops.arange(m_dyn, dtype="int32")))
+        allowed = both(ops.greater_equal(rows, cols))
     if query_valid_lens is not None:
         q_lens = check_lengths(query_valid_lens, "query_valid_lens")
         shape = shape_of(q_lens)
@@ -118,6 +127,8 @@ def build_allowed(
                 f"Expected `attend_mask` broadcastable to {scores_shape}, but got shape {shape} "
                 "instead."
             )
+        if key is not None and shape[-1] != 1:
+            attend = attend[..., key : key + 1]
         allowed = both(attend)
     return allowed
 
@@ -443,6 +454,85 @@ def checked_attention(
             dk = ops.matmul(ops.swapaxes(matrix(ds), -1, -2), q)
             dv = ops.matmul(ops.swapaxes(matrix(w), -1, -2), g)
             return (matrix(dq), dk, dv, *(None for _ in raw))
+
+        return out, grad
+
+    return ops.custom_gradient(attend)(queries, keys, values, *masks)
+
+
+def _pairwise(terms: list[Any]) -> Any:
+    """The sum of ``terms`` (tensors of one shape) added in pairs, a balanced tree (its
+    rounding error grows with log2(len(terms)), as a blocked product's does)."""
+    while len(terms) > 1:
+        pairs = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+        terms = pairs + terms[len(terms) - len(terms) % 2 :]
+    return terms[0]
+
+
+def key_sum(w: Any, x: Any, column: Any) -> Any:
+    """``w @ x`` for one query without the rows of ``x`` its mask leaves out, whatever
+    they hold: ``sum_j where(column(j), w[..., j] * x[..., j, :], 0)``, the sum over
+    the keys written out term by term. ``w`` (..., m), ``x`` (..., m, c), ``column(j)``
+    the mask of key j, bool broadcastable to (..., 1). Returns (..., c).
+
+    A product can not leave rows out: 0 x NaN is NaN. Written out, the select lands
+    inside the sum, and XLA fuses every term, the selects and the pairwise sum into the
+    one loop that writes the result: no pass over ``x``, no check, no conditional. For
+    one query and few keys only (see :data:`~attnscore_keras.layers.UNROLLED_MAX_KEYS`):
+    that loop is slower than the library's product as m or n grows, and its size grows
+    with m. Compiled calls only: run op by op it is some 4m ops."""
+    terms = []
+    for j in range(x.shape[-2]):
+        term = w[..., j : j + 1] * x[..., j, :]
+        terms.append(ops.where(column(j), term, ops.zeros_like(term)))
+    return _pairwise(terms)
+
+
+def unrolled_attention(
+    queries: Any, keys: Any, values: Any, masks: tuple[Any, ...], allowed_of: Any
+) -> Any:
+    """:func:`checked_attention` for one query (n = 1) without its check: the products
+    with the values (forward) and with the keys (the queries' gradient) are
+    :func:`key_sum`, which leaves out the key and value rows the query does not attend
+    by construction, so XLA runs no conditional (and no reduction to check).
+
+    Queries (..., 1, d), keys (..., m, d), values (..., m, v), float32 or float64;
+    ``allowed_of(*masks)`` rebuilds where the query may attend from the raw mask tensors
+    ``masks`` (bool, broadcastable to (..., 1, m)), and ``allowed_of(*masks, key=j)``
+    key j's column of it. A query that may attend no key gets exact zeros (and zero
+    gradients); NaN or inf in unattended rows reaches no output and no gradient. As in
+    :func:`checked_attention` the softmax runs on (..., m), normalised after the
+    product, and the backward pass is written out. Masks get no gradient. Reverse mode
+    only."""
+
+    def attend(q: Any, k: Any, v: Any, *raw: Any) -> Any:
+        def rows(x: Any) -> Any:  # (..., 1, c) -> (..., c), as in checked_attention
+            return x[..., 0, :] if len(x.shape) >= 2 else x
+
+        def column(j: int) -> Any:
+            # Each key's column built on its own: slices of the whole mask make XLA
+            # write the mask out (one more op).
+            return rows(allowed_of(*raw, key=j))
+
+        s, mask = rows(ops.matmul(q, ops.swapaxes(k, -1, -2))), rows(allowed_of(*raw))
+        top = ops.stop_gradient(ops.max(ops.where(mask, s, FILL), axis=-1, keepdims=True))
+        e = ops.exp(ops.where(mask, s, float("-inf")) - top)  # 0 where not allowed
+        total = ops.sum(e, axis=-1, keepdims=True)
+        r = 1.0 / ops.where(total > 0, total, ops.ones_like(total))  # rows with no key: 0
+        out = ops.expand_dims(key_sum(e, v, column) * r, -2)
+
+        def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
+            g = args[0] if upstream is None else upstream
+            w = e * r
+            # g @ vᵀ is NaN in the columns of unattended NaN values; the selects drop it,
+            # each fused into its consumer (as in checked_attention).
+            gw = rows(ops.matmul(g, ops.swapaxes(v, -1, -2)))
+            inner = ops.sum(ops.where(mask, w * gw, 0.0), axis=-1, keepdims=True)
+            ds = ops.where(mask, w * (gw - inner), 0.0)
+            dq = ops.expand_dims(key_sum(ds, k, column), -2)
+            dk = ops.matmul(ops.expand_dims(ds, -1), q)
+            dv = ops.matmul(ops.expand_dims(w, -1), g)
+            return (dq, dk, dv, *(None for _ in raw))
 
         return out, grad
 
