@@ -138,10 +138,13 @@ def test_multihead_matches_the_float64_reference(scoring, mask, rng):
     np.testing.assert_allclose(to_np(mha.attention_weights), np.broadcast_to(w, (B, H, N, M)))
 
 
-# A scorer with weights in 16 bits is left out: its weights are float32 on TensorFlow
-# (make_scorer is not given the layer's dtype), a failing call there before this test too.
-MHA_DTYPE_CASES = [("scaled_dot", dt) for dt in ("float32", "float16", "bfloat16")]
-MHA_DTYPE_CASES += [("additive", "float32")]
+# Every scorer in every dtype: a scorer with weights takes the layer's dtype policy (its
+# weights were float32 in a 16-bit layer, and TensorFlow refused to add them to 16 bits).
+MHA_DTYPE_CASES = [
+    (scoring, dt)
+    for scoring in ("scaled_dot", "additive", "general", "cosine")
+    for dt in ("float32", "float16", "bfloat16")
+]
 
 
 @pytest.mark.parametrize(("scoring", "dtype"), MHA_DTYPE_CASES)

@@ -676,18 +676,21 @@ class CosineAttention(Attention):
         return config
 
 
-def make_scorer(name: str, size: int, dropout: float = 0.0, normalizer: str = "softmax") -> Any:
+def make_scorer(
+    name: str, size: int, dropout: float = 0.0, normalizer: str = "softmax", dtype: Any = None
+) -> Any:
     """The layer of the scorer ``name`` with every size ``size`` (multi-head attention's
-    per-head scorer, as attnscore's ``make_scorer``)."""
+    per-head scorer, as attnscore's ``make_scorer``), in the dtype policy ``dtype`` (a
+    multi-head layer's own: its scorer's weights in the heads' dtype)."""
     if name == "additive":
-        return AdditiveAttention(size, size, size, dropout, normalizer=normalizer)
+        return AdditiveAttention(size, size, size, dropout, normalizer=normalizer, dtype=dtype)
     if name in ("dot", "scaled_dot"):
         scale = 1.0 if name == "dot" else None
-        return DotProductAttention(dropout, scale=scale, normalizer=normalizer)
+        return DotProductAttention(dropout, scale=scale, normalizer=normalizer, dtype=dtype)
     if name == "general":
-        return MultiplicativeAttention(size, size, dropout, normalizer=normalizer)
+        return MultiplicativeAttention(size, size, dropout, normalizer=normalizer, dtype=dtype)
     if name == "cosine":
-        return CosineAttention(dropout, learn_scale=True, normalizer=normalizer)
+        return CosineAttention(dropout, learn_scale=True, normalizer=normalizer, dtype=dtype)
     raise ValueError(
         f"Expected `scoring` to be one of {SCORER_NAMES} or an attention layer, but got "
         f"{name!r} instead."

@@ -98,7 +98,9 @@ class MultiHeadAttention(keras.layers.Layer):
             self.attention = scoring
         elif isinstance(scoring, str) and scoring in SCORER_NAMES:
             self.scoring = scoring
-            self.attention = make_scorer(scoring, size, self.dropout_rate, self.normalizer)
+            self.attention = make_scorer(
+                scoring, size, self.dropout_rate, self.normalizer, self.dtype_policy
+            )
         else:
             raise ValueError(
                 f"Expected `scoring` to be one of {SCORER_NAMES} or an attention layer, but "
