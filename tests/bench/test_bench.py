@@ -140,8 +140,9 @@ _USERS = ("decode", "decode_multihead", "long_causal", "serving")
 
 def test_rows_users_run_at_their_shapes_and_targets():
     """Decoding against a KV cache (n = 1), long causal attention (full runs only), small-model
-    serving (padded batches, and batches without padding): each cell against its PyTorch call, <= 1.0x with lengths, 1.05x without, and
-    1.05x in peak memory; each row selectable by name."""
+    serving (padded batches, and batches without padding): each cell against its PyTorch
+    call, <= 1.0x with lengths, 1.05x without, and 1.05x in peak memory; each row
+    selectable by name."""
     full = [c for c in matrix.extras("cpu", quick=False) if c.name in _USERS]
     quick = [c for c in matrix.extras("cpu", quick=True) if c.name in _USERS]
     assert {c.name for c in full} == set(_USERS) <= set(bench.case_names("cpu"))
