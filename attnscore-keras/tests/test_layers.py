@@ -115,6 +115,21 @@ def test_heads_layout_and_lengths_per_head(kind, rng, padding_path):
         np.testing.assert_allclose(to_np(out), expected, atol=1e-12)
 
 
+def _multihead_reference(mha, H, E, q, k, v, masks):
+    """(output, weights, allowed) of ``mha``'s maths in NumPy float64 on its own weights
+    and the inputs q, k, v: heads projected, the float64 reference attention, W_o."""
+
+    def heads(x, w, b):
+        y = x @ to_np(w) + to_np(b)
+        return y.reshape(B, -1, H, E // H).transpose(0, 2, 1, 3)
+
+    qh, kh, vh = heads(q, mha.W_q, mha.b_q), heads(k, mha.W_k, mha.b_k), heads(v, mha.W_v, mha.b_v)
+    ok = numpy_allowed(masks, B, N, M)[:, None]
+    o, w = ref.attention(reference_scores(mha.attention, qh, kh), ok, vh)
+    expected = o.transpose(0, 2, 1, 3).reshape(B, N, E) @ to_np(mha.W_o) + to_np(mha.b_o)
+    return expected, w, ok
+
+
 @pytest.mark.parametrize("scoring", ["scaled_dot", "dot", "additive", "general", "cosine"])
 @pytest.mark.parametrize("mask", ["none", "lens", "lens_per_query", "all"])
 def test_multihead_matches_the_float64_reference(scoring, mask, rng):
@@ -126,14 +141,7 @@ def test_multihead_matches_the_float64_reference(scoring, mask, rng):
         tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), **mask_kwargs(masks)
     )
 
-    def heads(x, w, b):
-        y = x @ to_np(w) + to_np(b)
-        return y.reshape(B, -1, H, E // H).transpose(0, 2, 1, 3)
-
-    qh, kh, vh = heads(q, mha.W_q, mha.b_q), heads(k, mha.W_k, mha.b_k), heads(v, mha.W_v, mha.b_v)
-    ok = numpy_allowed(masks, B, N, M)[:, None]
-    o, w = ref.attention(reference_scores(mha.attention, qh, kh), ok, vh)
-    expected = o.transpose(0, 2, 1, 3).reshape(B, N, E) @ to_np(mha.W_o) + to_np(mha.b_o)
+    expected, w, _ = _multihead_reference(mha, H, E, q, k, v, masks)
     np.testing.assert_allclose(to_np(out), expected, atol=1e-12)
     np.testing.assert_allclose(to_np(mha.attention_weights), np.broadcast_to(w, (B, H, N, M)))
 
@@ -161,14 +169,7 @@ def test_multihead_in_every_dtype_matches_the_float64_reference(scoring, mask, d
     out = to_np(mha(*args, **mask_kwargs(masks)))
     q, k, v = (to_np(x) for x in args)
 
-    def heads(x, w, b):
-        y = x @ to_np(w) + to_np(b)
-        return y.reshape(B, -1, H, E // H).transpose(0, 2, 1, 3)
-
-    qh, kh, vh = heads(q, mha.W_q, mha.b_q), heads(k, mha.W_k, mha.b_k), heads(v, mha.W_v, mha.b_v)
-    ok = numpy_allowed(masks, B, N, M)[:, None]
-    o, w = ref.attention(reference_scores(mha.attention, qh, kh), ok, vh)
-    expected = o.transpose(0, 2, 1, 3).reshape(B, N, E) @ to_np(mha.W_o) + to_np(mha.b_o)
+    expected, w, ok = _multihead_reference(mha, H, E, q, k, v, masks)
     np.testing.assert_allclose(out, expected, atol=4 * TOL[dtype], rtol=4 * TOL[dtype])
     weights = to_np(mha.attention_weights)
     np.testing.assert_allclose(weights, np.broadcast_to(w, weights.shape), atol=TOL[dtype])

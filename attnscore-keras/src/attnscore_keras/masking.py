@@ -374,6 +374,25 @@ def checked_pool(
     return ops.custom_gradient(pool)(weights, values, *extra, *masks)
 
 
+def _unnormalised(s: Any, mask: Any) -> tuple[Any, Any]:
+    """(e, r) of the softmax normalised after the product (:func:`checked_attention`,
+    :func:`unrolled_attention`): ``e = exp(s - max)`` where ``mask`` allows, 0 elsewhere,
+    and ``r`` one over each row's sum (1 for a row with no key: its e x r is 0)."""
+    top = ops.stop_gradient(ops.max(ops.where(mask, s, FILL), axis=-1, keepdims=True))
+    e = ops.exp(ops.where(mask, s, float("-inf")) - top)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    return e, 1.0 / ops.where(total > 0, total, ops.ones_like(total))
+
+
+def _scores_grad(gw: Any, w: Any, mask: Any) -> Any:
+    """The softmax's derivative: the scores' gradient from ``gw`` = g @ valuesᵀ and the
+    weights ``w``. ``gw`` is NaN in the columns of unattended NaN values; the selects drop
+    it (w is 0 there, but 0 x NaN is NaN). Two selects, not one shared: each fuses into
+    its consumer, where one would be written out."""
+    inner = ops.sum(ops.where(mask, w * gw, 0.0), axis=-1, keepdims=True)
+    return ops.where(mask, w * (gw - inner), 0.0)
+
+
 def checked_attention(
     queries: Any, keys: Any, values: Any, masks: tuple[Any, ...], allowed_of: Any, rank: int
 ) -> Any:
@@ -423,10 +442,7 @@ def checked_attention(
 
         scores = ops.matmul(q, ops.swapaxes(k, -1, -2))
         s, mask = rows(scores), rows(allowed)
-        top = ops.stop_gradient(ops.max(ops.where(mask, s, FILL), axis=-1, keepdims=True))
-        e = ops.exp(ops.where(mask, s, float("-inf")) - top)  # 0 where not allowed
-        total = ops.sum(e, axis=-1, keepdims=True)
-        r = 1.0 / ops.where(total > 0, total, ops.ones_like(total))  # rows with no key: 0 x 1
+        e, r = _unnormalised(s, mask)
         num = ops.matmul(matrix(e), v)
         ok = _folded_finite(scores[..., 0, :], num[..., 0, :])
         # The conditional's operand sliced outside it (inside, XLA copies it into another
@@ -438,12 +454,7 @@ def checked_attention(
         def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
             g = args[0] if upstream is None else upstream
             w = e * r
-            # g @ vᵀ is NaN in the columns of unattended NaN values; the selects drop it
-            # (w is 0 there, but 0 x NaN is NaN). Two selects, not one shared: each fuses
-            # into its consumer, where one would be written out.
-            gw = rows(ops.matmul(g, ops.swapaxes(v, -1, -2)))
-            inner = ops.sum(ops.where(mask, w * gw, 0.0), axis=-1, keepdims=True)
-            ds = ops.where(mask, w * (gw - inner), 0.0)
+            ds = _scores_grad(rows(ops.matmul(g, ops.swapaxes(v, -1, -2))), w, mask)
             # ds goes into the conditional as it is, (..., m) with one query, and becomes
             # a matrix inside: made outside, XLA gives it a layout it copies out of twice.
             dq = ops.cond(
@@ -515,20 +526,13 @@ def unrolled_attention(
             return rows(allowed_of(*raw, key=j))
 
         s, mask = rows(ops.matmul(q, ops.swapaxes(k, -1, -2))), rows(allowed_of(*raw))
-        top = ops.stop_gradient(ops.max(ops.where(mask, s, FILL), axis=-1, keepdims=True))
-        e = ops.exp(ops.where(mask, s, float("-inf")) - top)  # 0 where not allowed
-        total = ops.sum(e, axis=-1, keepdims=True)
-        r = 1.0 / ops.where(total > 0, total, ops.ones_like(total))  # rows with no key: 0
+        e, r = _unnormalised(s, mask)
         out = ops.expand_dims(key_sum(e, v, column) * r, -2)
 
         def grad(*args: Any, upstream: Any = None) -> tuple[Any, ...]:
             g = args[0] if upstream is None else upstream
             w = e * r
-            # g @ vᵀ is NaN in the columns of unattended NaN values; the selects drop it,
-            # each fused into its consumer (as in checked_attention).
-            gw = rows(ops.matmul(g, ops.swapaxes(v, -1, -2)))
-            inner = ops.sum(ops.where(mask, w * gw, 0.0), axis=-1, keepdims=True)
-            ds = ops.where(mask, w * (gw - inner), 0.0)
+            ds = _scores_grad(rows(ops.matmul(g, ops.swapaxes(v, -1, -2))), w, mask)
             dq = ops.expand_dims(key_sum(ds, k, column), -2)
             dk = ops.matmul(ops.expand_dims(ds, -1), q)
             dv = ops.matmul(ops.expand_dims(w, -1), g)
