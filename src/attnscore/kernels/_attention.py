@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,14 @@ from .._checks import in_transform, value_range
 from .._mask import AttentionMask
 from .._softmax import softmax_dense
 from . import _ops, _sdpa
-from ._dispatch import AdditiveProjection, Projection, backend_for, enabled, exporting
+from ._dispatch import (
+    AdditiveProjection,
+    NothingCut,
+    Projection,
+    backend_for,
+    enabled,
+    exporting,
+)
 from ._select import (
     AttentionCall,
     Implementation,
@@ -619,7 +625,7 @@ def small_dot_product_attention(
     valid_lens: object,
     scale: float,
     project: Projection | None = None,
-) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
+) -> tuple[Tensor, Tensor | None] | NothingCut | None:
     """The backend contract's ``small_dot_product_attention`` for calls :func:`_offered`
     takes (outside :func:`attnscore.kernels.use`): its result, or
     :data:`~._dispatch.NOTHING_CUT` (the caller then runs the call as one with nothing

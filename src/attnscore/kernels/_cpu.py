@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from .._mask import AttentionMask
 from .._thresholds import value
 from . import _build, _measured, _plain, _sdpa
 from ._build import has_float16, load_library
-from ._dispatch import NOTHING_CUT, enabled
+from ._dispatch import NOTHING_CUT, NothingCut, enabled
 from ._select import AttentionCall, Implementation, Runner
 
 _pool: ThreadPoolExecutor | None = None
@@ -627,7 +627,7 @@ def small_dot_product_attention(
     valid_lens: Tensor,
     scale: float,
     project: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None,
-) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
+) -> tuple[Tensor, Tensor | None] | NothingCut | None:
     """Backend contract (C kernels), for calls :func:`_small_layout` takes (at mid sizes the
     layers between cost more than the work): up to ``_SMALL_WORK`` multiply-adds in float32
     and float64 the C pass of :func:`_small_pass`, which writes the weights as well (one
@@ -1385,13 +1385,12 @@ class SmallPass(Implementation):
         return functools.partial(_small_unmasked, scale=call.scale)
 
     def run(self, call: AttentionCall) -> Tensor | None:
-        q, k, v = call.projected()  # lengths: (B, H, n, ·), lengths (B or 1, H or 1, n or 1)
-        out = None
+        q, k, v = call.projected()
         if q.dtype not in _SMALL_SUFFIX:  # (under autocast projections change the dtype)
-            pass
+            out = None
         elif call.kind == "none":
             out = _small_unmasked(q, k, v, call.scale)
-        else:
+        else:  # (B, H, n, ·), lengths (B or 1, H or 1, n or 1)
             B, H, n, _ = q.shape
             shared, div = _shared_lengths(call.lengths.expand(B, H, n))
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

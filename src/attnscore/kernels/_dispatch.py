@@ -38,7 +38,10 @@ Projection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 AdditiveProjection = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 """(queries, keys) -> (W_q q [+ b], W_k k, w_v) of additive attention."""
 
-NOTHING_CUT: Final = "nothing cut"
+NothingCut = Literal["nothing cut"]
+"""The type of :data:`NOTHING_CUT`."""
+
+NOTHING_CUT: Final[NothingCut] = "nothing cut"
 """What a small path returns (:meth:`Backend.small_dot_product_attention`) for a call it
 would take but for its lengths, which cut no key: the caller runs it as a call with
 nothing padded (it read the lengths: the caller need not)."""
@@ -110,7 +113,7 @@ class Backend(Protocol):
         valid_lens: Tensor,
         scale: float,
         project: Projection | None,
-    ) -> tuple[Tensor, Tensor | None] | Literal["nothing cut"] | None:
+    ) -> tuple[Tensor, Tensor | None] | NothingCut | None:
         """An inference call small enough for one thread, q (B, n, d) or (B, H, n, d), k, v
         alike, int64 ``valid_lens`` as the caller got them (unchecked): (output, the weights
         (..., n, m) where the backend wrote them, else None) where the backend runs such
