@@ -249,6 +249,29 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
                 torch.softmax(s.exp() * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT, -1) @ v
             ),
         )
+    # general and cosine without a mask, the matrix's (8, 256, 256, 64), against the plain
+    # formulation: their pipeline (a softmax without a mask between two products)
+    for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        for grad in (False, True):
+            q, k, v = (rn(8, 256, 64, dt=dt, grad=grad) for _ in "qkv")
+            gm = attnscore.MultiplicativeAttention(64, 64).to(dt).train(grad)
+            cos = attnscore.CosineAttention().to(dt).train(grad)
+            step = "fwd+bwd" if grad else "fwd"
+            pairs = {
+                "general": (gm, lambda q, k, W=gm.W_a.weight: (q @ W) @ k.mT),
+                "cosine": (
+                    cos,
+                    lambda q, k, s=cos.log_scale: (
+                        s.exp() * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).mT
+                    ),
+                ),
+            }
+            for name, (module, scores) in pairs.items():
+                ours = lambda q=q, k=k, v=v, f=module: f(q, k, v)  # noqa: E731
+                plain = lambda q=q, k=k, v=v, s=scores: torch.softmax(s(q, k), -1) @ v  # noqa: E731
+                if grad:
+                    ours, plain = fwdbwd(ours, q, k, v), fwdbwd(plain, q, k, v)
+                case(f"{name} (8, 256, 256, 64) none {dt_name} {step}", ours, plain)
     # decoder step: additive, B=128, m=20, h=256
     dec = attnscore.AdditiveAttention(256, 256, 256).eval()
     enc = rn(128, 20, 256)

@@ -198,8 +198,16 @@ def test_disabled_runs_the_plain_twin(counted):
 
 # ---- a softmax without a mask ----------------------------------------------------------------
 
-# 2^17 elements (torch.softmax's), 2^18 (the kernel's in inference), 2^19 (training).
+# 2^17 elements (torch.softmax's), 2^18 (the kernel's in inference), 2^19 (training), as
+# the sizes the tests set (the shipped ones are per CPU: on a CPU they do not name, none).
 _BELOW, _INFERENCE, _TRAINING = (2, 256, 256), (4, 256, 256), (8, 256, 256)
+
+
+@pytest.fixture
+def softmax_sizes(thresholds):  # type: ignore[no-untyped-def]
+    """The kernel's softmax without a mask from 2^18 elements in inference, 2^19 in
+    training, on any CPU."""
+    thresholds(softmax_inference=1 << 18, softmax_training=1 << 19)
 
 
 def _unmasked_reference(x: torch.Tensor) -> torch.Tensor:
@@ -209,7 +217,7 @@ def _unmasked_reference(x: torch.Tensor) -> torch.Tensor:
 @needs_c
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("shape", [_BELOW, _INFERENCE], ids=["below", "kernel"])
-def test_unmasked_softmax_in_inference(counted, dtype, shape):
+def test_unmasked_softmax_in_inference(softmax_sizes, counted, dtype, shape):
     """masked_softmax without lengths (and the softmax normalizer without a mask) runs the C
     kernel with every length m where it measured faster than torch.softmax, with the same
     result; below that size torch.softmax."""
@@ -224,7 +232,7 @@ def test_unmasked_softmax_in_inference(counted, dtype, shape):
 
 
 @needs_c
-def test_unmasked_softmax_keeps_torch_nan_and_inf_rows(counted):
+def test_unmasked_softmax_keeps_torch_nan_and_inf_rows(softmax_sizes, counted):
     """Rows holding NaN, +inf or only -inf come out as torch.softmax's (NaN); -inf entries
     among finite ones are exact zeros."""
     x = torch.randn(_INFERENCE, dtype=torch.float64)
@@ -247,7 +255,7 @@ def test_unmasked_softmax_keeps_torch_nan_and_inf_rows(counted):
     ],
     ids=["fp32", "bf16", "fp32-below", "fp64"],
 )
-def test_unmasked_softmax_in_training(counted, dtype, shape, kernel):
+def test_unmasked_softmax_in_training(softmax_sizes, counted, dtype, shape, kernel):
     """In training the kernel runs the forward from 2^19 elements (float32, bfloat16,
     float16), PyTorch's softmax backward the backward; elsewhere torch.softmax. Gradients
     against float64's."""
@@ -276,7 +284,7 @@ def test_unmasked_softmax_double_backward(thresholds):
 
 
 @needs_c
-def test_unmasked_softmax_of_strided_scores_is_torch_softmax(counted):
+def test_unmasked_softmax_of_strided_scores_is_torch_softmax(softmax_sizes, counted):
     """Scores that are not contiguous (a transposed view) take torch.softmax: a copy for
     the kernel would cost what it saves."""
     x = torch.randn(_INFERENCE, dtype=torch.float64).transpose(1, 2)
@@ -284,7 +292,7 @@ def test_unmasked_softmax_of_strided_scores_is_torch_softmax(counted):
     assert counted["masked_softmax"] == 0
 
 
-def test_unmasked_softmax_runs_torch_off_the_cpu_backend(counted):
+def test_unmasked_softmax_runs_torch_off_the_cpu_backend(softmax_sizes, counted):
     """The plain backend (other devices, and the CUDA backend) never takes the call, nor
     does any backend with kernels disabled."""
     x = torch.randn(_INFERENCE, dtype=torch.float64)

@@ -91,10 +91,12 @@ def test_an_override_reaches_every_binding_and_is_undone():
 def test_an_override_steers_the_implementation():
     """softmax_inference: a softmax without a mask runs the CPU backend's masked softmax
     (counted through a backend put in with use_backend) from that size on, torch.softmax
-    below it; the same result either way (float64 reference)."""
+    below it and on a CPU a per-CPU value does not name; the same result either way
+    (float64 reference)."""
     from attnscore import masked_softmax
     from attnscore.kernels import _cpu
     from attnscore.kernels._dispatch import FUNCTIONS
+    from attnscore.kernels._measured import cpu_name
 
     if _cpu.load_library() is None:
         pytest.skip("C kernels unavailable")
@@ -117,7 +119,16 @@ def test_an_override_steers_the_implementation():
         with K.thresholds(softmax_inference=x.numel()):
             at = masked_softmax(x)
         assert calls == [(4, 6, 33)]
-    for y in (below, at):
+        # measured on other CPUs only: PyTorch's call here, at any size
+        with K.thresholds(softmax_inference={"a CPU this is not": 1}):
+            elsewhere = masked_softmax(x)
+        assert calls == [(4, 6, 33)]
+        here = cpu_name()
+        if here is not None:  # a CPU the shipped table names: its entry decides
+            with K.thresholds(softmax_inference={here: x.numel()}):
+                masked_softmax(x)
+            assert calls == [(4, 6, 33)] * 2
+    for y in (below, at, elsewhere):
         torch.testing.assert_close(y.double(), expected, atol=1e-6, rtol=1e-5)
 
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._checks import compute_dtype, value_range
 from .._mask import AttentionMask
-from .._thresholds import value
+from .._thresholds import NEVER, value
 from . import _build, _measured, _plain, _sdpa
 from ._build import has_float16, load_library
 from ._dispatch import NOTHING_CUT, NothingCut, enabled
@@ -225,18 +225,26 @@ def masked_softmax(x: Tensor, lengths: Tensor) -> Tensor:
     return y if x.dtype == dtype else y.to(x.dtype)
 
 
-_SOFTMAX_INFERENCE: int = value("softmax_inference")
-_SOFTMAX_TRAINING: int = value("softmax_training")
+_SOFTMAX_INFERENCE: Any = value("softmax_inference")
+_SOFTMAX_TRAINING: Any = value("softmax_training")
 _SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtypes")
+
+
+def _on_this_cpu(limit: Any) -> int:
+    """A size threshold in force on this CPU: an int as it is (a ``thresholds`` block's, or
+    one value for every CPU); of a mapping CPU -> int, this CPU's entry, else :data:`NEVER`
+    (not measured here: PyTorch's own call)."""
+    return limit if type(limit) is int else limit.get(_measured.cpu_name(), NEVER)
 
 
 def softmax_pays(x: Tensor, training: bool) -> bool:
     """Backend contract: contiguous inputs in a dtype the C kernel reads as it is, from the
-    sizes of ``softmax_inference`` / ``softmax_training`` on."""
+    sizes of ``softmax_inference`` / ``softmax_training`` on this CPU (a CPU they were not
+    measured on: never)."""
     if training:
-        if x.numel() < _SOFTMAX_TRAINING or x.dtype not in _SOFTMAX_TRAINING_DTYPES:
+        if x.dtype not in _SOFTMAX_TRAINING_DTYPES or x.numel() < _on_this_cpu(_SOFTMAX_TRAINING):
             return False
-    elif x.numel() < _SOFTMAX_INFERENCE:
+    elif x.numel() < _on_this_cpu(_SOFTMAX_INFERENCE):
         return False
     return _softmax_dtype(x.dtype) == x.dtype and x.is_contiguous() and load_library() is not None
 

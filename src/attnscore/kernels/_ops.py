@@ -96,10 +96,12 @@ def softmax(x: Tensor) -> Tensor:
     length m where it measured faster (the backend contract's ``softmax_pays``; on the CPU
     from a size on), with PyTorch's softmax backward in training. 16-bit inputs are reduced
     in float32 either way."""
-    if not _eager_backend() or in_functorch(x) or _is_fake(x):
+    if _graph_capture() or not enabled():
         return torch.softmax(x, dim=-1)
-    training = _needs_grad(x)
-    if not backend_for(x, "softmax_pays")(x, training):
+    training = torch.is_grad_enabled() and x.requires_grad
+    # The backend's verdict (shape and dtype alone) first: on most calls it declines, and
+    # the transform checks after it are then not paid for.
+    if not backend_for(x, "softmax_pays")(x, training) or in_functorch(x) or _is_fake(x):
         return torch.softmax(x, dim=-1)
     if training:
         return _Softmax.apply(x)  # type: ignore[no-any-return,no-untyped-call]
