@@ -5,6 +5,7 @@ bind what the table holds, overrides are checked, reach every binding and are un
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import threading
 import types
@@ -130,6 +131,56 @@ def test_an_override_steers_the_implementation():
             assert calls == [(4, 6, 33)] * 2
     for y in (below, at, elsewhere):
         torch.testing.assert_close(y.double(), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_this_machines_tune_file_decides_the_softmax_without_a_mask(tmp_path):
+    """A tune file of this machine with softmax buckets decides where the shipped values do
+    (from the smallest size at which the kernel won every larger bucket; nowhere where it
+    lost the largest); a file of another machine is ignored; a thresholds block set to an
+    int decides over the file. Counted through a backend put in with use_backend."""
+    from attnscore import masked_softmax
+    from attnscore.kernels import _cpu, _measured
+    from attnscore.kernels._dispatch import FUNCTIONS
+
+    if _cpu.load_library() is None:
+        pytest.skip("C kernels unavailable")
+    calls = []
+    counting = types.ModuleType("counting_cpu")
+    for name in FUNCTIONS:
+        setattr(counting, name, getattr(_cpu, name))
+    counting.masked_softmax = lambda x, lengths: (
+        calls.append(x.numel()) or _cpu.masked_softmax(x, lengths)
+    )
+
+    def tune_file(name, winners, key=None):
+        buckets = {
+            _measured.softmax_bucket(torch.float32, False, e): {
+                "c_softmax": 1.0, "torch": 1.0, "winner": w
+            }
+            for e, w in zip(_measured.SOFTMAX_SIZES, winners, strict=True)
+        }  # fmt: skip
+        path = tmp_path / name
+        path.write_text(json.dumps({"key": key or _measured.machine(), "buckets": buckets}))
+        return path
+
+    g = torch.Generator().manual_seed(0)
+    small, large = (torch.randn(s, 256, 256, generator=g) for s in (2, 8))  # 2^17, 2^19
+    expected = [torch.softmax(x.double(), -1) for x in (small, large)]
+    lost_first = tune_file("mine.json", ["torch", "c_softmax", "c_softmax", "c_softmax"])
+    lost_last = tune_file("never.json", ["c_softmax", "c_softmax", "c_softmax", "torch"])
+    other = tune_file("other.json", ["c_softmax"] * 4, {**_measured.machine(), "cpu": "another"})
+    with K.use_backend("cpu", counting), K.thresholds(softmax_inference={"a CPU this is not": 0}):
+        for path, ran in ((lost_first, [1 << 19]), (lost_last, []), (other, [])):
+            calls.clear()
+            with K.tuned(path):
+                out = [masked_softmax(x) for x in (small, large)]
+            assert calls == ran, path.name
+            for y, want in zip(out, expected, strict=True):
+                torch.testing.assert_close(y.double(), want, atol=1e-6, rtol=1e-5)
+        calls.clear()
+        with K.tuned(lost_last), K.thresholds(softmax_inference=1 << 17):
+            masked_softmax(small)
+        assert calls == [1 << 17]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ COMMANDS: dict[str, str] = {
     "run": "compute attention on your own arrays",
     "bench": "time attnscore against the textbook code and PyTorch",
     "export": "write a scorer's attention module as .onnx or .pt2",
-    "tune": "measure the C kernel against SDPA on this machine for the selection (<= 2 min)",
+    "tune": "measure the C kernels against PyTorch's calls on this machine for the selection "
+    "(<= 2 min)",
 }
 """attnscore's own commands and their one-line help, as each command's parser gives it (a test
 checks that they agree): ``attnscore --help`` and ``--version`` print from this alone, without

@@ -1,6 +1,7 @@
 """``attnscore tune``: measure, on this machine, which of the C kernel by lengths and SDPA
-runs dense CPU attention faster (no mask, or causal masking alone), per bucket, and write
-the tune file the selection reads (:mod:`attnscore.kernels._measured`).
+runs dense CPU attention faster (no mask, or causal masking alone), and which of the C
+softmax and ``torch.softmax`` a softmax without a mask, per bucket, and write the tune file
+the selection reads (:mod:`attnscore.kernels._measured`).
 
 Buckets: mask (none, causal) x dtype (float32, bfloat16) x step (inference, training) x
 work ((B·H) · n · m · (d + dv) to within 4x, 2^16 to 2^26), each timed at one shape (B = 1,
@@ -8,8 +9,10 @@ B·H = torch's threads (at least 2), n = m, d = 64), and decoder steps (inferenc
 dtypes, one query, B·H = 8 or the threads, m keys for the work): one run of each
 implementation in turn,
 the fastest of at least 10 each; buckets out of line with their neighbours (disturbed by
-other processes) are measured again. At most 2 minutes: buckets left when it is spent are
-not measured.
+other processes) are measured again. Then the softmax without a mask: the C kernel against
+``torch.softmax`` between the two products of attention, per dtype (float32, bfloat16,
+float16), step and size (2^16 to 2^22 elements). At most 2 minutes: buckets left when it
+is spent are not measured.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +29,11 @@ import torch
 
 from .._progress import Progress
 from ..bench.load import LoadWatch, load_average
-from ..kernels import _measured, load_library
+from ..kernels import _measured, load_library, thresholds
 from ..kernels._cpu import ByLengths
 from ..kernels._sdpa import Sdpa
 from ..kernels._select import AttentionCall
-from ..masking import build_mask
+from ..masking import build_mask, masked_softmax
 from ._files import check_output, write_atomic
 from ._usage import ArgumentParser, UsageError, add_overwrite
 
@@ -48,7 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction[ArgumentParser]) -> Argume
     """
     tune_ = subparsers.add_parser(
         "tune",
-        help="measure the C kernel against SDPA on this machine for the selection (<= 2 min)",
+        help="measure the C kernels against PyTorch's calls on this machine for the selection "
+        "(<= 2 min)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,6 +83,37 @@ def _call(kind: str, dtype: torch.dtype, grad: bool, work: int) -> AttentionCall
     with torch.set_grad_enabled(grad):
         q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
         return AttentionCall(q, k, v, mask, scale=0.125)
+
+
+def _measure_softmax(dtype: torch.dtype, grad: bool, e: int) -> dict[str, Any]:
+    """Time the C softmax without a mask (``c_softmax``: :func:`attnscore.masked_softmax`
+    with the kernel allowed at every size) against ``torch.softmax`` (``torch``) between
+    the two products of attention, ``softmax(Q Kᵀ) V`` at (2^(e-16), 256, 256), d = 64: the
+    scores come hot from the product, where the kernel gains least (alone it wins from
+    smaller sizes). One run of each in turn after a warm-up, at least 3 and up to 100 runs
+    or 0.3 s: the fastest ms of each and the winner."""
+    g = torch.Generator().manual_seed(0)
+    shape = (1 << (e - 16), 256, 64)
+    q, k, v = (torch.randn(shape, generator=g).to(dtype).requires_grad_(grad) for _ in "qkv")
+    sides: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "c_softmax": masked_softmax,
+        "torch": lambda x: torch.softmax(x, -1),
+    }
+    best = dict.fromkeys(sides, float("inf"))
+    spent, rounds = 0.0, -1
+    with thresholds(softmax_inference=0, softmax_training=0), torch.set_grad_enabled(grad):
+        while rounds < 3 or (spent < 0.3 and rounds < 100):
+            for name, softmax in sides.items():
+                begin = time.perf_counter()
+                out = softmax(q @ k.transpose(-1, -2)) @ v
+                if grad:
+                    out.sum().backward()
+                took = time.perf_counter() - begin
+                spent += took
+                if rounds >= 0:  # (round -1 warms up)
+                    best[name] = min(best[name], 1e3 * took)
+            rounds += 1
+    return {**best, "winner": min(best, key=best.__getitem__)}
 
 
 def tune(args: argparse.Namespace) -> int:
@@ -134,6 +170,20 @@ def tune(args: argparse.Namespace) -> int:
         for i, cell in enumerate(cells):
             if cell in shapes and time.perf_counter() - start < BUDGET_S and disturbed(i):
                 measure(cell)
+    # The softmax without a mask: the C kernel (every length m) against torch.softmax.
+    softmax_cells = [
+        (dtype, grad, e)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16)
+        for grad in (False, True)
+        for e in _measured.SOFTMAX_SIZES
+    ]
+    progress = Progress(len(softmax_cells), "attnscore tune (softmax)", interval=10.0)
+    for done, (dtype, grad, e) in enumerate(softmax_cells, 1):
+        if time.perf_counter() - start > BUDGET_S:
+            break
+        buckets[_measured.softmax_bucket(dtype, grad, e)] = _measure_softmax(dtype, grad, e)
+        progress.update(done)
+    progress.close()
     seconds = time.perf_counter() - start
     found = {"key": _measured.machine(), "seconds": round(seconds, 1), "load": watch.as_dict()}
     found["buckets"] = buckets
@@ -141,9 +191,9 @@ def tune(args: argparse.Namespace) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(found, indent=1).encode()
     write_atomic(path, lambda f: f.write(text), "--out", overwrite=out is None or args.overwrite)
-    faster = sum(b["winner"] == "c_by_lengths" for b in buckets.values())
+    faster = sum(b["winner"] in ("c_by_lengths", "c_softmax") for b in buckets.values())
     print(
-        f"wrote {path}: {len(buckets)} buckets in {seconds:.0f} s, the C kernel faster in "
+        f"wrote {path}: {len(buckets)} buckets in {seconds:.0f} s, the C kernels faster in "
         f"{faster}; highest load average {watch.highest or 0:.1f} on {watch.cores} cores"
     )
     return 0

@@ -230,23 +230,31 @@ _SOFTMAX_TRAINING: Any = value("softmax_training")
 _SOFTMAX_TRAINING_DTYPES: frozenset[torch.dtype] = value("softmax_training_dtypes")
 
 
-def _on_this_cpu(limit: Any) -> int:
-    """A size threshold in force on this CPU: an int as it is (a ``thresholds`` block's, or
-    one value for every CPU); of a mapping CPU -> int, this CPU's entry, else :data:`NEVER`
-    (not measured here: PyTorch's own call)."""
-    return limit if type(limit) is int else limit.get(_measured.cpu_name(), NEVER)
+def _softmax_from(limit: Any, dtype: torch.dtype, training: bool) -> int:
+    """The size from which the softmax without a mask runs the kernel here: a threshold
+    set to an int (a ``thresholds`` block's, or one value for every CPU) as it is; else
+    this machine's tune file, else the value shipped for this CPU (``limit``, a mapping
+    CPU -> int), else :data:`NEVER` (not measured here: PyTorch's own call)."""
+    if type(limit) is int:
+        return limit
+    tuned = _measured.softmax_from(dtype, training)
+    return tuned if tuned is not None else limit.get(_measured.cpu_name(), NEVER)
 
 
 def softmax_pays(x: Tensor, training: bool) -> bool:
     """Backend contract: contiguous inputs in a dtype the C kernel reads as it is, from the
-    sizes of ``softmax_inference`` / ``softmax_training`` on this CPU (a CPU they were not
-    measured on: never)."""
+    size measured on this machine (:func:`_softmax_from`: ``softmax_inference`` /
+    ``softmax_training``; a machine not measured: never)."""
+    dtype = x.dtype
     if training:
-        if x.dtype not in _SOFTMAX_TRAINING_DTYPES or x.numel() < _on_this_cpu(_SOFTMAX_TRAINING):
+        if dtype not in _SOFTMAX_TRAINING_DTYPES:
             return False
-    elif x.numel() < _on_this_cpu(_SOFTMAX_INFERENCE):
+        limit = _SOFTMAX_TRAINING
+    else:
+        limit = _SOFTMAX_INFERENCE
+    if x.numel() < _softmax_from(limit, dtype, training):
         return False
-    return _softmax_dtype(x.dtype) == x.dtype and x.is_contiguous() and load_library() is not None
+    return _softmax_dtype(dtype) == dtype and x.is_contiguous() and load_library() is not None
 
 
 def _callers_lengths(valid_lens: Tensor, rows_shape: Sequence[int]) -> tuple[int, int] | None:

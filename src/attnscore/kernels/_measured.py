@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._thresholds import CPUS
+from .._thresholds import CPUS, NEVER
 from ._build import _cache_dir
 from ._sdpa import Sdpa
 from ._select import AttentionCall, Implementation, replan
@@ -105,6 +105,8 @@ class _Tuning:
     path: Path | None = None  # None: the cache dir's tune.json
     loaded: dict[str, Any] | None = None  # the buckets of a matching file ({}: none)
     first_calls: ClassVar[dict[str, tuple[bool, str]]] = {}
+    # (dtype, training) -> the size the file's softmax buckets start the kernel from
+    softmax: dict[tuple[torch.dtype, bool], int] | None = None
 
 
 def default_file() -> Path:
@@ -142,13 +144,14 @@ def tuned(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
     >>> with attnscore.kernels.tuned("no-such-file.json"):
     ...     pass
     """
-    saved = _Tuning.path, _Tuning.loaded
+    saved = _Tuning.path, _Tuning.loaded, _Tuning.softmax
     _Tuning.path, _Tuning.loaded = None if path is None else Path(path), None
+    _Tuning.softmax = None
     replan()  # (the choices kept were made from other measurements)
     try:
         yield
     finally:
-        _Tuning.path, _Tuning.loaded = saved
+        _Tuning.path, _Tuning.loaded, _Tuning.softmax = saved
         replan()
 
 
@@ -174,6 +177,39 @@ def measure(call: AttentionCall, kernel: Implementation, sdpa: Implementation) -
                 best[impl.name] = min(best[impl.name], 1e3 * took)
         rounds += 1
     return {**best, "winner": min(best, key=best.__getitem__)}
+
+
+#: The softmax buckets: elements of the softmax's input, 2^16 to 2^22 (measured at these).
+SOFTMAX_SIZES = (16, 18, 20, 22)
+
+
+def softmax_bucket(dtype: torch.dtype, grad: bool, e: int) -> str:
+    """A softmax bucket of the tune file: ``"softmax bfloat16 training 2^20"``."""
+    step = "training" if grad else "inference"
+    return f"softmax {str(dtype).removeprefix('torch.')} {step} 2^{e}"
+
+
+def softmax_from(dtype: torch.dtype, grad: bool) -> int | None:
+    """The size from which this machine's tune file runs the C softmax without a mask
+    (``dtype``, training or not): the smallest size measured from which the kernel won in
+    every larger bucket; NEVER where it lost the largest; None without such buckets (no
+    file, another machine's, or one written before softmax buckets)."""
+    table = _Tuning.softmax
+    if table is None:
+        table = _Tuning.softmax = {}
+        buckets = _buckets()
+        for d in (torch.float32, torch.bfloat16, torch.float16):
+            for training in (False, True):
+                won = [buckets.get(softmax_bucket(d, training, e)) for e in SOFTMAX_SIZES]
+                if None in won:
+                    continue
+                start = NEVER
+                for e, found in reversed(list(zip(SOFTMAX_SIZES, won, strict=True))):
+                    if found["winner"] != "c_softmax":
+                        break
+                    start = 1 << e
+                table[d, training] = start
+    return table.get((dtype, grad))
 
 
 def _per_cpu(v: Any) -> int | None:
