@@ -309,10 +309,49 @@ def test_small_calls_without_a_mask_take_the_pass_and_carry_nan(bad, dtype):
         assert attnscore.explain(module, q, k, v).chosen == ["c_small"]
 
 
-def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls):
+@pytest.mark.parametrize("bad", [None, "q", "k", "v"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("n", "m"), [(4, 7), (5, 5), (6, 3)])
+def test_small_calls_with_causal_masking_alone_take_the_pass_and_carry_nan(bad, dtype, n, m):
+    """A small inference call with causal masking alone (query i over keys 0..i, fewer,
+    as many and more queries than keys; 3-D and 4-D) runs the C pass, plans kept (second
+    call) too: output and weights as float64's masked formulation; NaN gives that
+    formulation's NaN (the pass declines, the next candidate runs): a NaN key or value row
+    only in the rows that attend it (each query's sum over its own keys)."""
+    d = 8
+    module = attnscore.DotProductAttention().eval()
+    allowed = torch.arange(m) <= torch.arange(n).unsqueeze(1)
+    for lead in [(3,), (2, 3)] * 2:
+        g = torch.Generator().manual_seed(len(lead))
+        q, k, v = (torch.randn(*lead, s, d, generator=g, dtype=torch.float64) for s in (n, m, m))
+        if bad is not None:
+            {"q": q, "k": k, "v": v}[bad][..., 1, 2, 2] = math.nan
+        with torch.no_grad():
+            out = module(q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+        scores = (q @ k.mT / math.sqrt(d)).masked_fill(~allowed, -math.inf)
+        weights = torch.softmax(scores, -1)
+        # each query's sum over the keys it attends only (0 x NaN is NaN)
+        seen = [weights[..., i : i + 1, : i + 1] @ v[..., : i + 1, :] for i in range(n)]
+        want = torch.cat(seen, dim=-2)
+        assert torch.equal(out.isnan(), want.isnan())
+        tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+        torch.testing.assert_close(out.double().nan_to_num(), want.nan_to_num(), **tol)
+        if bad is None:
+            torch.testing.assert_close(module.attention_weights.double(), weights, **tol)
+            with torch.no_grad():
+                ran = attnscore.explain(module, q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+            assert ran.chosen == ["c_small"]
+
+
+def test_causal_with_fewer_queries_never_reads_unseen_keys(sdpa_calls, thresholds):
+    """Keys after the last query's are cut off before SDPA; the small pass (first) never
+    reads them either."""
     q, k, v, _ = _inputs((2,), 3, 9)
     k[:, 3:], v[:, 3:] = float("nan"), float("nan")
     mask = build_mask(torch.Size([2]), 3, 9, q.device, causal=True)
+    assert torch.isfinite(K.dot_product_attention(q, k, v, mask, scale=0.3)).all()
+    assert sdpa_calls == []  # (the small pass ran it)
+    thresholds(small_work=-1)
     out = K.dot_product_attention(q, k, v, mask, scale=0.3)
     assert torch.isfinite(out).all() and sdpa_calls[0]["k"][-2] == 3
 

@@ -266,10 +266,10 @@ def test_modules_lanes_and_functions_are_explained_and_logged(caplog):
         small = attnscore.explain(module, q, k, v, lens)
         unpadded = attnscore.explain(module, q, k, v, causal=True)
     assert [(c.chosen, c.route) for c in small.choices] == [("c_small", "small lane")]
-    assert [(c.chosen, c.route) for c in unpadded.choices] == [("sdpa", "unpadded lane")]
+    assert [(c.chosen, c.route) for c in unpadded.choices] == [("c_small", "unpadded lane")]
     logged = [r.getMessage() for r in caplog.records if r.name == "attnscore"]
     assert logged[0] == "attention on cpu (small lane): c_small"
-    assert logged[1].startswith("attention on cpu (unpadded lane): sdpa (c_small: ")
+    assert logged[1] == "attention on cpu (unpadded lane): c_small"
     with K.use("sdpa"):  # the small lane stands aside: the checked path obeys the restriction
         assert attnscore.explain(module, q, k, v, lens).chosen == ["sdpa"]
     additive = attnscore.explain(attnscore.AdditiveAttention(num_hiddens=4), q, k, v, lens)

@@ -27,8 +27,8 @@ implementation of the device's priority list that takes the call (:mod:`._select
 that is PyTorch's ``scaled_dot_product_attention``, unless this machine measured ours
 faster (:mod:`._measured`: ``attnscore tune``, :func:`tuned`, :data:`benchmark`). The names:
 
-- ``c_small``: one C pass for small inference calls, by lengths or without a mask (float32,
-  float64);
+- ``c_small``: one C pass for small inference calls, by lengths, with causal masking alone
+  or without a mask (float32, float64);
 - ``c_by_lengths``: the C kernel by lengths, forward and backward (float32, bfloat16, float16);
 - ``flash_cut``: PyTorch's flash kernel per example, on keys cut to its longest length;
 - ``flash_grouped``: the same per group of examples of similar length (training);

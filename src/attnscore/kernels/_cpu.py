@@ -1366,15 +1366,31 @@ def _small_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | N
     return _small_pass(q, k, v, _every_key(k.shape[-2]), max(rows, 1), scale)
 
 
+@functools.lru_cache(maxsize=64)
+def _causal_lengths(rows: int, n: int, m: int) -> Tensor:
+    """Causal masking alone as the small pass's lengths, one per row: row r, query r % n
+    of its (example, head), attends its first min(r % n + 1, m) keys. Kept per shape: the
+    pass only reads it."""
+    return (torch.arange(rows, dtype=torch.int64) % n + 1).clamp_(max=m)
+
+
+def _small_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | None:
+    """:func:`_small_pass` of a call with causal masking alone (q (..., n, d), k, v alike):
+    query i over keys 0..i."""
+    n, rows = q.shape[-2], q.numel() // q.shape[-1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _small_pass(q, k, v, _causal_lengths(rows, n, k.shape[-2]), 1, scale)
+
+
 class SmallPass(Implementation):
-    """Small inference calls by lengths, or without a mask, in one C pass
-    (:func:`_small_pass`): every query over its own keys, padding never read, nothing
-    zeroed and no mask built; up to ``small_work`` multiply-adds (where SDPA's fixed cost
-    is most of a call). float32 and float64."""
+    """Small inference calls by lengths, with causal masking alone, or without a mask, in
+    one C pass (:func:`_small_pass`): every query over its own keys, padding never read,
+    nothing zeroed and no mask built; up to ``small_work`` multiply-adds (where SDPA's fixed
+    cost is most of a call). float32 and float64."""
 
     name = "c_small"
     summary = "one C pass for small inference calls (float32, float64)"
-    kinds = frozenset({"none", "lengths"})
+    kinds = frozenset({"none", "causal", "lengths"})
 
     def supports(self, call: AttentionCall) -> str | None:
         if call.needs_grad or call.dropout_p:  # (first: training calls are decided here)
@@ -1396,9 +1412,10 @@ class SmallPass(Implementation):
         return True  # (it declines a call whose scores are not finite)
 
     def prepare(self, call: AttentionCall) -> Runner | None:
-        if call.kind != "none" or call.project or call.inert:
+        if call.kind == "lengths" or call.project or call.inert:
             return None
-        return functools.partial(_small_unmasked, scale=call.scale)
+        unpadded = _small_unmasked if call.kind == "none" else _small_causal
+        return functools.partial(unpadded, scale=call.scale)
 
     def run(self, call: AttentionCall) -> Tensor | None:
         q, k, v = call.projected()
@@ -1406,6 +1423,8 @@ class SmallPass(Implementation):
             out = None
         elif call.kind == "none":
             out = _small_unmasked(q, k, v, call.scale)
+        elif call.kind == "causal":
+            out = _small_causal(q, k, v, call.scale)
         else:  # (B, H, n, ·), lengths (B or 1, H or 1, n or 1)
             B, H, n, _ = q.shape
             shared, div = _shared_lengths(call.lengths.expand(B, H, n))

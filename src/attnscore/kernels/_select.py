@@ -664,7 +664,7 @@ def explaining() -> Iterator[Explanation]:
     >>> q = torch.randn(2, 3, 8)
     >>> with attnscore.kernels.explaining() as seen:
     ...     _ = attnscore.dot_product_attention(q, q, q, torch.tensor([1, 3]))
-    ...     _ = attnscore.dot_product_attention(q, q, q, causal=True)
+    ...     _ = attnscore.dot_product_attention(q, q, q, causal=True, dropout_p=0.5)
     >>> seen.chosen
     ['c_small', 'sdpa']
     """
