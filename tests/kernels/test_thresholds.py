@@ -89,68 +89,67 @@ def test_an_override_reaches_every_binding_and_is_undone():
     assert all(getattr(m, a) == entry.value for m, a in places)
 
 
-def test_an_override_steers_the_implementation():
+@pytest.fixture
+def kernel_softmax_calls():
+    """The sizes of the CPU backend's masked softmax calls made in the test, counted
+    through a backend put in with use_backend (the C kernel itself runs them)."""
+    from attnscore.kernels import _cpu
+    from attnscore.kernels._dispatch import FUNCTIONS
+
+    if _cpu.load_library() is None:
+        pytest.skip("C kernels unavailable")
+    calls: list[int] = []
+    counting = types.ModuleType("counting_cpu")
+    for name in FUNCTIONS:
+        setattr(counting, name, getattr(_cpu, name))
+
+    def counted(x, lengths):
+        calls.append(x.numel())
+        return _cpu.masked_softmax(x, lengths)
+
+    counting.masked_softmax = counted
+    with K.use_backend("cpu", counting):
+        yield calls
+
+
+def test_an_override_steers_the_implementation(kernel_softmax_calls):
     """softmax_inference: a softmax without a mask runs the CPU backend's masked softmax
     (counted through a backend put in with use_backend) from that size on, torch.softmax
     below it and on a CPU a per-CPU value does not name; the same result either way
     (float64 reference)."""
     from attnscore import masked_softmax
-    from attnscore.kernels import _cpu
-    from attnscore.kernels._dispatch import FUNCTIONS
     from attnscore.kernels._measured import cpu_name
 
-    if _cpu.load_library() is None:
-        pytest.skip("C kernels unavailable")
-    calls = []
-    counting = types.ModuleType("counting_cpu")
-    for name in FUNCTIONS:
-        setattr(counting, name, getattr(_cpu, name))
-
-    def counted_softmax(x, lengths):
-        calls.append(tuple(x.shape))
-        return _cpu.masked_softmax(x, lengths)
-
-    counting.masked_softmax = counted_softmax
     x = torch.randn(4, 6, 33, generator=torch.Generator().manual_seed(3))
     expected = torch.softmax(x.double(), -1)
-    with K.use_backend("cpu", counting):
-        with K.thresholds(softmax_inference=1 << 60):
-            below = masked_softmax(x)
-        assert calls == []
-        with K.thresholds(softmax_inference=x.numel()):
-            at = masked_softmax(x)
-        assert calls == [(4, 6, 33)]
-        # measured on other CPUs only: PyTorch's call here, at any size
-        with K.thresholds(softmax_inference={"a CPU this is not": 1}):
-            elsewhere = masked_softmax(x)
-        assert calls == [(4, 6, 33)]
-        here = cpu_name()
-        if here is not None:  # a CPU the shipped table names: its entry decides
-            with K.thresholds(softmax_inference={here: x.numel()}):
-                masked_softmax(x)
-            assert calls == [(4, 6, 33)] * 2
+    with K.thresholds(softmax_inference=1 << 60):
+        below = masked_softmax(x)
+    assert kernel_softmax_calls == []
+    with K.thresholds(softmax_inference=x.numel()):
+        at = masked_softmax(x)
+    assert kernel_softmax_calls == [x.numel()]
+    # measured on other CPUs only: PyTorch's call here, at any size
+    with K.thresholds(softmax_inference={"a CPU this is not": 1}):
+        elsewhere = masked_softmax(x)
+    assert kernel_softmax_calls == [x.numel()]
+    here = cpu_name()
+    if here is not None:  # a CPU the shipped table names: its entry decides
+        with K.thresholds(softmax_inference={here: x.numel()}):
+            masked_softmax(x)
+        assert kernel_softmax_calls == [x.numel()] * 2
     for y in (below, at, elsewhere):
         torch.testing.assert_close(y.double(), expected, atol=1e-6, rtol=1e-5)
 
 
-def test_this_machines_tune_file_decides_the_softmax_without_a_mask(tmp_path):
+def test_this_machines_tune_file_decides_the_softmax_without_a_mask(tmp_path, kernel_softmax_calls):
     """A tune file of this machine with softmax buckets decides where the shipped values do
     (from the smallest size at which the kernel won every larger bucket; nowhere where it
     lost the largest); a file of another machine is ignored; a thresholds block set to an
     int decides over the file. Counted through a backend put in with use_backend."""
     from attnscore import masked_softmax
-    from attnscore.kernels import _cpu, _measured
-    from attnscore.kernels._dispatch import FUNCTIONS
+    from attnscore.kernels import _measured
 
-    if _cpu.load_library() is None:
-        pytest.skip("C kernels unavailable")
-    calls = []
-    counting = types.ModuleType("counting_cpu")
-    for name in FUNCTIONS:
-        setattr(counting, name, getattr(_cpu, name))
-    counting.masked_softmax = lambda x, lengths: (
-        calls.append(x.numel()) or _cpu.masked_softmax(x, lengths)
-    )
+    calls = kernel_softmax_calls
 
     def tune_file(name, winners, key=None):
         buckets = {
@@ -169,7 +168,7 @@ def test_this_machines_tune_file_decides_the_softmax_without_a_mask(tmp_path):
     lost_first = tune_file("mine.json", ["torch", "c_softmax", "c_softmax", "c_softmax"])
     lost_last = tune_file("never.json", ["c_softmax", "c_softmax", "c_softmax", "torch"])
     other = tune_file("other.json", ["c_softmax"] * 4, {**_measured.machine(), "cpu": "another"})
-    with K.use_backend("cpu", counting), K.thresholds(softmax_inference={"a CPU this is not": 0}):
+    with K.thresholds(softmax_inference={"a CPU this is not": 0}):
         for path, ran in ((lost_first, [1 << 19]), (lost_last, []), (other, [])):
             calls.clear()
             with K.tuned(path):
