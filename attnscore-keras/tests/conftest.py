@@ -27,16 +27,21 @@ def rng():
     return np.random.default_rng(0)
 
 
-@pytest.fixture(params=["checked", "zeroed"])
+@pytest.fixture(params=["checked", "zeroed", "filled"])
 def padding_path(request, monkeypatch):
-    """Each of the two ways a layer keeps NaN in unattended key and value rows out of its
-    results: "checked" (the products are checked, the path of calls with few queries) and
-    "zeroed" (the value rows are zeroed first, the key rows in the backward pass, the
-    path of calls with many), whatever n is."""
+    """Each of the ways a layer keeps NaN in unattended key and value rows out of its
+    results, whatever n is and on every backend: "checked" (the products are checked, the
+    path of calls with few queries), "zeroed" (the path of calls with many: the value
+    rows are zeroed first, the key rows in the backward pass, the scores masked by a
+    select) and "filled" (as "zeroed", but ``DotProductAttention`` with a mask of one row
+    for every query zeroes the key rows and the queries of rows with no key first and
+    adds FILL to the scores, as on JAX; other layers and masks as "zeroed")."""
     from attnscore_keras import layers
 
     limit = 10**9 if request.param == "checked" else -1
     monkeypatch.setattr(layers, "CHECKED_MAX_QUERIES", limit)
+    filled = (BACKEND,) if request.param == "filled" else ()
+    monkeypatch.setattr(layers, "FILLED_SCORES_BACKENDS", filled)
     return request.param
 
 

@@ -150,6 +150,37 @@ def _same_as_clean(fn, q, bad, clean, weights=()):
 
 
 @pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["dot", "additive", "general", "cosine"])
+def test_a_non_finite_query_with_no_key_gets_a_zero_row(kind, compile_it, rng, padding_path):
+    """A query that may attend no key (key lengths (B,) with a 0) gets a zero output row
+    even where it holds NaN or inf (the dot layer's "filled" scores are built from zeroed
+    queries there), the other rows those of the call with 7.0 there, bit for bit; the
+    dot layer's gradient of that query is zero too."""
+    layer = layer_of(kind)
+    q, k, v = rng.normal(size=(B, N, D)), rng.normal(size=(B, M, D)), rng.normal(size=(B, M, D))
+    bad_q = q.copy()
+    bad_q[1, 0], bad_q[1, 2, 1] = np.nan, -np.inf
+    clean_q = np.where(np.isfinite(bad_q), bad_q, 7.0)
+    lens = keras.ops.convert_to_tensor(np.array([3, 0]))
+    layer(tensor(q, "float64"), tensor(k, "float64"), tensor(v, "float64"), lens)
+    ws = [w.value for w in layer.trainable_variables]
+    R = keras.ops.convert_to_tensor(rng.normal(size=(B, N, D)))
+
+    def call(qx, kx, vx, *wx):
+        out, _ = layer.stateless_call(list(wx), [], qx, kx, vx, lens)
+        return out
+
+    fn = compiled(call) if compile_it else call
+    outs = [to_np(fn(*(tensor(x, "float64") for x in (qx, k, v)), *ws)) for qx in (bad_q, clean_q)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert np.all(outs[0][1] == 0)
+    if kind == "dot":
+        args = [tensor(x, "float64") for x in (bad_q, k, v)]
+        grads = gradients(lambda *xs: keras.ops.sum(fn(*xs) * R), args)
+        assert np.all(grads[0][1] == 0) and np.isfinite(grads[0]).all()
+
+
+@pytest.mark.parametrize("compile_it", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("scale", [None, 1.0])
 def test_one_query_with_nan_padding_matches_the_clean_call(scale, compile_it, rng, one_query_path):
     """A decoder step (n = 1, the dot layer's paths that run the softmax on (B, m), checked

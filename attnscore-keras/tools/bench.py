@@ -3,6 +3,9 @@
     KERAS_BACKEND=jax python tools/bench.py --json jax.json
     KERAS_BACKEND=tensorflow python tools/bench.py --json tf.json
     python tools/bench.py --table jax.json tf.json      # the Markdown table of both
+    # old against new in one process: another checkout's layers timed in the same rounds
+    KERAS_BACKEND=jax python tools/bench.py --against ../old/attnscore-keras/src \
+        --shape bert --layer DotProductAttention --mask lengths
 
 Pairs (the same work on both sides, float32):
 
@@ -105,9 +108,13 @@ def _stateless(layer: Any, kwargs_of: Any) -> Any:
     return call
 
 
-def cases(shape_name: str) -> list[dict[str, Any]]:
-    import attnscore_keras as ak
+def cases(shape_name: str, ak: Any = None) -> list[dict[str, Any]]:
+    """The pairs at one shape; ``ak``: the attnscore_keras package to take ours from (None:
+    the one this file's folder holds)."""
     import keras
+
+    if ak is None:
+        import attnscore_keras as ak
     import numpy as np
     from keras import ops
 
@@ -207,17 +214,52 @@ def _time(fn: Any, args: tuple[Any, ...], reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def measure(rounds: int, budget_s: float) -> list[dict[str, Any]]:
+def load_old(src: str) -> Any:
+    """The attnscore_keras package in the folder ``src`` (another checkout's
+    ``attnscore-keras/src``), imported as ``attnscore_keras_old`` beside this one."""
+    import importlib.util
+
+    root = Path(src).resolve() / "attnscore_keras"
+    spec = importlib.util.spec_from_file_location(
+        "attnscore_keras_old", root / "__init__.py", submodule_search_locations=[str(root)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["attnscore_keras_old"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wanted(row: dict[str, Any], only: dict[str, str | None]) -> bool:
+    return all(value is None or row[key] == value for key, value in only.items())
+
+
+def measure(
+    rounds: int,
+    budget_s: float,
+    only: dict[str, str | None] | None = None,
+    old: Any = None,
+) -> list[dict[str, Any]]:
+    """Every cell (those ``only`` keeps: shape, layer, mask, mode), ours against theirs;
+    with ``old`` (a package from :func:`load_old`) its layer too, in the same rounds."""
     import keras
     from keras import ops
 
+    only = only or {}
     rows = []
     for shape_name in SHAPES:
-        for case in cases(shape_name):
+        old_cases = cases(shape_name, old) if old is not None else None
+        for index, case in enumerate(cases(shape_name)):
             tensors = tuple(ops.convert_to_tensor(x) for x in case["inputs"])
+            if old_cases is not None:
+                case["old"] = old_cases[index]["ours"]
             for mode in ("forward", "train"):
+                cell = {"shape": shape_name, "layer": case["layer"], "mask": case["mask"]}
+                if not _wanted({**cell, "mode": mode}, only):
+                    continue
+                sides = ("ours", "theirs", "old") if "old" in case else ("ours", "theirs")
                 fns = {}
-                for side in ("ours", "theirs"):
+                for side in sides:
                     layer, call = case[side]
                     ws = [w.value for w in layer.trainable_variables]
                     fn = _compiled(call) if mode == "forward" else _grad_step(layer, call)
@@ -227,27 +269,28 @@ def measure(rounds: int, budget_s: float) -> list[dict[str, Any]]:
                     fns[side] = (fn, args)
                 one = _time(*fns["ours"], 1)
                 reps = max(1, min(200, int(budget_s / rounds / 2 / max(one, 1e-5))))
-                samples: dict[str, list[float]] = {"ours": [], "theirs": []}
+                samples: dict[str, list[float]] = {side: [] for side in sides}
                 for r in range(rounds):
-                    order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
-                    for side in order:
+                    for side in sides if r % 2 == 0 else sides[::-1]:
                         samples[side].append(_time(*fns[side], reps))
                 ours = statistics.median(samples["ours"])
                 theirs = statistics.median(samples["theirs"])
-                rows.append(
-                    {
-                        "backend": keras.backend.backend(),
-                        "shape": shape_name,
-                        "layer": case["layer"],
-                        "mask": case["mask"],
-                        "mode": mode,
-                        "ours_ms": ours * 1e3,
-                        "theirs_ms": theirs * 1e3,
-                        "ratio": ours / theirs,
-                        "ours_ops": _ops(*fns["ours"]),
-                        "theirs_ops": _ops(*fns["theirs"]),
-                    }
-                )
+                row = {
+                    "backend": keras.backend.backend(),
+                    **cell,
+                    "mode": mode,
+                    "ours_ms": ours * 1e3,
+                    "theirs_ms": theirs * 1e3,
+                    "ratio": ours / theirs,
+                    "ours_ops": _ops(*fns["ours"]),
+                    "theirs_ops": _ops(*fns["theirs"]),
+                }
+                if "old" in fns:
+                    old_s = statistics.median(samples["old"])
+                    row.update(
+                        old_ms=old_s * 1e3, old_ratio=old_s / theirs, old_ops=_ops(*fns["old"])
+                    )
+                rows.append(row)
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -301,13 +344,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per cell and side")
     parser.add_argument("--table", nargs="+", help="print the Markdown table of result files")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="only this shape's cells")
+    parser.add_argument("--layer", choices=["DotProductAttention", "MultiHeadAttention"])
+    parser.add_argument("--mask", choices=["lengths", "none"])
+    parser.add_argument("--mode", choices=["forward", "train"])
+    parser.add_argument(
+        "--against",
+        metavar="SRC",
+        help="another checkout's attnscore-keras/src: time its layers too, in the same "
+        "rounds (old_ms, old_ratio: old / Keras)",
+    )
     args = parser.parse_args(argv)
     if args.table:
         print(table(args.table))
         return 0
     env = environment()
     print(json.dumps(env), flush=True)
-    rows = measure(args.rounds, args.budget)
+    only = {key: getattr(args, key) for key in ("shape", "layer", "mask", "mode")}
+    old = load_old(args.against) if args.against else None
+    rows = measure(args.rounds, args.budget, only, old)
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     return 0

@@ -393,6 +393,61 @@ def _scores_grad(gw: Any, w: Any, mask: Any) -> Any:
     return ops.where(mask, w * (gw - inner), 0.0)
 
 
+def _folded_any(allowed: Any) -> Any:
+    """``any(allowed, axis=-1, keepdims=True)`` as one XLA op on the CPU: halves OR-ed
+    together (slices, which fuse into the reduction) until the last dimension is at most
+    32 (see :data:`_REDUCE_WINDOW`; a longer one is split into three ops)."""
+    size = allowed.shape[-1]
+    while size is not None and size > _REDUCE_WINDOW:
+        half = (size + 1) // 2  # odd sizes: the middle entry is in both halves
+        allowed = ops.logical_or(allowed[..., :half], allowed[..., size - half :])
+        size = half
+    return ops.any(allowed, axis=-1, keepdims=True)
+
+
+def filled_scores(queries: Any, keys: Any, allowed: Any, rank: int) -> Any:
+    """``queries @ keysᵀ`` (..., n, m) with :data:`FILL` where ``allowed`` does not allow,
+    for a mask with one row for every query (``allowed`` broadcastable to (..., 1, m):
+    key lengths per example), whose key rows not allowed may hold NaN or inf. Queries
+    (..., n, d), keys (..., m, d); ``rank`` leading dimensions.
+
+    Built without a select on the scores: the key rows not allowed are zeroed (their
+    scores are then exact zeros) and 0 or FILL added, (..., 1, m), to every row. An
+    addition fuses where a select does not: on JAX, XLA's CPU backend then runs the
+    scores, the softmax of :func:`normalised_pool` and both products as one op (a
+    YNNPACK fusion, which takes no select) and never writes the scores out. The queries
+    of rows with no key are zeroed too: a NaN or inf there would make its zero scores,
+    and so FILL, NaN (0 x NaN is NaN), where a select on the scores keeps the row's
+    output exactly zero. NaN or inf in those rows reaches neither the result nor the
+    gradients (the selects' derivative is a select)."""
+    zq = ops.where(_folded_any(allowed), queries, ops.zeros_like(queries))
+    zk = zero_unused(allowed, rank, keys, axis=-2)
+    fill = ops.cast(ops.where(allowed, 0.0, FILL), queries.dtype)
+    return ops.matmul(zq, ops.swapaxes(zk, -1, -2)) + fill
+
+
+def normalised_pool(scores: Any, values: Any, mask: Any = None) -> Any:
+    """``softmax(scores) @ values`` (..., n, v), the softmax over m normalised after the
+    product: ``(e @ values) * (1 / sum(e))`` with ``e = exp(scores - max)``, so that the
+    weights are never written out (the product's multiplier is (..., n, 1)). Scores
+    (..., n, m), values (..., m, v), float32 or float64.
+
+    With ``mask`` (bool, broadcastable to the scores): ``e`` is exactly 0 where it does
+    not allow (-inf before the exponential: NaN scores there reach nothing), and a row
+    with nothing allowed is all zeros (:func:`_unnormalised`). Without: the scores where
+    nothing is allowed must already be :data:`FILL` (:func:`filled_scores`), where ``e``
+    is exactly 0 beside any allowed score above -1e38; a row with nothing allowed has
+    ``e`` = 1 everywhere and is zero only where its values are zero rows. Either way the
+    values' rows no query attends must be zero or finite (0 x NaN is NaN)."""
+    if mask is None:
+        top = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
+        e = ops.exp(scores - top)
+        r = 1.0 / ops.sum(e, axis=-1, keepdims=True)  # at least 1: the max's exp(0)
+    else:
+        e, r = _unnormalised(scores, mask)
+    return ops.matmul(e, values) * r
+
+
 def checked_attention(
     queries: Any, keys: Any, values: Any, masks: tuple[Any, ...], allowed_of: Any, rank: int
 ) -> Any:
