@@ -175,6 +175,11 @@ class Attention(keras.layers.Layer):
             out = ops.where(attends, out, ops.zeros_like(out))
         return out
 
+    def _dropout_acts(self, training: Any) -> bool:
+        """Whether dropout may act on this call's weights: a rate above 0, in a call not
+        marked ``training=False``."""
+        return self.dropout_rate > 0 and training is not False
+
     def _apply(self, weights: Any, values: Any, training: Any, pool: Any = None) -> Any:
         """Keep ``weights`` for :attr:`attention_weights`, drop some out (training calls),
         and pool ``values`` with them (``pool(weights, values)``, a matmul by default)."""
@@ -304,8 +309,7 @@ class Attention(keras.layers.Layer):
         # The slow branch of the pool recomputes the weights from the scores, unless
         # dropout may act (random: it would not drop the same again), when the dropped
         # weights are the branch's operand.
-        dropped = self.dropout_rate > 0 and training is not False
-        redo = None if dropped else (scores, weights_of)
+        redo = None if self._dropout_acts(training) else (scores, weights_of)
         return self._apply(
             fill_softmax(scores, allowed, zero_rows=True),
             values,
@@ -512,6 +516,18 @@ class DotProductAttention(Attention):
             queries, lambda a: checked_product(a, keys, masks, zero_unattended, check=check)
         )
 
+    def _one_op(self, queries: Any, training: Any) -> bool:
+        """Whether this call takes the paths that never write the normalised weights out
+        (:meth:`_pool_checked`, :meth:`_pool_zeroed`): float32 and float64 where dropout
+        does not act (it acts on those weights)."""
+        return not self._dropout_acts(training) and dtype_of(queries) not in SIXTEEN_BITS
+
+    def _keep_weights(self, queries: Any, keys: Any, allowed: Any) -> None:
+        """Keep the weights of a call those paths ran for :attr:`attention_weights`,
+        computed again from the scores (an eager call's; dead code when compiled)."""
+        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=True)
+        self.__dict__["_last_weights"] = weights
+
     def _pool_checked(
         self,
         queries: Any,
@@ -533,8 +549,7 @@ class DotProductAttention(Attention):
         to the library's as m or n grows (on the CPU, JAX: ahead of the checked op up to
         m = 48 at n = 1, 1.2x-1.3x its time at m = 64, 1.55x-1.65x at n = 4, m = 32), and
         eagerly they are some 4m ops each."""
-        dropped = self.dropout_rate > 0 and training is not False
-        if dropped or dtype_of(queries) in SIXTEEN_BITS:
+        if not self._one_op(queries, training):
             return super()._pool_checked(
                 queries, keys, values, allowed, masks, allowed_of, training
             )
@@ -548,9 +563,7 @@ class DotProductAttention(Attention):
             return checked_attention(q, keys, values, masks, allowed_of, rank)
 
         out = self._scaled(queries, attend)
-        # The weights for attention_weights (an eager call's; dead code when compiled).
-        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=True)
-        self.__dict__["_last_weights"] = weights
+        self._keep_weights(queries, keys, allowed)
         return out
 
     def _pool_zeroed(
@@ -581,8 +594,7 @@ class DotProductAttention(Attention):
         writes the scores out for the softmax's maximum either way (after a select or
         the addition), so zeroing the keys in the forward pass is one more pass there
         (1.05x-1.10x Keras's layer forward against 0.91x-1.01x, one process)."""
-        dropped = self.dropout_rate > 0 and training is not False
-        if dropped or dtype_of(queries) in SIXTEEN_BITS:
+        if not self._one_op(queries, training):
             return super()._pool_zeroed(
                 queries, keys, values, allowed, masks, zero_unattended, training
             )
@@ -595,9 +607,7 @@ class DotProductAttention(Attention):
         else:
             scores = self.score_unchecked(queries, keys, masks, zero_unattended, check=False)
             out = normalised_pool(scores, values, allowed)
-        # The weights for attention_weights (an eager call's; dead code when compiled).
-        weights = fill_softmax(self.score(queries, keys), allowed, zero_rows=True)
-        self.__dict__["_last_weights"] = weights
+        self._keep_weights(queries, keys, allowed)
         return out
 
     def _scaled(self, queries: Any, product: Any) -> Any:
