@@ -90,30 +90,27 @@ def _measure_softmax(dtype: torch.dtype, grad: bool, e: int) -> dict[str, Any]:
     with the kernel allowed at every size) against ``torch.softmax`` (``torch``) between
     the two products of attention, ``softmax(Q Kᵀ) V`` at (2^(e-16), 256, 256), d = 64: the
     scores come hot from the product, where the kernel gains least (alone it wins from
-    smaller sizes). One run of each in turn after a warm-up, at least 3 and up to 100 runs
-    or 0.3 s: the fastest ms of each and the winner."""
+    smaller sizes). :func:`~attnscore.kernels._measured.fastest` of at least 3 and up to
+    100 runs or 0.3 s."""
     g = torch.Generator().manual_seed(0)
     shape = (1 << (e - 16), 256, 64)
     q, k, v = (torch.randn(shape, generator=g).to(dtype).requires_grad_(grad) for _ in "qkv")
-    sides: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    softmaxes: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "c_softmax": masked_softmax,
         "torch": lambda x: torch.softmax(x, -1),
     }
-    best = dict.fromkeys(sides, float("inf"))
-    spent, rounds = 0.0, -1
+
+    def step(softmax: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            out = softmax(q @ k.transpose(-1, -2)) @ v
+            if grad:
+                out.sum().backward()
+
+        return run
+
+    sides = {name: step(softmax) for name, softmax in softmaxes.items()}
     with thresholds(softmax_inference=0, softmax_training=0), torch.set_grad_enabled(grad):
-        while rounds < 3 or (spent < 0.3 and rounds < 100):
-            for name, softmax in sides.items():
-                begin = time.perf_counter()
-                out = softmax(q @ k.transpose(-1, -2)) @ v
-                if grad:
-                    out.sum().backward()
-                took = time.perf_counter() - begin
-                spent += took
-                if rounds >= 0:  # (round -1 warms up)
-                    best[name] = min(best[name], 1e3 * took)
-            rounds += 1
-    return {**best, "winner": min(best, key=best.__getitem__)}
+        return _measured.fastest(sides, 3, 100, 0.3)
 
 
 def tune(args: argparse.Namespace) -> int:

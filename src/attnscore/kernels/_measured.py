@@ -15,7 +15,7 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -155,28 +155,42 @@ def tuned(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
         replan()
 
 
+def fastest(
+    sides: Mapping[str, Callable[[], object]], rounds: int, most: int, seconds: float
+) -> dict[str, Any]:
+    """Run each of ``sides`` once in turn, after a warm-up round, at least ``rounds`` and
+    up to ``most`` rounds or ``seconds`` of all runs: the fastest milliseconds of each (the
+    runs others disturbed least) and the winner's name (``"winner"``)."""
+    best = dict.fromkeys(sides, float("inf"))
+    spent, done = 0.0, -1
+    while done < rounds or (spent < seconds and done < most):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            took = time.perf_counter() - start
+            spent += took
+            if done >= 0:  # (round -1 warms up)
+                best[name] = min(best[name], 1e3 * took)
+        done += 1
+    return {**best, "winner": min(best, key=best.__getitem__)}
+
+
 def measure(call: AttentionCall, kernel: Implementation, sdpa: Implementation) -> dict[str, Any]:
     """Time ``kernel`` and ``sdpa`` on ``call``'s inputs (copies; forward and backward where
-    it needs gradients), one run of each in turn after a warm-up, at least 10 and up to 400
-    runs or 0.5 s of both: the fastest milliseconds of each (the runs others disturbed
-    least) and the winner's name."""
+    it needs gradients), :func:`fastest` of at least 10 and up to 400 runs or 0.5 s."""
     grad = call.needs_grad
     q, k, v = (t.detach().requires_grad_(grad) for t in (call.q, call.k, call.v))
-    best = {kernel.name: float("inf"), sdpa.name: float("inf")}
-    spent, rounds = 0.0, -1
-    while rounds < 10 or (spent < 0.5 and rounds < 400):
-        for impl in (kernel, sdpa):
-            start = time.perf_counter()
+
+    def timed(impl: Implementation) -> Callable[[], None]:
+        def run() -> None:
             with torch.set_grad_enabled(grad):
                 out = impl.run(AttentionCall(q, k, v, call.mask, scale=call.scale))
                 if grad and out is not None:
                     out.sum().backward()
-            took = time.perf_counter() - start
-            spent += took
-            if rounds >= 0:  # (round -1 warms up)
-                best[impl.name] = min(best[impl.name], 1e3 * took)
-        rounds += 1
-    return {**best, "winner": min(best, key=best.__getitem__)}
+
+        return run
+
+    return fastest({impl.name: timed(impl) for impl in (kernel, sdpa)}, 10, 400, 0.5)
 
 
 #: The softmax buckets: elements of the softmax's input, 2^16 to 2^22 (measured at these).
