@@ -272,6 +272,21 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
                 if grad:
                     ours, plain = fwdbwd(ours, q, k, v), fwdbwd(plain, q, k, v)
                 case(f"{name} (8, 256, 256, 64) none {dt_name} {step}", ours, plain)
+    # general by key lengths (B,) in training, bfloat16: the C kernel by lengths, whose
+    # backward has one task per example (8 on the threads), against the plain formulation
+    ql, kl, vl = (rn(8, 256, 64, dt=torch.bfloat16, grad=True) for _ in "qkv")
+    gl = attnscore.MultiplicativeAttention(64, 64).to(torch.bfloat16)
+    Ll = lens_b(8, 256)
+    keep = torch.arange(256) < Ll.view(8, 1, 1)
+
+    def plain_masked(q, k, v, W):  # general attention's plain formulation with the mask
+        return torch.softmax(((q @ W) @ k.mT).masked_fill(~keep, float("-inf")), -1) @ v
+
+    case(
+        "general (8, 256, 256, 64) lengths (B,) bf16 fwd+bwd",
+        fwdbwd(lambda: gl(ql, kl, vl, Ll), ql, kl, vl),
+        fwdbwd(lambda: plain_masked(ql, kl, vl, gl.W_a.weight), ql, kl, vl),
+    )
     # decoder step: additive, B=128, m=20, h=256
     dec = attnscore.AdditiveAttention(256, 256, 256).eval()
     enc = rn(128, 20, 256)

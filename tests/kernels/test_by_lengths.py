@@ -220,6 +220,33 @@ def test_training_over_threads(python_threads, training_route, thresholds, monke
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("python_threads", [False, True], ids=["C driver", "Python threads"])
+def test_the_threads_order_of_tasks_changes_no_bit(
+    python_threads, training_route, thresholds, monkeypatch
+):
+    """Threads sharing the tasks take the ones with the most work first (example lengths
+    1 to 41 here: tasks of unequal work); each task's arithmetic is its own, so output and
+    gradients are the same bits as one thread taking them in index order."""
+    thresholds(min_work_per_thread=1)
+    (q, k, v), mask, g = _case("4-D heads", 30, 41, torch.float32, "lengths (B,)", seed=7)
+    grad = torch.randn(*q.shape[:-1], 40, generator=g)
+
+    def run(threads: int) -> list[torch.Tensor]:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        threading = K.python_threads() if python_threads else contextlib.nullcontext()
+        with threading:
+            out = K.dot_product_attention(*leaves, mask, scale=0.3)
+            out.backward(grad)
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    one, three = run(1), run(3)
+    assert [c.chosen for c in training_route] == [KERNEL, KERNEL]
+    assert len(set(mask.lengths.flatten().tolist())) > 1  # (tasks of unequal work)
+    for a, b in zip(one, three, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_where_it_runs(kernel_calls):
     """Lengths of every kind and causal alone, in inference and training: the kernel. Not:
     float64, more keys than ``_BY_LENGTHS_KEYS``, dropout."""
