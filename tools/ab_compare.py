@@ -127,6 +127,14 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
         fwdbwd(lambda: dpa(qg, kg, vg, L8), qg, kg, vg),
         fwdbwd(lambda: F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask8), qg, kg, vg),
     )
+    qgb, kgb, vgb = (t.detach().to(torch.bfloat16).requires_grad_(True) for t in (qg, kg, vg))
+    case(
+        "dot lengths (B,) bf16 fwd+bwd",
+        fwdbwd(lambda: dpa(qgb, kgb, vgb, L8), qgb, kgb, vgb),
+        fwdbwd(
+            lambda: F.scaled_dot_product_attention(qgb, kgb, vgb, attn_mask=mask8), qgb, kgb, vgb
+        ),
+    )
     case(
         "dot none f32 fwd+bwd",
         fwdbwd(lambda: dpa(qg, kg, vg), qg, kg, vg),

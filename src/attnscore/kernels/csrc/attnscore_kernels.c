@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
@@ -913,7 +913,274 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
     free(tasks_by_work);                                                                    \
   }
 
-FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS_BACKWARD)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+/* ---- the bfloat16 backward on AVX512-BF16 ------------------------------------------------
+ * Where the CPU has them (-march=native defines __AVX512BF16__: Zen 4, Intel from Cooper
+ * Lake), the bfloat16 backward makes its five products with VDPBF16PS: each instruction
+ * multiplies 16 pairs of bfloat16 and adds both products of a pair to a float32 accumulator,
+ * twice the multiply-adds of a float32 FMA. The products of q and k (the scores) and of g and
+ * v read the inputs as they are (bfloat16 products are exact in float32); P and dS, computed
+ * in float32, are rounded to bfloat16 for the three products they enter (dq = dS K,
+ * dv += P^T g, dk += dS^T q), as PyTorch's bfloat16 backward rounds them (its products take
+ * bfloat16 operands). Sums stay float32; dk and dv are rounded once, at the end of a task.
+ * Operands are packed as pairs along the dimension summed over (one 32-bit lane, the lower
+ * element first): K and V^T in panels of FA_KEYS keys by pairs of features; K by pairs of
+ * keys for dq; a tile's q and g by pairs of features (scores) and by pairs of rows (dk, dv);
+ * P and dS by pairs of keys (dq) and pairs of rows (dk, dv). An odd last pair has a zero in
+ * its upper half, so what lies beyond a sum's end is never multiplied. */
+#define FA_BH(x) ((__m512bh)(x))
+
+/* Two float32 rounded to bfloat16, as one pair (lo first). */
+static inline uint32_t bf16_pair(float lo, float hi) {
+  return (uint32_t)bf16_round(lo) | (uint32_t)bf16_round(hi) << 16;
+}
+
+/* Two bfloat16 as one pair (lo first). */
+static inline uint32_t bf16_join(uint16_t lo, uint16_t hi) {
+  return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* A row of `width` bfloat16 as pairs: dst[c2] = (src[2 c2], src[2 c2 + 1]), zero beyond. */
+static void bf16_pairs_row(const uint16_t *src, uint32_t *dst, int64_t width) {
+  for (int64_t c = 0; c + 1 < width; c += 2) dst[c / 2] = bf16_join(src[c], src[c + 1]);
+  if (width & 1) dst[width / 2] = src[width - 1];
+}
+
+/* s[r, :FA_KEYS * panels] = sum over pairs c2 < w2 of x[r] . kp for FA_ROWS rows of pairs
+ * (x's rows lx apart), kp: panels of FA_KEYS keys, each w2 pairs x FA_KEYS keys. */
+static void fa_scores_bh(const uint32_t *x, const uint32_t *kp, float *s, int64_t panels,
+                         int64_t w2, int64_t lx, int64_t ls) {
+  for (int64_t p = 0; p < panels; ++p) {
+    const uint32_t *kq = kp + p * w2 * FA_KEYS;
+    __m512 a0[FA_ROWS], a1[FA_ROWS];
+    for (int r = 0; r < FA_ROWS; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (int64_t c2 = 0; c2 < w2; ++c2) {
+      const __m512i k0 = _mm512_loadu_si512(kq + c2 * FA_KEYS);
+      const __m512i k1 = _mm512_loadu_si512(kq + c2 * FA_KEYS + 16);
+      _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
+        const __m512i b = _mm512_set1_epi32((int)x[r * lx + c2]);
+        a0[r] = _mm512_dpbf16_ps(a0[r], FA_BH(k0), FA_BH(b));
+        a1[r] = _mm512_dpbf16_ps(a1[r], FA_BH(k1), FA_BH(b));
+      }
+    }
+    for (int r = 0; r < FA_ROWS; ++r) {
+      _mm512_storeu_ps(s + r * ls + p * FA_KEYS, a0[r]);
+      _mm512_storeu_ps(s + r * ls + p * FA_KEYS + 16, a1[r]);
+    }
+  }
+}
+
+/* o[r, :wp] = sum_j w[r, j] x[j, :] for j < keys, FA_ROWS rows: w by pairs of keys (rows lw
+ * pairs apart), x by pairs of keys (pair j2's row of wp lanes at x + j2 wp; wp a multiple of
+ * 32). With an odd count the last pair's upper half (key `keys`, outside the sum) is masked
+ * out of x, so that whatever that key holds is never multiplied. */
+static void fa_values_bh(const uint32_t *w, const uint32_t *x, float *o, int64_t keys,
+                         int64_t lw, int64_t wp) {
+  const int64_t full = keys / 2;
+  const __m512i lower = _mm512_set1_epi32(0xffff);
+  for (int64_t c0 = 0; c0 < wp; c0 += 32) {
+    __m512 a0[FA_ROWS], a1[FA_ROWS];
+    for (int r = 0; r < FA_ROWS; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (int64_t j2 = 0; j2 <= full; ++j2) {
+      if (j2 == full && !(keys & 1)) break;
+      __m512i x0 = _mm512_loadu_si512(x + j2 * wp + c0);
+      __m512i x1 = _mm512_loadu_si512(x + j2 * wp + c0 + 16);
+      if (j2 == full) {
+        x0 = _mm512_and_si512(x0, lower);
+        x1 = _mm512_and_si512(x1, lower);
+      }
+      _Pragma("GCC unroll 8") for (int r = 0; r < FA_ROWS; ++r) {
+        const __m512i b = _mm512_set1_epi32((int)w[r * lw + j2]);
+        a0[r] = _mm512_dpbf16_ps(a0[r], FA_BH(x0), FA_BH(b));
+        a1[r] = _mm512_dpbf16_ps(a1[r], FA_BH(x1), FA_BH(b));
+      }
+    }
+    for (int r = 0; r < FA_ROWS; ++r) {
+      _mm512_storeu_ps(o + r * wp + c0, a0[r]);
+      _mm512_storeu_ps(o + r * wp + c0 + 16, a1[r]);
+    }
+  }
+}
+
+/* acc[j, :wp] += sum_r w[r, j] x[r, :wp] for j < keys: w by pairs of the tile's rows (key
+ * j's FA_ROWS / 2 pairs at w + j FA_ROWS / 2), x the tile's rows by pairs (row pair r2's wp
+ * lanes at x + r2 wp). */
+static void fa_accumulate_bh(const uint32_t *w, const uint32_t *x, float *acc, int64_t keys,
+                             int64_t wp) {
+  enum { R2 = FA_ROWS / 2 };
+  for (int64_t c0 = 0; c0 < wp; c0 += 32) {
+    __m512i x0[R2], x1[R2];
+    for (int r2 = 0; r2 < R2; ++r2) {
+      x0[r2] = _mm512_loadu_si512(x + r2 * wp + c0);
+      x1[r2] = _mm512_loadu_si512(x + r2 * wp + c0 + 16);
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      float *aj = acc + j * wp + c0;
+      __m512 a0 = _mm512_loadu_ps(aj), a1 = _mm512_loadu_ps(aj + 16);
+      _Pragma("GCC unroll 4") for (int r2 = 0; r2 < R2; ++r2) {
+        const __m512i b = _mm512_set1_epi32((int)w[j * R2 + r2]);
+        a0 = _mm512_dpbf16_ps(a0, FA_BH(x0[r2]), FA_BH(b));
+        a1 = _mm512_dpbf16_ps(a1, FA_BH(x1[r2]), FA_BH(b));
+      }
+      _mm512_storeu_ps(aj, a0);
+      _mm512_storeu_ps(aj + 16, a1);
+    }
+  }
+}
+
+/* A tile's rows by pairs: dst[r2 wp + c] = (rows[2 r2][c], rows[2 r2 + 1][c]) for c < width,
+ * zero up to wp; a NULL row is zeros. */
+static void bf16_row_pairs(const uint16_t *const *rows, uint32_t *dst, int64_t width,
+                           int64_t wp) {
+  for (int r2 = 0; r2 < FA_ROWS / 2; ++r2) {
+    const uint16_t *a = rows[2 * r2], *b = rows[2 * r2 + 1];
+    uint32_t *d = dst + r2 * wp;
+    for (int64_t c = 0; c < width; ++c) d[c] = bf16_join(a ? a[c] : 0, b ? b[c] : 0);
+    for (int64_t c = width; c < wp; ++c) d[c] = 0;
+  }
+}
+
+/* flash_lengths_backward_bf16 (the contract above it) with the products on VDPBF16PS. */
+void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const uint16_t *out, const uint16_t *g, const float *lse,
+                                 uint16_t *dq, uint16_t *dk, uint16_t *dv, const int64_t *order,
+                                 const int64_t *sorted, const int64_t *st, int64_t *next,
+                                 int64_t tasks, int64_t H, int64_t n, int64_t m, int64_t d,
+                                 int64_t dv_, double scale) {
+  const int64_t mp = (m + FA_KEYS - 1) / FA_KEYS * FA_KEYS, m2 = mp / 2;
+  const int64_t dp = (d + 31) / 32 * 32, dvp = (dv_ + 31) / 32 * 32;
+  const int64_t d2 = (d + 1) / 2, dv2 = (dv_ + 1) / 2;
+  /* 32-bit pairs, then float32 sums: K and V^T panels, K by key pairs, the tile's q and g
+     by feature pairs and by row pairs, P and dS by key pairs and by row pairs */
+  const size_t pairs = (size_t)(mp * d2 + mp * dv2 + m2 * dp + FA_ROWS * (d2 + dv2) +
+                                FA_ROWS / 2 * (dp + dvp) + FA_ROWS * m2 + 2 * mp * FA_ROWS / 2);
+  const size_t floats = (size_t)(mp * dp + mp * dvp + 2 * FA_ROWS * mp + FA_ROWS * dp);
+  const size_t bytes = ((pairs + floats) * 4 + 63) / 64 * 64; /* a multiple of 64 */
+  uint32_t *kp = (uint32_t *)aligned_alloc(64, bytes);
+  uint32_t *vp = kp + mp * d2, *kr2 = vp + mp * dv2, *qx = kr2 + m2 * dp;
+  uint32_t *gx = qx + FA_ROWS * d2;
+  uint32_t *qr = gx + FA_ROWS * dv2, *gr = qr + FA_ROWS / 2 * dp, *ds2 = gr + FA_ROWS / 2 * dvp;
+  uint32_t *pt = ds2 + FA_ROWS * m2, *dst_ = pt + mp * FA_ROWS / 2;
+  float *dka = (float *)(dst_ + mp * FA_ROWS / 2), *dva = dka + mp * dp;
+  float *s = dva + mp * dvp, *ds = s + FA_ROWS * mp, *o = ds + FA_ROWS * mp;
+  float Ds[FA_ROWS], lses[FA_ROWS];
+  int64_t Ls[FA_ROWS];
+  const uint16_t *qrows[FA_ROWS], *grows[FA_ROWS];
+  int64_t *const tasks_by_work = fa_task_order(sorted, st, next, tasks, H, n, m, 1);
+  for (int64_t u = FA_NEXT(next, 0); u < tasks; u = FA_NEXT(next, u + 1)) {
+    const int64_t t = tasks_by_work ? tasks_by_work[u] : u, b = t / H, h = t % H;
+    const int64_t *ord = order + b * st[12] + h * st[13];
+    const int64_t *len = sorted + b * st[12] + h * st[13];
+    const uint16_t *qb = q + b * st[0] + h * st[1], *kb = k + b * st[3] + h * st[4];
+    const uint16_t *vb = v + b * st[6] + h * st[7], *ob = out + b * st[9] + h * st[10];
+    const uint16_t *gb = g + b * st[14] + h * st[15];
+    uint16_t *dqb = dq + b * st[17] + h * st[18], *dkb = dk + b * st[20] + h * st[21];
+    uint16_t *dvb = dv + b * st[23] + h * st[24];
+    const float *lb = lse + (b * H + h) * n;
+    const int64_t longest = n ? clamp_length(len[n - 1], m) : 0;
+    for (int64_t j = 0; j < longest; ++j) { /* K and V^T panels by feature pairs */
+      uint32_t *kj = kp + (j / FA_KEYS) * d2 * FA_KEYS + j % FA_KEYS;
+      uint32_t *vj = vp + (j / FA_KEYS) * dv2 * FA_KEYS + j % FA_KEYS;
+      const uint16_t *krow = kb + j * st[5], *vrow = vb + j * st[8];
+      for (int64_t c = 0; c < d; c += 2) {
+        kj[c / 2 * FA_KEYS] = bf16_join(krow[c], c + 1 < d ? krow[c + 1] : 0);
+      }
+      for (int64_t c = 0; c < dv_; c += 2) {
+        vj[c / 2 * FA_KEYS] = bf16_join(vrow[c], c + 1 < dv_ ? vrow[c + 1] : 0);
+      }
+    }
+    for (int64_t j2 = 0; j2 < (longest + 1) / 2; ++j2) { /* K by key pairs (dq) */
+      const uint16_t *k0 = kb + 2 * j2 * st[5], *k1 = 2 * j2 + 1 < longest ? k0 + st[5] : NULL;
+      uint32_t *row2 = kr2 + j2 * dp;
+      for (int64_t c = 0; c < d; ++c) row2[c] = bf16_join(k0[c], k1 ? k1[c] : 0);
+      for (int64_t c = d; c < dp; ++c) row2[c] = 0;
+    }
+    memset(dka, 0, (size_t)(longest * dp) * sizeof(float));
+    memset(dva, 0, (size_t)(longest * dvp) * sizeof(float));
+    for (int64_t i0 = 0; i0 < n; i0 += FA_ROWS) {
+      const int64_t rows = n - i0 < FA_ROWS ? n - i0 : FA_ROWS;
+      const int64_t keys = clamp_length(len[i0 + rows - 1], m);
+      for (int64_t r = 0; r < FA_ROWS; ++r) {
+        Ls[r] = r < rows ? clamp_length(len[i0 + r], m) : 0;
+        Ds[r] = lses[r] = 0.0f;
+        qrows[r] = grows[r] = NULL;
+        memset(qx + r * d2, 0, (size_t)d2 * sizeof(uint32_t));
+        memset(gx + r * dv2, 0, (size_t)dv2 * sizeof(uint32_t));
+        if (Ls[r] == 0) continue;
+        const int64_t i = ord[i0 + r];
+        qrows[r] = qb + i * st[2];
+        grows[r] = gb + i * st[16];
+        bf16_pairs_row(qrows[r], qx + r * d2, d);
+        bf16_pairs_row(grows[r], gx + r * dv2, dv_);
+        Ds[r] = bf16_dot(grows[r], ob + i * st[11], dv_);
+        lses[r] = lb[i];
+      }
+      if (keys > 0) {
+        const int64_t panels = (keys + FA_KEYS - 1) / FA_KEYS;
+        fa_scores_bh(qx, kp, s, panels, d2, d2, mp);
+        fa_scores_bh(gx, vp, ds, panels, dv2, dv2, mp);
+        for (int64_t r = 0; r < FA_ROWS; ++r) {
+          float *sr = s + r * mp, *dr = ds + r * mp;
+          const int64_t L = Ls[r];
+          const float lr = lses[r], Dr = Ds[r], sc = (float)scale;
+          _Pragma("omp simd") for (int64_t j = 0; j < L; ++j) {
+            const float p = exp_neg(sr[j] * sc - lr);
+            sr[j] = p;
+            dr[j] = p * (dr[j] - Dr) * sc;
+          }
+          /* zeros up to the tile's pairs' end (keys rounded up: mp is even) */
+          const int64_t end = keys + (keys & 1);
+          if (end > L) {
+            memset(sr + L, 0, (size_t)(end - L) * sizeof(float));
+            memset(dr + L, 0, (size_t)(end - L) * sizeof(float));
+          }
+          uint32_t *d2r = ds2 + r * m2;
+          for (int64_t j = 0; j < end; j += 2) d2r[j / 2] = bf16_pair(dr[j], dr[j + 1]);
+        }
+        for (int64_t j = 0; j < keys; ++j) { /* P and dS by row pairs */
+          for (int r2 = 0; r2 < FA_ROWS / 2; ++r2) {
+            const int64_t a = 2 * r2 * mp + j, b2 = a + mp; /* rows 2 r2 and 2 r2 + 1 */
+            pt[j * (FA_ROWS / 2) + r2] = bf16_pair(s[a], s[b2]);
+            dst_[j * (FA_ROWS / 2) + r2] = bf16_pair(ds[a], ds[b2]);
+          }
+        }
+        bf16_row_pairs(grows, gr, dv_, dvp);
+        bf16_row_pairs(qrows, qr, d, dp);
+        fa_values_bh(ds2, kr2, o, keys, m2, dp);     /* dq = dS K */
+        fa_accumulate_bh(pt, gr, dva, keys, dvp);    /* dv += P^T g */
+        fa_accumulate_bh(dst_, qr, dka, keys, dp);   /* dk += dS^T q */
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t *dst = dqb + ord[i0 + r] * st[19];
+        if (keys == 0 || Ls[r] == 0) {
+          memset(dst, 0, (size_t)d * sizeof(uint16_t)); /* +0.0 in bfloat16 */
+        } else {
+          f32_to_bf16_row(o + r * dp, dst, d);
+        }
+      }
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      if (j < longest) {
+        f32_to_bf16_row(dka + j * dp, dkb + j * st[22], d);
+        f32_to_bf16_row(dva + j * dvp, dvb + j * st[25], dv_);
+      } else {
+        memset(dkb + j * st[22], 0, (size_t)d * sizeof(uint16_t));
+        memset(dvb + j * st[25], 0, (size_t)dv_ * sizeof(uint16_t));
+      }
+    }
+  }
+  free(kp);
+  free(tasks_by_work);
+}
+
+#define FA_BACKWARD_BF16(DEFINE)
+#else
+#define FA_BACKWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+#endif
+
+DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
+FA_BACKWARD_BF16(DEFINE_FLASH_LENGTHS_BACKWARD)
+FA_F16(DEFINE_FLASH_LENGTHS_BACKWARD)
 
 /* ---- masked softmax by a boolean mask ----------------------------------------------------
  * Row r of x (R x m) is normalised over the positions its mask row allows (mask + offsets[r],
