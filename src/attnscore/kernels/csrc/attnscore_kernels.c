@@ -697,7 +697,8 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
        task has a tile of queries: decoder steps never pack (and never allocate them) */    \
     float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float)); \
     float *o = s + FA_ROWS * mp, *kt = NULL, *vp = NULL;                                    \
-    float *qt = (float *)malloc((size_t)(FA_ROWS * d + wide) * sizeof(float));          \
+    /* (on cache lines of its own: 16-bit rows are converted into `row` for every key) */ \
+    float *qt = (float *)aligned_alloc(64, (size_t)(FA_ROWS * d + wide + 15) / 16 * 64);    \
     float *row = qt + FA_ROWS * d;                                                          \
     int64_t Ls[FA_ROWS];                                                                    \
     int64_t *const tasks_by_work = fa_task_order(sorted, st, next, tasks, H, n, m, chunks); \
@@ -784,7 +785,16 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
   DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)                                  \
   FA_F16(DEFINE)
 
-FA_EACH_DTYPE(DEFINE_FLASH_LENGTHS)
+/* bfloat16 on AVX512-BF16 has its own kernels (below, after the backward's helpers). */
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define FA_BF16_DOTS 1
+#define FA_FORWARD_BF16(DEFINE)
+#else
+#define FA_FORWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+#endif
+DEFINE_FLASH_LENGTHS(float, f32, f32_copy_row, f32_copy_row)
+FA_FORWARD_BF16(DEFINE_FLASH_LENGTHS)
+FA_F16(DEFINE_FLASH_LENGTHS)
 
 /* acc[j, :wp] += sum_r p[r, j] * x[r, :wp] for j < keys: the FA_ROWS rows of x (wp floats
  * each, a multiple of 32) weighted by a tile's column j of p (rows ls apart). */
@@ -913,16 +923,17 @@ static void fa_accumulate(const float *p, const float *x, float *acc, int64_t ke
     free(tasks_by_work);                                                                    \
   }
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-/* ---- the bfloat16 backward on AVX512-BF16 ------------------------------------------------
+#if defined(FA_BF16_DOTS)
+/* ---- bfloat16 on AVX512-BF16 ---------------------------------------------------------------
  * Where the CPU has them (-march=native defines __AVX512BF16__: Zen 4, Intel from Cooper
- * Lake), the bfloat16 backward makes its five products with VDPBF16PS: each instruction
+ * Lake), the bfloat16 kernels by lengths make their products with VDPBF16PS: each instruction
  * multiplies 16 pairs of bfloat16 and adds both products of a pair to a float32 accumulator,
  * twice the multiply-adds of a float32 FMA. The products of q and k (the scores) and of g and
  * v read the inputs as they are (bfloat16 products are exact in float32); P and dS, computed
- * in float32, are rounded to bfloat16 for the three products they enter (dq = dS K,
- * dv += P^T g, dk += dS^T q), as PyTorch's bfloat16 backward rounds them (its products take
- * bfloat16 operands). Sums stay float32; dk and dv are rounded once, at the end of a task.
+ * in float32, are rounded to bfloat16 for the products they enter (out = P V in the forward,
+ * whose normaliser stays the float32 sum; dq = dS K, dv += P^T g, dk += dS^T q), as
+ * PyTorch's bfloat16 kernels round them (their products take bfloat16 operands). Sums stay
+ * float32; dk and dv are rounded once, at the end of a task.
  * Operands are packed as pairs along the dimension summed over (one 32-bit lane, the lower
  * element first): K and V^T in panels of FA_KEYS keys by pairs of features; K by pairs of
  * keys for dq; a tile's q and g by pairs of features (scores) and by pairs of rows (dk, dv);
@@ -1040,6 +1051,132 @@ static void bf16_row_pairs(const uint16_t *const *rows, uint32_t *dst, int64_t w
   }
 }
 
+DEFINE_FA_ONE_ROW(uint16_t, bf16, bf16_to_f32_row)
+
+/* K (rows of width values, stride apart) packed for fa_scores_bh: panels of FA_KEYS keys by
+ * feature pairs, keys [0, keys). */
+static void bf16_key_panels(const uint16_t *src, int64_t stride, int64_t keys, int64_t width,
+                            uint32_t *dst) {
+  const int64_t w2 = (width + 1) / 2;
+  for (int64_t j = 0; j < keys; ++j) {
+    uint32_t *dj = dst + (j / FA_KEYS) * w2 * FA_KEYS + j % FA_KEYS;
+    const uint16_t *row = src + j * stride;
+    for (int64_t c = 0; c < width; c += 2) {
+      dj[c / 2 * FA_KEYS] = bf16_join(row[c], c + 1 < width ? row[c + 1] : 0);
+    }
+  }
+}
+
+/* Rows [0, keys) of src (width values, stride apart) by pairs of rows for fa_values_bh:
+ * dst[j2 wp + c] = (src[2 j2][c], src[2 j2 + 1][c]), zeros beyond width (up to wp) and for
+ * a missing last row. */
+static void bf16_key_pairs(const uint16_t *src, int64_t stride, int64_t keys, int64_t width,
+                           int64_t wp, uint32_t *dst) {
+  for (int64_t j2 = 0; j2 < (keys + 1) / 2; ++j2) {
+    const uint16_t *a = src + 2 * j2 * stride, *b = 2 * j2 + 1 < keys ? a + stride : NULL;
+    uint32_t *row2 = dst + j2 * wp;
+    for (int64_t c = 0; c < width; ++c) row2[c] = bf16_join(a[c], b ? b[c] : 0);
+    for (int64_t c = width; c < wp; ++c) row2[c] = 0;
+  }
+}
+
+/* Row r of a tile's P or dS (keys values; zeros from the row's length up to `keys` rounded up
+ * to even) by pairs of keys: dst[j2] = (x[2 j2], x[2 j2 + 1]). */
+static void bf16_row_of_pairs(const float *x, int64_t keys, uint32_t *dst) {
+  for (int64_t j = 0; j < keys; j += 2) dst[j / 2] = bf16_pair(x[j], x[j + 1]);
+}
+
+/* flash_lengths_bf16 (the contract of flash_lengths) with the products on VDPBF16PS. */
+void flash_lengths_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,
+                        float *lse, const int64_t *order, const int64_t *sorted,
+                        const int64_t *st, int64_t *next, int64_t tasks, int64_t H, int64_t n,
+                        int64_t m, int64_t d, int64_t dv, int64_t chunks, double scale) {
+  const int64_t mp = (m + FA_KEYS - 1) / FA_KEYS * FA_KEYS, m2 = mp / 2;
+  const int64_t dvp = (dv + 31) / 32 * 32, d2 = (d + 1) / 2, wide = d > dv ? d : dv;
+  /* a tile's scores and output, its queries (float32 for the row path, pairs for tiles)
+     and P by pairs; the packed keys and values only once a task has a tile of queries */
+  float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float));
+  float *o = s + FA_ROWS * mp;
+  /* (each thread's scratch on cache lines of its own: the row path writes `row` for every
+     key, and two threads' small blocks side by side in one line took twice the time) */
+  const size_t words = (size_t)(d + wide + FA_ROWS * d2 + FA_ROWS * m2);
+  float *qt = (float *)aligned_alloc(64, (words + 15) / 16 * 16 * sizeof(float));
+  float *row = qt + d;
+  uint32_t *qx = (uint32_t *)(row + wide), *p2 = qx + FA_ROWS * d2, *kp = NULL, *vp = NULL;
+  int64_t Ls[FA_ROWS];
+  int64_t *const tasks_by_work = fa_task_order(sorted, st, next, tasks, H, n, m, chunks);
+  for (int64_t u = FA_NEXT(next, 0); u < tasks; u = FA_NEXT(next, u + 1)) {
+    const int64_t t = tasks_by_work ? tasks_by_work[u] : u;
+    FA_TASK(t, H, chunks, b, h, c);
+    int64_t lo, hi; /* the chunk's queries of the sorted ones */
+    fa_chunk(c, n, chunks, &lo, &hi);
+    float *lb = lse ? lse + (b * H + h) * n : NULL;
+    const int64_t *ord = order + b * st[12] + h * st[13];
+    const int64_t *len = sorted + b * st[12] + h * st[13];
+    const uint16_t *qb = q + b * st[0] + h * st[1], *kb = k + b * st[3] + h * st[4];
+    const uint16_t *vb = v + b * st[6] + h * st[7];
+    uint16_t *ob = out + b * st[9] + h * st[10];
+    if (hi - lo < FA_ROWS) { /* too few queries to repay packing: row by row */
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t L = clamp_length(len[i], m);
+        float top = 0.0f;
+        if (L > 0) bf16_to_f32_row(qb + ord[i] * st[2], qt, d);
+        const float inv = fa_one_row_bf16(qt, kb, vb, st[5], st[8], L, d, dv, (float)scale, s,
+                                          o, row, &top);
+        if (lb) lb[ord[i]] = inv > 0.0f ? top - logf(inv) : 0.0f;
+        _Pragma("omp simd") for (int64_t c2 = 0; c2 < dv; ++c2) o[c2] *= inv;
+        f32_to_bf16_row(o, ob + ord[i] * st[11], dv);
+      }
+      continue;
+    }
+    if (kp == NULL) {
+      const size_t words = (size_t)(mp * d2 + m2 * dvp);
+      kp = (uint32_t *)aligned_alloc(64, (words + 15) / 16 * 16 * sizeof(uint32_t));
+      vp = kp + mp * d2;
+    }
+    const int64_t longest = hi > lo ? clamp_length(len[hi - 1], m) : 0;
+    bf16_key_panels(kb, st[5], longest, d, kp);
+    bf16_key_pairs(vb, st[8], longest, dv, dvp, vp);
+    for (int64_t i0 = lo; i0 < hi; i0 += FA_ROWS) {
+      const int64_t rows = hi - i0 < FA_ROWS ? hi - i0 : FA_ROWS;
+      const int64_t keys = clamp_length(len[i0 + rows - 1], m); /* the tile's longest */
+      for (int64_t r = 0; r < FA_ROWS; ++r) {
+        Ls[r] = r < rows ? clamp_length(len[i0 + r], m) : 0;
+        memset(qx + r * d2, 0, (size_t)d2 * sizeof(uint32_t));
+        if (Ls[r] > 0) bf16_pairs_row(qb + ord[i0 + r] * st[2], qx + r * d2, d);
+      }
+      float inv[FA_ROWS] = {0}, lmax[FA_ROWS] = {0};
+      if (keys > 0) {
+        fa_scores_bh(qx, kp, s, (keys + FA_KEYS - 1) / FA_KEYS, d2, d2, mp);
+        for (int64_t r = 0; r < FA_ROWS; ++r) {
+          float *sr = s + r * mp;
+          inv[r] = fa_softmax_row(sr, Ls[r], keys, (float)scale, lmax + r);
+          if (keys & 1) sr[keys] = 0.0f; /* (mp is even: within the row) */
+          bf16_row_of_pairs(sr, keys, p2 + r * m2);
+        }
+        fa_values_bh(p2, vp, o, keys, m2, dvp);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t *dst = ob + ord[i0 + r] * st[11];
+        /* logsumexp as PyTorch's flash kernel keeps it: 0 for a row with no key */
+        if (lb) lb[ord[i0 + r]] = inv[r] > 0.0f ? lmax[r] - logf(inv[r]) : 0.0f;
+        if (keys == 0) {
+          memset(dst, 0, (size_t)dv * sizeof(uint16_t)); /* +0.0 in bfloat16 */
+          continue;
+        }
+        float *orow = o + r * dvp;
+        const float w = inv[r];
+        _Pragma("omp simd") for (int64_t c2 = 0; c2 < dv; ++c2) orow[c2] *= w;
+        f32_to_bf16_row(orow, dst, dv);
+      }
+    }
+  }
+  free(s);
+  free(qt);
+  free(kp);
+  free(tasks_by_work);
+}
+
 /* flash_lengths_backward_bf16 (the contract above it) with the products on VDPBF16PS. */
 void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                  const uint16_t *out, const uint16_t *g, const float *lse,
@@ -1078,23 +1215,9 @@ void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uin
     uint16_t *dvb = dv + b * st[23] + h * st[24];
     const float *lb = lse + (b * H + h) * n;
     const int64_t longest = n ? clamp_length(len[n - 1], m) : 0;
-    for (int64_t j = 0; j < longest; ++j) { /* K and V^T panels by feature pairs */
-      uint32_t *kj = kp + (j / FA_KEYS) * d2 * FA_KEYS + j % FA_KEYS;
-      uint32_t *vj = vp + (j / FA_KEYS) * dv2 * FA_KEYS + j % FA_KEYS;
-      const uint16_t *krow = kb + j * st[5], *vrow = vb + j * st[8];
-      for (int64_t c = 0; c < d; c += 2) {
-        kj[c / 2 * FA_KEYS] = bf16_join(krow[c], c + 1 < d ? krow[c + 1] : 0);
-      }
-      for (int64_t c = 0; c < dv_; c += 2) {
-        vj[c / 2 * FA_KEYS] = bf16_join(vrow[c], c + 1 < dv_ ? vrow[c + 1] : 0);
-      }
-    }
-    for (int64_t j2 = 0; j2 < (longest + 1) / 2; ++j2) { /* K by key pairs (dq) */
-      const uint16_t *k0 = kb + 2 * j2 * st[5], *k1 = 2 * j2 + 1 < longest ? k0 + st[5] : NULL;
-      uint32_t *row2 = kr2 + j2 * dp;
-      for (int64_t c = 0; c < d; ++c) row2[c] = bf16_join(k0[c], k1 ? k1[c] : 0);
-      for (int64_t c = d; c < dp; ++c) row2[c] = 0;
-    }
+    bf16_key_panels(kb, st[5], longest, d, kp);       /* K and V^T panels (scores, dP) */
+    bf16_key_panels(vb, st[8], longest, dv_, vp);
+    bf16_key_pairs(kb, st[5], longest, d, dp, kr2);   /* K by key pairs (dq) */
     memset(dka, 0, (size_t)(longest * dp) * sizeof(float));
     memset(dva, 0, (size_t)(longest * dvp) * sizeof(float));
     for (int64_t i0 = 0; i0 < n; i0 += FA_ROWS) {
@@ -1134,8 +1257,7 @@ void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uin
             memset(sr + L, 0, (size_t)(end - L) * sizeof(float));
             memset(dr + L, 0, (size_t)(end - L) * sizeof(float));
           }
-          uint32_t *d2r = ds2 + r * m2;
-          for (int64_t j = 0; j < end; j += 2) d2r[j / 2] = bf16_pair(dr[j], dr[j + 1]);
+          bf16_row_of_pairs(dr, keys, ds2 + r * m2);
         }
         for (int64_t j = 0; j < keys; ++j) { /* P and dS by row pairs */
           for (int r2 = 0; r2 < FA_ROWS / 2; ++r2) {
@@ -1176,7 +1298,7 @@ void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uin
 #define FA_BACKWARD_BF16(DEFINE)
 #else
 #define FA_BACKWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
-#endif
+#endif /* FA_BF16_DOTS */
 
 DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
 FA_BACKWARD_BF16(DEFINE_FLASH_LENGTHS_BACKWARD)
