@@ -437,9 +437,15 @@ def test_where_nothing_padded_runs_it(kernel_calls, thresholds, monkeypatch):
     q.requires_grad_(True)  # training: 2^20 multiply-adds are below its threshold
     assert not runs(2, 4, 64, 64, 32, grad=True, causal=True)
     assert projected(q, k, v, causal=True) and not projected(q, k, v, causal=False)
-    with torch.no_grad():  # without a mask in inference: float32 from its threshold
+    with torch.no_grad():  # without a mask in inference: from its threshold (bfloat16
+        # where the build multiplies bfloat16 on AVX512-BF16, else never)
         assert projected(q, k, v, causal=False)
-        assert not projected(*(t.bfloat16() for t in (q, k, v)), causal=False)
+        bf16 = [t.bfloat16() for t in (q, k, v)]
+        assert projected(*bf16, causal=False) == _cpu.bf16_dots()
+    # bfloat16 training keeps the pipeline
+    assert not projected(
+        *(t.detach().bfloat16().requires_grad_(True) for t in (q, k, v)), causal=False
+    )
     # decoder steps by their own thresholds: 2^18 multiply-adds, 2^15 in bfloat16
     assert runs(1, 8, 1, 256, 64) and not runs(1, 8, 1, 255, 64)
     assert runs(1, 4, 4, 16, 64, dtype=torch.bfloat16)
@@ -482,16 +488,32 @@ def test_general_and_cosine_without_a_mask(name, unmasked_calls):
 
 
 @pytest.mark.parametrize("name", ["general", "cosine"])
-def test_general_and_cosine_without_a_mask_keep_bfloat16_plain(name, unmasked_calls):
-    """Without a mask in bfloat16 (their plain pipeline's products run at twice float32's
-    rate): general and cosine keep their plain path at any size; float32 takes the kernel."""
-    q, k, v = (torch.randn(2, 16, 8) for _ in range(3))
+def test_general_and_cosine_without_a_mask_in_bfloat16(name, unmasked_calls):
+    """Without a mask in bfloat16, general and cosine take the kernel in inference where the
+    build multiplies bfloat16 on AVX512-BF16 (it measured faster than their pipeline of
+    PyTorch's bfloat16 GEMMs), else keep the pipeline; in training always the pipeline;
+    float32 takes the kernel either way. Output (and the kernel's weights) as float64's to
+    bfloat16's rounding."""
+    (q, k, v), mask, _ = _case("3-D", 16, 16, torch.float32, "none", d=8, dv=8, seed=4)
+    doubled = [t.double() for t in (q, k, v)]
     module = attnscore.make_scorer(name, 8)
+    reference = attnscore.make_scorer(name, 8).double()
+    reference.load_state_dict(module.state_dict())
     with torch.no_grad():
-        module.bfloat16()(q.bfloat16(), k.bfloat16(), v.bfloat16())
-        assert not _ran(unmasked_calls)
+        out = module.bfloat16()(q.bfloat16(), k.bfloat16(), v.bfloat16())
+        assert _ran(unmasked_calls) == _cpu.bf16_dots()
+        weights = module.attention_weights
         module.float()(q, k, v)
-    assert _ran(unmasked_calls)
+        assert _ran(unmasked_calls)
+        expected = _general_and_cosine_reference(name, reference, *doubled, mask)
+    tol = TOL[torch.bfloat16]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+    assert weights.dtype == torch.bfloat16 and weights.shape == (*q.shape[:-1], 16)
+    ones = torch.ones(q.shape[:-1], dtype=torch.float64)
+    torch.testing.assert_close(weights.double().sum(-1), ones, atol=1e-2, rtol=0)
+    trained = module.bfloat16()
+    trained(*(t.bfloat16().requires_grad_(True) for t in (q, k, v))).sum().backward()
+    assert not _ran(unmasked_calls)
 
 
 # ---- inference by key lengths from the caller's tensors --------------------------------

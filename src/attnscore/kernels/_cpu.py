@@ -1127,7 +1127,8 @@ def _by_lengths_forward(
     longest query attends, so the work follows the lengths (PyTorch's CPU flash kernel
     takes keys in blocks of 512: a mask inside a call saves nothing there). Keys beyond an
     (example, head)'s longest length and queries of length 0 (zeros) are never read.
-    Computes in float32 for every dtype it takes (:func:`_by_lengths_declines`).
+    Computes in float32 for every dtype it takes (:func:`_by_lengths_declines`); bfloat16's
+    products, on a CPU with AVX512-BF16, from pairs of bfloat16 into float32 sums.
 
     q (B, H, n, d), k (B, H, m, d), v (B, H, m, dv), or all three without H. Returns the
     output (B, H, n, dv) in the layout PyTorch's flash op writes (memory (B, n, H, dv); (B,
@@ -1251,8 +1252,11 @@ def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
     ``unpadded_inference`` multiply-adds without gradients, from ``unpadded_work`` in
     training with an (example, head) per thread (the backward's tasks), either with a tile
     of queries and heads up to ``unpadded_head``; causal masking from ``unpadded_work`` at
-    any shape. Projected calls in bfloat16 keep their plain pipeline, whose bfloat16
-    products run at twice float32's rate (the kernel computes in float32). Decoder steps
+    any shape. Projected calls in bfloat16 keep their plain pipeline (PyTorch's bfloat16
+    GEMMs) in training, and in inference where the kernel multiplies bfloat16 in float32
+    (no AVX512-BF16: :func:`bf16_dots`); on AVX512-BF16 the kernel measured faster in
+    inference (at mid sizes 0.7x-1.0x the plain formulation, against the pipeline's
+    1.3x), not in training (``tools/projected_bf16.py``, docs/benchmarks.md). Decoder steps
     (:func:`._measured.decoding`) from ``decode_work`` (``decode_work_bf16``) on."""
     dtype, projected = call.q.dtype, call.project is not None
     if dtype == torch.float16 or (projected and call.kind == "causal"):
@@ -1263,7 +1267,9 @@ def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
         work = call.work
         if call.kind == "causal" and work >= work_from:
             return True
-        if work < inference_from or (projected and dtype == torch.bfloat16):
+        if work < inference_from:
+            return False
+        if projected and dtype == torch.bfloat16 and (call.needs_grad or not bf16_dots()):
             return False
         if n < _FA_ROWS or max(d, dv) > _UNPADDED_HEAD:
             return False
@@ -1282,6 +1288,13 @@ def _unpadded_pays(call: AttentionCall, kernel: Implementation) -> str | None:
     if runs:
         return None
     return source if source == _measured.NOT_MEASURED else f"SDPA faster here ({source})"
+
+
+@functools.cache
+def bf16_dots() -> bool:
+    """Whether this build's bfloat16 kernels by lengths multiply pairs of bfloat16 on
+    AVX512-BF16 (``-march=native`` on a CPU that has it), rather than in float32."""
+    return load_library() is not None and bool(_function(_lib(), "fa_bf16_dots")())
 
 
 def _in_order(mask: AttentionMask) -> bool:

@@ -1300,6 +1300,15 @@ void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uin
 #define FA_BACKWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
 #endif /* FA_BF16_DOTS */
 
+/* 1 where this build's bfloat16 kernels by lengths multiply on AVX512-BF16, else 0. */
+int fa_bf16_dots(void) {
+#if defined(FA_BF16_DOTS)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
 FA_BACKWARD_BF16(DEFINE_FLASH_LENGTHS_BACKWARD)
 FA_F16(DEFINE_FLASH_LENGTHS_BACKWARD)
