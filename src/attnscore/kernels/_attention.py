@@ -45,6 +45,7 @@ from ._select import (
     choose,
     implementations,
     planned,
+    projections_layout,
     record,
     restricted,
     watched,
@@ -573,6 +574,17 @@ def projected_call(
         # No implementation took the first such call: the pipeline, without a call made.
         if plan is not None and plan.impl.name == "plain":
             return None if causal else _projected_pipeline(q, k, v, project, dropout_p)
+        if plan is not None and plan.run is not None:  # inference: its runner, on the
+            # projections (of the layout it was made for: the key holds the inputs')
+            seen_k, seen_v = _seen(q, k, v, causal)
+            qp, kp = project(q, seen_k)
+            if projections_layout(qp, kp) == plan.projections:
+                done = plan.run(qp, kp, seen_v)
+                if done is None:  # (declined once it ran: the checked path carries it)
+                    return None
+                inert, shows = plan.padding_inert, plan.shows_queries
+                exact = _exact(False, inert, shows, q, seen_k, seen_v, done, unmasked=not causal)
+                return (done, None) if exact else None
     # (a plan is kept for well-formed calls only, and its key holds every fact read here)
     if plan is None and not _well_formed(q, k, v, same_d=False):
         return None

@@ -514,15 +514,31 @@ def choose(
 class Plan:
     """What :func:`choose` decided for the calls of one key: the implementation, its
     runner (:meth:`Implementation.prepare`; its :meth:`~Implementation.run` where it has
-    none; None for projected calls and calls by lengths, whose caller runs ``impl`` on its
-    own call, or its own pipeline where that is ``plain``), and what it declares about them
-    (:meth:`~Implementation.padding_inert`, :meth:`~Implementation.shows_queries`), which
-    the caller's result check reads."""
+    none; None for calls by lengths and projected calls with gradients, whose caller runs
+    ``impl`` on its own call, or its own pipeline where that is ``plain``), and what it
+    declares about them (:meth:`~Implementation.padding_inert`,
+    :meth:`~Implementation.shows_queries`), which the caller's result check reads. A
+    projected call's runner takes the projections (q', k', v); ``projections`` is their
+    (shape, strides) it was made for: the key holds the inputs' layout, not the one a
+    projection gives them, which the caller compares."""
 
-    __slots__ = ("impl", "padding_inert", "run", "shows_queries")
+    __slots__ = ("impl", "padding_inert", "projections", "run", "shows_queries")
 
-    def __init__(self, impl: Implementation, run: Runner | None, inert: bool, shows: bool) -> None:
+    def __init__(
+        self,
+        impl: Implementation,
+        run: Runner | None,
+        inert: bool,
+        shows: bool,
+        projections: tuple[object, ...] | None = None,
+    ) -> None:
         self.impl, self.run, self.padding_inert, self.shows_queries = impl, run, inert, shows
+        self.projections = projections
+
+
+def projections_layout(qp: Tensor, kp: Tensor) -> tuple[object, ...]:
+    """The layout of a call's projections that a projected plan's runner was made for."""
+    return (qp.shape, qp.stride(), kp.shape, kp.stride())
 
 
 #: Plans by key (:func:`planned`); forgotten whenever what decides changes (:func:`replan`,
@@ -558,21 +574,28 @@ def planned(key: Hashable) -> Plan | None:
 def _keep_plan(
     key: Hashable, impl: Implementation, call: AttentionCall, out: Tensor | None
 ) -> None:
-    """Keep what ran ``call`` for the calls of ``key``: ``impl`` and its runner; for a
-    projected call or one by lengths, ``impl`` alone (a runner would need the call's
-    projection or lengths: the caller runs ``impl`` on its call; ``plain``, which handed a
-    projected call back (``out`` None): the caller's pipeline)."""
+    """Keep what ran ``call`` for the calls of ``key``: ``impl`` and its runner (for a
+    projected call, one that takes the projections, and their layout); for a call by
+    lengths or a projected one with gradients, ``impl`` alone (a runner would need the
+    call's lengths, or the key would need to say which parameters require gradients: the
+    caller runs ``impl`` on its call; ``plain``, which handed a projected call back (``out``
+    None): the caller's pipeline)."""
     stamp = _stamp()
     if len(_plans) >= _PLANS_KEPT or _plans_stamp[0] != stamp:
         _plans.clear()
         _plans_stamp[0] = stamp
     inert, shows = impl.padding_inert(call), impl.shows_queries(call)
-    if out is None or call.project is not None or call.kind == "lengths":
+    if out is None or call.kind == "lengths" or (call.project is not None and call.needs_grad):
         _plans[key] = Plan(impl, None, inert, shows)
         return
-    run = impl.prepare(call)
+    mask, scale, dropout_p = call.mask, call.scale, call.dropout_p
+    target, projections = call, None
+    if call.project is not None:  # inference: the runner takes the projections it ran on
+        qp, kp, v = call.projected()
+        target = AttentionCall(qp, kp, v, mask, scale=scale, dropout_p=dropout_p, traced=False)
+        projections = projections_layout(qp, kp)
+    run = impl.prepare(target)
     if run is None:  # (the closure keeps none of the call's tensors: the mask has none)
-        mask, scale, dropout_p = call.mask, call.scale, call.dropout_p
 
         def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             again = AttentionCall(q, k, v, mask, scale=scale, dropout_p=dropout_p, traced=False)
@@ -580,7 +603,7 @@ def _keep_plan(
             assert out is not None  # (it ran the first call of the key)
             return out
 
-    _plans[key] = Plan(impl, run, inert, shows)
+    _plans[key] = Plan(impl, run, inert, shows, projections)
 
 
 def replan() -> None:
