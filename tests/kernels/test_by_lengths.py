@@ -487,6 +487,27 @@ def test_general_and_cosine_without_a_mask(name, unmasked_calls):
         torch.testing.assert_close(parameters[pname].grad.double(), p.grad, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("first", ["general", "cosine"])
+def test_a_kept_plan_runs_only_projections_of_its_layout(first, unmasked_calls):
+    """Inference calls of one layout share a plan whatever their scorer, but not the layout
+    of their projections: general's q W_a is contiguous, cosine's unit rows keep the
+    queries' strides (here a transposed view). Whichever scorer made the plan, the other's
+    calls run right (the lane compares the layouts and otherwise takes the selection),
+    and a plan's runner serves later calls of its own scorer."""
+    (q, k, v), mask, _ = _case("3-D", 16, 24, torch.float32, "none", d=16, dv=8, seed=8)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strides (., 1, n)
+    order = [first, "cosine" if first == "general" else "general"]
+    modules = {name: attnscore.make_scorer(name, 16).eval() for name in order}
+    with torch.no_grad():
+        for name in [*order, *order]:
+            out = modules[name](q, k, v)
+            reference = attnscore.make_scorer(name, 16).double()
+            reference.load_state_dict(modules[name].state_dict())
+            expected = _general_and_cosine_reference(name, reference, q.double(), k, v, mask)
+            torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+    assert _ran(unmasked_calls)
+
+
 @pytest.mark.parametrize("name", ["general", "cosine"])
 def test_general_and_cosine_without_a_mask_in_bfloat16(name, unmasked_calls):
     """Without a mask in bfloat16, general and cosine take the kernel in inference where the
