@@ -159,7 +159,7 @@ def cases_of(attnscore: ModuleType) -> dict[str, tuple[Any, Any]]:
     )
     # decode steps against a KV cache: one query, no_grad (B, H, m, d): the keys and values
     # are the cache, whatever else the call reads of them is what a step pays on top
-    for B, H, m, d in ((1, 32, 4096, 128), (8, 32, 4096, 128), (4, 8, 512, 64)):
+    for B, H, m, d in ((1, 32, 4096, 128), (8, 32, 4096, 128), (4, 8, 512, 64), (1, 8, 512, 64)):
         for dt_name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
             qd, kd, vd = rn(B, H, 1, d, dt=dt), rn(B, H, m, d, dt=dt), rn(B, H, m, d, dt=dt)
             Ld = torch.randint(m // 2, m + 1, (B,), generator=g)

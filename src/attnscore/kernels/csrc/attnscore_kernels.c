@@ -529,6 +529,17 @@ static int fa_task_cmp(const void *a, const void *b) {
   return (x->task > y->task) - (x->task < y->task);
 }
 
+/* The work of task t: the sum of its chunk's query lengths. */
+static int64_t fa_task_work(const int64_t *sorted, const int64_t *st, int64_t t, int64_t H,
+                            int64_t n, int64_t m, int64_t chunks) {
+  FA_TASK(t, H, chunks, b, h, c);
+  int64_t lo, hi, work = 0;
+  fa_chunk(c, n, chunks, &lo, &hi);
+  const int64_t *len = sorted + b * st[12] + h * st[13];
+  for (int64_t i = lo; i < hi; ++i) work += clamp_length(len[i], m);
+  return work;
+}
+
 /* The order in which threads sharing the tasks take them: most work first (the sum of the
  * chunk's query lengths), so that they finish together. Taken in index order, a long
  * (example, head) drawn last keeps one thread working alone while the others wait: with 8
@@ -536,10 +547,17 @@ static int fa_task_cmp(const void *a, const void *b) {
  * than half the work where most-work-first leaves 0.2%. Every thread computes the same
  * order (no state shared beyond the counter); the order never changes a task's arithmetic,
  * so results are the same bits either way. NULL (index order) for a thread that takes
- * every task, or where memory runs out; the caller frees it. */
+ * every task, for decoder steps (fewer queries than a tile: a step lasts tens of
+ * microseconds, of which working out an order took 2%, and it has as many tasks as
+ * (example, head) pairs, which balance as they come), where every task has the same work,
+ * or where memory runs out; the caller frees it. */
 static int64_t *fa_task_order(const int64_t *sorted, const int64_t *st, const int64_t *next,
                               int64_t tasks, int64_t H, int64_t n, int64_t m, int64_t chunks) {
-  if (next == NULL || tasks < 2) return NULL;
+  if (next == NULL || tasks < 2 || n < FA_ROWS) return NULL;
+  const int64_t first = fa_task_work(sorted, st, 0, H, n, m, chunks);
+  int64_t t = 1;
+  while (t < tasks && fa_task_work(sorted, st, t, H, n, m, chunks) == first) ++t;
+  if (t == tasks) return NULL;
   fa_task *w = (fa_task *)malloc((size_t)tasks * sizeof(fa_task));
   int64_t *order = (int64_t *)malloc((size_t)tasks * sizeof(int64_t));
   if (w == NULL || order == NULL) {
@@ -547,16 +565,9 @@ static int64_t *fa_task_order(const int64_t *sorted, const int64_t *st, const in
     free(order);
     return NULL;
   }
-  for (int64_t t = 0; t < tasks; ++t) {
-    FA_TASK(t, H, chunks, b, h, c);
-    int64_t lo, hi, work = 0;
-    fa_chunk(c, n, chunks, &lo, &hi);
-    const int64_t *len = sorted + b * st[12] + h * st[13];
-    for (int64_t i = lo; i < hi; ++i) work += clamp_length(len[i], m);
-    w[t] = (fa_task){work, t};
-  }
+  for (t = 0; t < tasks; ++t) w[t] = (fa_task){fa_task_work(sorted, st, t, H, n, m, chunks), t};
   qsort(w, (size_t)tasks, sizeof(fa_task), fa_task_cmp);
-  for (int64_t t = 0; t < tasks; ++t) order[t] = w[t].task;
+  for (t = 0; t < tasks; ++t) order[t] = w[t].task;
   free(w);
   return order;
 }
@@ -695,11 +706,12 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
     const int64_t wide = d > dv ? d : dv;                                                   \
     /* scores of one tile and its output; the packed keys and values (kt, vp) only once a  \
        task has a tile of queries: decoder steps never pack (and never allocate them) */    \
-    float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float)); \
+    /* one block on cache lines of its own (16-bit rows are converted into `row` for every \
+       key: beside another thread's block in one line, that took twice the time) */        \
+    const size_t floats = (size_t)(FA_ROWS * mp + FA_ROWS * dvp + FA_ROWS * d + wide);      \
+    float *s = (float *)aligned_alloc(64, (floats + 15) / 16 * 16 * sizeof(float));         \
     float *o = s + FA_ROWS * mp, *kt = NULL, *vp = NULL;                                    \
-    /* (on cache lines of its own: 16-bit rows are converted into `row` for every key) */ \
-    float *qt = (float *)aligned_alloc(64, (size_t)(FA_ROWS * d + wide + 15) / 16 * 64);    \
-    float *row = qt + FA_ROWS * d;                                                          \
+    float *qt = o + FA_ROWS * dvp, *row = qt + FA_ROWS * d;                                 \
     int64_t Ls[FA_ROWS];                                                                    \
     int64_t *const tasks_by_work = fa_task_order(sorted, st, next, tasks, H, n, m, chunks); \
     for (int64_t u = FA_NEXT(next, 0); u < tasks; u = FA_NEXT(next, u + 1)) {               \
@@ -770,7 +782,6 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
     }                                                                                       \
     free(s);                                                                                \
     free(kt);                                                                               \
-    free(qt);                                                                               \
     free(tasks_by_work);                                                                    \
   }
 
@@ -1095,13 +1106,10 @@ void flash_lengths_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
   const int64_t dvp = (dv + 31) / 32 * 32, d2 = (d + 1) / 2, wide = d > dv ? d : dv;
   /* a tile's scores and output, its queries (float32 for the row path, pairs for tiles)
      and P by pairs; the packed keys and values only once a task has a tile of queries */
-  float *s = (float *)aligned_alloc(64, (size_t)(FA_ROWS * mp + FA_ROWS * dvp) * sizeof(float));
-  float *o = s + FA_ROWS * mp;
-  /* (each thread's scratch on cache lines of its own: the row path writes `row` for every
-     key, and two threads' small blocks side by side in one line took twice the time) */
-  const size_t words = (size_t)(d + wide + FA_ROWS * d2 + FA_ROWS * m2);
-  float *qt = (float *)aligned_alloc(64, (words + 15) / 16 * 16 * sizeof(float));
-  float *row = qt + d;
+  /* one block on cache lines of its own, as flash_lengths' */
+  const size_t words = (size_t)(FA_ROWS * mp + FA_ROWS * dvp + d + wide + FA_ROWS * (d2 + m2));
+  float *s = (float *)aligned_alloc(64, (words + 15) / 16 * 16 * sizeof(float));
+  float *o = s + FA_ROWS * mp, *qt = o + FA_ROWS * dvp, *row = qt + d;
   uint32_t *qx = (uint32_t *)(row + wide), *p2 = qx + FA_ROWS * d2, *kp = NULL, *vp = NULL;
   int64_t Ls[FA_ROWS];
   int64_t *const tasks_by_work = fa_task_order(sorted, st, next, tasks, H, n, m, chunks);
@@ -1172,7 +1180,6 @@ void flash_lengths_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
     }
   }
   free(s);
-  free(qt);
   free(kp);
   free(tasks_by_work);
 }
