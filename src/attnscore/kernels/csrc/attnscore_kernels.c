@@ -796,16 +796,19 @@ static float fa_softmax_row(float *s, int64_t L, int64_t keys, float scale, floa
   DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)                                  \
   FA_F16(DEFINE)
 
-/* bfloat16 on AVX512-BF16 has its own kernels (below, after the backward's helpers). */
+/* The dtypes whose kernels by lengths compute in float32 (DEFINE as FA_EACH_DTYPE's): all
+ * but bfloat16 on AVX512-BF16, which has kernels of its own (below, after the backward's
+ * helpers). */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define FA_BF16_DOTS 1
-#define FA_FORWARD_BF16(DEFINE)
+#define FA_FLOAT32_DTYPES(DEFINE)                                                           \
+  DEFINE(float, f32, f32_copy_row, f32_copy_row)                                            \
+  FA_F16(DEFINE)
 #else
-#define FA_FORWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
+#define FA_FLOAT32_DTYPES(DEFINE) FA_EACH_DTYPE(DEFINE)
 #endif
-DEFINE_FLASH_LENGTHS(float, f32, f32_copy_row, f32_copy_row)
-FA_FORWARD_BF16(DEFINE_FLASH_LENGTHS)
-FA_F16(DEFINE_FLASH_LENGTHS)
+
+FA_FLOAT32_DTYPES(DEFINE_FLASH_LENGTHS)
 
 /* acc[j, :wp] += sum_r p[r, j] * x[r, :wp] for j < keys: the FA_ROWS rows of x (wp floats
  * each, a multiple of 32) weighted by a tile's column j of p (rows ls apart). */
@@ -998,13 +1001,12 @@ static void fa_scores_bh(const uint32_t *x, const uint32_t *kp, float *s, int64_
  * out of x, so that whatever that key holds is never multiplied. */
 static void fa_values_bh(const uint32_t *w, const uint32_t *x, float *o, int64_t keys,
                          int64_t lw, int64_t wp) {
-  const int64_t full = keys / 2;
+  const int64_t full = keys / 2, pairs = (keys + 1) / 2; /* pair `full`: the odd one */
   const __m512i lower = _mm512_set1_epi32(0xffff);
   for (int64_t c0 = 0; c0 < wp; c0 += 32) {
     __m512 a0[FA_ROWS], a1[FA_ROWS];
     for (int r = 0; r < FA_ROWS; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
-    for (int64_t j2 = 0; j2 <= full; ++j2) {
-      if (j2 == full && !(keys & 1)) break;
+    for (int64_t j2 = 0; j2 < pairs; ++j2) {
       __m512i x0 = _mm512_loadu_si512(x + j2 * wp + c0);
       __m512i x1 = _mm512_loadu_si512(x + j2 * wp + c0 + 16);
       if (j2 == full) {
@@ -1302,9 +1304,6 @@ void flash_lengths_backward_bf16(const uint16_t *q, const uint16_t *k, const uin
   free(tasks_by_work);
 }
 
-#define FA_BACKWARD_BF16(DEFINE)
-#else
-#define FA_BACKWARD_BF16(DEFINE) DEFINE(uint16_t, bf16, bf16_to_f32_row, f32_to_bf16_row)
 #endif /* FA_BF16_DOTS */
 
 /* 1 where this build's bfloat16 kernels by lengths multiply on AVX512-BF16, else 0. */
@@ -1316,9 +1315,7 @@ int fa_bf16_dots(void) {
 #endif
 }
 
-DEFINE_FLASH_LENGTHS_BACKWARD(float, f32, f32_copy_row, f32_copy_row)
-FA_BACKWARD_BF16(DEFINE_FLASH_LENGTHS_BACKWARD)
-FA_F16(DEFINE_FLASH_LENGTHS_BACKWARD)
+FA_FLOAT32_DTYPES(DEFINE_FLASH_LENGTHS_BACKWARD)
 
 /* ---- masked softmax by a boolean mask ----------------------------------------------------
  * Row r of x (R x m) is normalised over the positions its mask row allows (mask + offsets[r],
